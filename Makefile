@@ -1,0 +1,41 @@
+# One entry point for newcomers and CI. `make test` is the README's test command.
+PY ?= python3.11
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PROTOS := $(wildcard amct_engine/proto/*.proto)
+
+.PHONY: install demo test test-fast lint proto bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python -m amct_engine.demo
+
+# Full suite, real-data training tests included (what CI runs).
+test: $(STAMP)
+	OMP_NUM_THREADS=2 $(BIN)/python -m pytest -q -ra
+
+# Quick iteration: everything but the slow real-data training tests.
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow"
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+# Regenerate the committed _pb2 modules from the .proto files.
+proto: $(STAMP)
+	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. $(PROTOS)
+
+bench: $(STAMP)
+	$(BIN)/pip install -q -e '.[dev,bench]'
+	$(BIN)/python bench/qat.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,423 @@
+"""The detailed JSON configs of spec §3: build them from a parsed `.cfg`, write them, read them back.
+
+The retrain JSON (§3.2) and the distill JSON (§3.1) carry the same per-layer information under
+different key names, so one `JsonDialect` describes the names and one builder/reader serves both.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import warnings
+from dataclasses import dataclass, field
+
+from torch import nn
+
+from amct_engine.config.errors import ConfigError
+
+DST_BITS = {"INT4": 4, "INT8": 8, "INT16": 16}
+BITS_DST = {bits: name for name, bits in DST_BITS.items()}
+# spec §4.9: per-channel weight scales are not allowed for these layer types.
+NO_CHANNEL_WISE_TYPES = {"Linear"}
+
+
+@dataclass(frozen=True)
+class JsonDialect:
+    """Key names of one JSON config family (spec §3.1 vs §3.2)."""
+
+    kind: str
+    enable_key: str
+    data_key: str
+    weight_key: str
+    weight_algos: tuple[str, str]  # (arq, ulq)
+    act_types: tuple[str, ...]
+    # Field names of the matching .cfg message.
+    cfg_data: str
+    cfg_weight: str
+    cfg_override_layers: str
+    cfg_override_types: str
+    cfg_skip_layers: tuple[str, ...]
+    cfg_skip_types: tuple[str, ...]
+
+
+RETRAIN = JsonDialect(
+    kind="retrain",
+    enable_key="retrain_enable",
+    data_key="retrain_data_config",
+    weight_key="retrain_weight_config",
+    weight_algos=("arq_retrain", "ulq_retrain"),
+    act_types=("INT8", "INT16"),
+    cfg_data="retrain_data_quant_config",
+    cfg_weight="retrain_weight_quant_config",
+    cfg_override_layers="override_layer_configs",
+    cfg_override_types="override_layer_types",
+    cfg_skip_layers=("skip_layers", "quant_skip_layers"),
+    cfg_skip_types=("skip_layer_types", "quant_skip_types"),
+)
+
+DISTILL = JsonDialect(
+    kind="distill",
+    enable_key="quant_enable",
+    data_key="distill_data_config",
+    weight_key="distill_weight_config",
+    weight_algos=("arq_distill", "ulq_distill"),
+    act_types=("INT4", "INT8"),
+    cfg_data="distill_data_quant_config",
+    cfg_weight="distill_weight_quant_config",
+    cfg_override_layers="distill_override_layers",
+    cfg_override_types="distill_override_layer_types",
+    cfg_skip_layers=("quant_skip_layers",),
+    cfg_skip_types=("quant_skip_layer_types",),
+)
+
+
+@dataclass(frozen=True)
+class ActQuantSpec:
+    """ULQ activation quantiser settings (spec §4.1)."""
+
+    bits: int = 8
+    clip_max: float | None = None
+    clip_min: float | None = None
+    fixed_min: bool | None = None  # None: decided from the graph (input from a ReLU)
+
+
+@dataclass(frozen=True)
+class WeightQuantSpec:
+    """ARQ or ULQ weight quantiser settings (spec §4.2)."""
+
+    algo: str = "arq"  # "arq" | "ulq"
+    channel_wise: bool = True
+    bits: int = 8
+
+
+@dataclass(frozen=True)
+class LayerQuantSpec:
+    enabled: bool
+    act: ActQuantSpec = ActQuantSpec()
+    weight: WeightQuantSpec = WeightQuantSpec()
+
+
+@dataclass
+class QuantJsonConfig:
+    """A parsed and validated JSON config."""
+
+    dialect: JsonDialect
+    batch_num: int = 1
+    layers: dict[str, LayerQuantSpec] = field(default_factory=dict)
+    group_size: int = 1
+    data_dump: bool = False
+    distill_groups: list[list[str]] = field(default_factory=list)
+    fakequant_precision_mode: str = "DEFAULT"
+
+    def enabled_layers(self) -> list[str]:
+        return [name for name, spec in self.layers.items() if spec.enabled]
+
+
+# ---------------------------------------------------------------------------------------------
+# .cfg message -> per-layer specs
+
+
+def _act_from_cfg(data_cfg, default: ActQuantSpec) -> ActQuantSpec:
+    """One `*_data_quant_config` message (oneof ulq_quantize) -> ActQuantSpec."""
+    if data_cfg is None or not data_cfg.HasField("ulq_quantize"):
+        return default
+    ulq = data_cfg.ulq_quantize
+    clip = ulq.clip_max_min if ulq.HasField("clip_max_min") else None
+    return ActQuantSpec(
+        bits=DST_BITS[_enum_name(ulq, "dst_type")],
+        clip_max=float(clip.clip_max) if clip else None,
+        clip_min=float(clip.clip_min) if clip else None,
+        fixed_min=ulq.fixed_min if ulq.HasField("fixed_min") else None,
+    )
+
+
+def _weight_from_cfg(weight_cfg, default: WeightQuantSpec, dialect: JsonDialect) -> WeightQuantSpec:
+    if weight_cfg is None:
+        return default
+    algo_field = weight_cfg.WhichOneof(weight_cfg.DESCRIPTOR.oneofs[0].name)
+    if algo_field is None:
+        return default
+    algo_msg = getattr(weight_cfg, algo_field)
+    return WeightQuantSpec(
+        algo="arq" if algo_field == dialect.weight_algos[0] else "ulq",
+        channel_wise=algo_msg.channel_wise if algo_msg.HasField("channel_wise") else True,
+        bits=DST_BITS[_enum_name(algo_msg, "dst_type")],
+    )
+
+
+def _enum_name(msg, field_name: str) -> str:
+    descriptor = msg.DESCRIPTOR.fields_by_name[field_name].enum_type
+    return descriptor.values_by_number[getattr(msg, field_name)].name
+
+
+def _sub(msg, name: str):
+    return getattr(msg, name) if msg.HasField(name) else None
+
+
+def layer_specs_from_cfg(
+    cfg, dialect: JsonDialect, layers: dict[str, nn.Module], only_configured: bool = False
+) -> dict[str, LayerQuantSpec]:
+    """Per-layer quantisation settings with precedence override layer > override type > global.
+
+    `layers` maps the quantisable module paths (in topological order) to their modules.
+    `only_configured`: compressed mode (spec §2.2) enables quant only on layers that the cfg
+    configures (a global quant config, or an override for the layer or its type).
+    """
+    skip_names = {n for f in dialect.cfg_skip_layers for n in getattr(cfg, f)} if cfg else set()
+    skip_types = {t for f in dialect.cfg_skip_types for t in getattr(cfg, f)} if cfg else set()
+    by_name = {o.layer_name: o for o in getattr(cfg, dialect.cfg_override_layers)} if cfg else {}
+    by_type = {o.layer_type: o for o in getattr(cfg, dialect.cfg_override_types)} if cfg else {}
+    has_global = bool(cfg) and (cfg.HasField(dialect.cfg_data) or cfg.HasField(dialect.cfg_weight))
+    base_act = _act_from_cfg(_sub(cfg, dialect.cfg_data) if cfg else None, ActQuantSpec())
+    base_weight = _weight_from_cfg(
+        _sub(cfg, dialect.cfg_weight) if cfg else None, WeightQuantSpec(), dialect
+    )
+
+    specs = {}
+    for name, module in layers.items():
+        type_name = type(module).__name__
+        act, weight = base_act, base_weight
+        configured = has_global
+        for override in (by_type.get(type_name), by_name.get(name)):  # later wins
+            if override is None:
+                continue
+            data_cfg, weight_cfg = _sub(override, dialect.cfg_data), _sub(override, dialect.cfg_weight)
+            configured = configured or data_cfg is not None or weight_cfg is not None
+            act = _act_from_cfg(data_cfg, act)
+            weight = _weight_from_cfg(weight_cfg, weight, dialect)
+        enabled = name not in skip_names and type_name not in skip_types
+        if only_configured:
+            enabled = enabled and configured
+        specs[name] = LayerQuantSpec(enabled, act, _fit_weight_to_layer(name, module, weight))
+    return specs
+
+
+def _fit_weight_to_layer(name: str, module: nn.Module, weight: WeightQuantSpec) -> WeightQuantSpec:
+    """Layer-dependent adjustments AMCT makes at config time (spec §2.2, §4.9)."""
+    if type(module).__name__ in NO_CHANNEL_WISE_TYPES and weight.channel_wise:
+        weight = WeightQuantSpec(weight.algo, False, weight.bits)
+    groups = getattr(module, "groups", 1)
+    in_channels = getattr(module, "in_channels", getattr(module, "in_features", 0))
+    if weight.bits == 4 and (groups > 1 or in_channels % 2):
+        warnings.warn(
+            f"layer {name}: INT4 weights are not supported on grouped/depthwise convs or odd input "
+            "channel counts; using INT8 weights",
+            stacklevel=3,
+        )
+        weight = WeightQuantSpec(weight.algo, weight.channel_wise, 8)
+    return weight
+
+
+# ---------------------------------------------------------------------------------------------
+# per-layer specs -> JSON dict
+
+
+def _act_json(act: ActQuantSpec) -> dict:
+    out: dict = {"algo": "ulq_quantize"}
+    if act.clip_max is not None:
+        out["clip_max"] = act.clip_max
+        out["clip_min"] = act.clip_min
+    if act.fixed_min is not None:
+        out["fixed_min"] = act.fixed_min
+    out["dst_type"] = BITS_DST[act.bits]
+    return out
+
+
+def _weight_json(weight: WeightQuantSpec, dialect: JsonDialect) -> dict:
+    algo = dialect.weight_algos[0] if weight.algo == "arq" else dialect.weight_algos[1]
+    return {"algo": algo, "channel_wise": weight.channel_wise, "dst_type": BITS_DST[weight.bits]}
+
+
+def config_to_json(config: QuantJsonConfig) -> dict:
+    d = config.dialect
+    out: dict = {"version": 1, "batch_num": config.batch_num}
+    if d is DISTILL:
+        out.update(group_size=config.group_size, data_dump=config.data_dump)
+        out["distill_group"] = config.distill_groups
+    elif config.fakequant_precision_mode != "DEFAULT":
+        out["fakequant_precision_mode"] = config.fakequant_precision_mode
+    for name, spec in config.layers.items():
+        entry: dict = {d.enable_key: spec.enabled}
+        if spec.enabled:
+            entry[d.data_key] = _act_json(spec.act)
+            entry[d.weight_key] = _weight_json(spec.weight, d)
+        out[name] = entry
+    return out
+
+
+def write_json_config(config_file: str | os.PathLike, config: QuantJsonConfig) -> None:
+    """Write the JSON (indent 4, as AMCT); an existing file is overwritten with a warning."""
+    if os.path.exists(config_file):
+        warnings.warn(f"{config_file} already exists and is overwritten", stacklevel=3)
+    directory = os.path.dirname(os.path.abspath(config_file))
+    os.makedirs(directory, exist_ok=True)
+    with open(config_file, "w", encoding="utf-8") as f:
+        json.dump(config_to_json(config), f, indent=4)
+        f.write("\n")
+
+
+# ---------------------------------------------------------------------------------------------
+# JSON file -> validated QuantJsonConfig
+
+
+class _JsonReader:
+    """Validates one JSON config file; every error names the key and its line in the file."""
+
+    def __init__(self, path: str, text: str, dialect: JsonDialect):
+        self.path, self.text, self.dialect = path, text, dialect
+
+    def error(self, message: str, key: str | None = None) -> ConfigError:
+        line, column = self._locate(key)
+        return ConfigError(message, path=self.path, line=line, column=column, field=key)
+
+    def _locate(self, key: str | None) -> tuple[int | None, int | None]:
+        if key is None:
+            return None, None
+        match = re.search(rf'"{re.escape(key)}"\s*:', self.text)
+        if not match:
+            return None, None
+        line = self.text.count("\n", 0, match.start()) + 1
+        return line, match.start() - (self.text.rfind("\n", 0, match.start()) + 1) + 1
+
+    def load(self) -> dict:
+        def no_duplicates(pairs):
+            seen = {}
+            for key, value in pairs:
+                if key in seen:
+                    raise self.error(f'duplicated key "{key}"', key)
+                seen[key] = value
+            return seen
+
+        try:
+            data = json.loads(self.text, object_pairs_hook=no_duplicates)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(exc.msg, path=self.path, line=exc.lineno, column=exc.colno) from None
+        if not isinstance(data, dict):
+            raise self.error("the config must be a JSON object")
+        return data
+
+    def positive_int(self, data: dict, key: str, default: int) -> int:
+        value = data.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise self.error(f'"{key}" must be an integer > 0, got {value!r}', key)
+        return value
+
+    def act(self, name: str, cfg: dict) -> ActQuantSpec:
+        key = self.dialect.data_key
+        self._only_keys(name, key, cfg, {"algo", "clip_max", "clip_min", "fixed_min", "dst_type"})
+        if cfg.get("algo", "ulq_quantize") != "ulq_quantize":
+            raise self.error(f'{name}.{key}.algo must be "ulq_quantize", got {cfg["algo"]!r}', name)
+        if ("clip_max" in cfg) != ("clip_min" in cfg):
+            raise self.error(f"{name}.{key}: clip_max and clip_min must be given together", name)
+        clip_max, clip_min = cfg.get("clip_max"), cfg.get("clip_min")
+        if clip_max is not None and not (clip_max > 0 > clip_min):
+            raise self.error(f"{name}.{key}: need clip_max > 0 and clip_min < 0", name)
+        fixed_min = cfg.get("fixed_min")
+        if fixed_min is not None and not isinstance(fixed_min, bool):
+            raise self.error(f"{name}.{key}.fixed_min must be true or false", name)
+        bits = self._dst(name, key, cfg, self.dialect.act_types)
+        return ActQuantSpec(bits, clip_max, clip_min, fixed_min)
+
+    def weight(self, name: str, type_name: str, cfg: dict) -> WeightQuantSpec:
+        key = self.dialect.weight_key
+        self._only_keys(name, key, cfg, {"algo", "channel_wise", "dst_type"})
+        arq, ulq = self.dialect.weight_algos
+        algo = cfg.get("algo", arq)
+        if algo not in (arq, ulq):
+            raise self.error(f'{name}.{key}.algo must be "{arq}" or "{ulq}", got {algo!r}', name)
+        default_cw = type_name not in NO_CHANNEL_WISE_TYPES
+        channel_wise = cfg.get("channel_wise", default_cw)
+        if not isinstance(channel_wise, bool):
+            raise self.error(f"{name}.{key}.channel_wise must be true or false", name)
+        if channel_wise and not default_cw:
+            raise self.error(f"{name}.{key}: channel_wise must be false for {type_name} layers", name)
+        bits = self._dst(name, key, cfg, ("INT4", "INT8"))
+        return WeightQuantSpec("arq" if algo == arq else "ulq", channel_wise, bits)
+
+    def _dst(self, name: str, key: str, cfg: dict, allowed: tuple[str, ...]) -> int:
+        dst = cfg.get("dst_type", "INT8")
+        if dst not in allowed:
+            raise self.error(f"{name}.{key}.dst_type must be one of {', '.join(allowed)}, got {dst!r}", name)
+        return DST_BITS[dst]
+
+    def _only_keys(self, name: str, key: str, cfg, allowed: set[str]) -> None:
+        if not isinstance(cfg, dict):
+            raise self.error(f"{name}.{key} must be an object", name)
+        unknown = sorted(set(cfg) - allowed)
+        if unknown:
+            raise self.error(f'{name}.{key}: unknown key "{unknown[0]}"', name)
+
+
+_GLOBAL_KEYS = {
+    "retrain": {"version", "batch_num", "fakequant_precision_mode"},
+    "distill": {"version", "batch_num", "group_size", "data_dump", "distill_group"},
+}
+
+
+def read_json_config(
+    config_file: str | os.PathLike, dialect: JsonDialect, layer_types: dict[str, str]
+) -> QuantJsonConfig:
+    """Read and validate a JSON config against the model's supported layers (name -> type)."""
+    path = str(config_file)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"config file not found: {path}")
+    with open(path, encoding="utf-8") as f:
+        reader = _JsonReader(path, f.read(), dialect)
+    data = reader.load()
+    if data.get("version", 1) != 1:
+        raise reader.error(f'"version" must be 1, got {data.get("version")!r}', "version")
+    config = QuantJsonConfig(dialect, batch_num=reader.positive_int(data, "batch_num", 1))
+    if dialect is DISTILL:
+        _read_distill_globals(reader, data, config, layer_types)
+    else:
+        mode = data.get("fakequant_precision_mode", "DEFAULT")
+        if mode not in ("DEFAULT", "FORCE_FP16_QUANT"):
+            raise reader.error('"fakequant_precision_mode" must be "DEFAULT" or "FORCE_FP16_QUANT"',
+                               "fakequant_precision_mode")
+        config.fakequant_precision_mode = mode
+    for name, entry in data.items():
+        if name in _GLOBAL_KEYS[dialect.kind]:
+            continue
+        if name not in layer_types:
+            raise reader.error(f'unsupported layer "{name}" for {dialect.kind}', name)
+        config.layers[name] = _read_layer(reader, name, layer_types[name], entry)
+    for name in layer_types:  # supported layers missing from the JSON are not quantised
+        config.layers.setdefault(name, LayerQuantSpec(False))
+    config.layers = {name: config.layers[name] for name in layer_types}  # model order
+    if not config.enabled_layers():
+        raise reader.error(f"no layer is enabled for {dialect.kind} quantisation")
+    return config
+
+
+def _read_layer(reader: _JsonReader, name: str, type_name: str, entry) -> LayerQuantSpec:
+    d = reader.dialect
+    reader._only_keys(name, name, entry, {d.enable_key, d.data_key, d.weight_key})
+    enabled = entry.get(d.enable_key, True)
+    if not isinstance(enabled, bool):
+        raise reader.error(f"{name}.{d.enable_key} must be true or false", name)
+    act = reader.act(name, entry.get(d.data_key, {}))
+    weight = reader.weight(name, type_name, entry.get(d.weight_key, {}))
+    if d is DISTILL and act.bits != weight.bits:
+        raise reader.error(f"{name}: activation and weight dst_type must be equal for distillation", name)
+    if d is RETRAIN and (act.bits, weight.bits) not in {(8, 8), (16, 8), (8, 4)}:
+        raise reader.error(
+            f"{name}: A{act.bits}W{weight.bits} is not supported; use A8W8, A16W8 or A8W4", name
+        )
+    return LayerQuantSpec(enabled, act, weight)
+
+
+def _read_distill_globals(reader, data: dict, config: QuantJsonConfig, layer_types: dict) -> None:
+    config.group_size = reader.positive_int(data, "group_size", 1)
+    data_dump = data.get("data_dump", False)
+    if not isinstance(data_dump, bool):
+        raise reader.error('"data_dump" must be true or false', "data_dump")
+    config.data_dump = data_dump
+    if "distill_group" not in data:
+        raise reader.error('"distill_group" is missing')
+    groups = data["distill_group"]
+    if not isinstance(groups, list) or not all(
+        isinstance(g, list) and g and all(isinstance(n, str) for n in g) for g in groups
+    ):
+        raise reader.error('"distill_group" must be a list of lists of module names', "distill_group")
+    config.distill_groups = groups

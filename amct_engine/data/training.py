@@ -1,0 +1,156 @@
+"""Small deterministic training helpers shared by tests, the benchmark and the service.
+
+Nothing here sets thread counts or global seeds except where a ``seed`` argument says so:
+``torch.set_num_threads`` and the seed of a model's initialisation are the caller's business.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler, TensorDataset
+
+ProgressFn = Callable[[dict[str, Any]], None]
+
+
+class SmallFashionCnn(nn.Module):
+    """conv(1→16)-bn-relu-maxpool, conv(16→32, stride 2)-bn-relu, linear(1568→10); 20,586 params.
+
+    Sized for 1x28x28 inputs (Fashion-MNIST). One epoch of Adam(2e-3), batch 128 reaches ~0.88 test
+    accuracy (spec/offline-assets.md, "Fashion-MNIST").
+    """
+
+    def __init__(self, num_classes: int = 10) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 16, kernel_size=3, padding=1)
+        self.bn1 = nn.BatchNorm2d(16)
+        self.relu1 = nn.ReLU()
+        self.pool = nn.MaxPool2d(2)
+        self.conv2 = nn.Conv2d(16, 32, kernel_size=3, stride=2, padding=1)
+        self.bn2 = nn.BatchNorm2d(32)
+        self.relu2 = nn.ReLU()
+        self.fc = nn.Linear(32 * 7 * 7, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.pool(self.relu1(self.bn1(self.conv1(x))))
+        x = self.relu2(self.bn2(self.conv2(x)))
+        return self.fc(torch.flatten(x, 1))
+
+
+def make_loader(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    batch_size: int,
+    shuffle: bool = True,
+    seed: int = 0,
+    drop_last: bool = False,
+) -> DataLoader:
+    """A ``DataLoader`` over in-memory tensors yielding ``(x_batch, y_batch)``.
+
+    The shuffle order comes from a private generator seeded with ``seed``, so two loaders built with
+    the same seed yield the same batches epoch by epoch, whatever the global RNG does. Batches are
+    sliced whole (a ``BatchSampler`` as sampler), not collated sample by sample.
+    """
+    if len(x) != len(y):
+        raise ValueError(f"x has {len(x)} samples but y has {len(y)}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    dataset = TensorDataset(x, y)
+    if shuffle:
+        generator = torch.Generator().manual_seed(seed)
+        sampler: Iterable[int] = RandomSampler(dataset, generator=generator)
+    else:
+        sampler = SequentialSampler(dataset)
+    batches = BatchSampler(sampler, batch_size=batch_size, drop_last=drop_last)
+    # batch_size=None: the dataset is indexed with a whole list of indices per step.
+    return DataLoader(dataset, sampler=batches, batch_size=None)
+
+
+def _make_optimizer(name: str, params: Iterable[nn.Parameter], lr: float) -> torch.optim.Optimizer:
+    name = name.lower()
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr)
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=lr)
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=0.9)
+    raise ValueError(f"optimizer must be 'adam', 'adamw' or 'sgd', got {name!r}")
+
+
+def train_epochs(
+    model: nn.Module,
+    loader: Iterable[tuple[torch.Tensor, torch.Tensor]],
+    epochs: int,
+    lr: float,
+    optimizer: str | torch.optim.Optimizer = "adam",
+    progress: ProgressFn | None = None,
+    set_mode: bool = True,
+) -> list[float]:
+    """Train ``model`` with cross-entropy for ``epochs`` passes over ``loader``; return per-step losses.
+
+    ``optimizer`` is ``"adam"``, ``"adamw"``, ``"sgd"`` (momentum 0.9) or a ready optimizer (then ``lr``
+    is ignored). ``progress`` is called after every step with ``{epoch, step, total_steps, loss}``
+    (``epoch`` counts from 0, ``step`` is global from 1). ``set_mode=False`` leaves train/eval mode
+    alone, for graph modules whose mode is switched another way (e.g. torchao PT2E models).
+    """
+    if epochs < 0:
+        raise ValueError(f"epochs must be >= 0, got {epochs}")
+    if isinstance(optimizer, str):
+        opt = _make_optimizer(optimizer, [p for p in model.parameters() if p.requires_grad], lr)
+    else:
+        opt = optimizer
+    try:
+        steps_per_epoch = len(loader)  # type: ignore[arg-type]
+    except TypeError:
+        steps_per_epoch = 0
+    total_steps = steps_per_epoch * epochs if steps_per_epoch else None
+    loss_fn = nn.CrossEntropyLoss()
+    if set_mode:
+        model.train()
+    losses: list[float] = []
+    for epoch in range(epochs):
+        for xb, yb in loader:
+            opt.zero_grad(set_to_none=True)
+            loss = loss_fn(model(xb), yb)
+            loss.backward()
+            opt.step()
+            losses.append(float(loss.detach()))
+            if progress is not None:
+                step = len(losses)
+                progress({"epoch": epoch, "step": step, "total_steps": total_steps, "loss": losses[-1]})
+    return losses
+
+
+@torch.no_grad()
+def predict_logits(model: nn.Module, x: torch.Tensor, batch_size: int = 1000) -> torch.Tensor:
+    """Concatenated model outputs over ``x`` in chunks of ``batch_size`` (no grad, mode untouched)."""
+    return torch.cat([model(x[i : i + batch_size]) for i in range(0, len(x), batch_size)])
+
+
+def evaluate_accuracy(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    batch_size: int = 1000,
+    set_mode: bool = True,
+) -> float:
+    """Top-1 accuracy of ``model`` on ``(x, y)``, in eval mode; the previous mode is restored.
+
+    ``set_mode=False`` evaluates in whatever mode the model is in (see ``train_epochs``).
+    """
+    if len(x) != len(y):
+        raise ValueError(f"x has {len(x)} samples but y has {len(y)}")
+    if len(x) == 0:
+        raise ValueError("cannot evaluate accuracy on an empty set")
+    was_training = model.training
+    if set_mode:
+        model.eval()
+    try:
+        pred = predict_logits(model, x, batch_size).argmax(dim=1)
+    finally:
+        if set_mode:
+            model.train(was_training)
+    return float((pred == y).float().mean())

@@ -1,0 +1,1 @@
+"""Block-wise distillation (spec §6): teacher = float model, student = quantised copy."""

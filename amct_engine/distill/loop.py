@@ -1,0 +1,194 @@
+"""The block-wise distillation loop (spec §6.2), labels never needed."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from amct_engine.config.quant_json import DISTILL, read_json_config
+from amct_engine.distill.blocks import group_input, pick_student_input, resolve_group, run_chain
+from amct_engine.distill.sample import DistillSampleBase, ModelSingleTensorInput, model_inputs
+from amct_engine.distill.teacher import teacher_source
+from amct_engine.graph.analysis import DISTILL_TYPES, quantizable_layers
+from amct_engine.graph.capture import CapturedModel, capture_model
+from amct_engine.quant.retrain_layer import QuantRetrainLayer
+
+ProgressFn = Callable[[dict], None]
+CLIP_LR, WEIGHT_SCALE_LR = 0.1, 1e-4  # spec §6.2 default optimizer
+
+
+def distill(
+    model,
+    compress_model: nn.Module,
+    config_file,
+    train_loader,
+    epochs: int = 1,
+    lr: float = 1e-3,
+    sample_instance: DistillSampleBase | None = None,
+    loss: nn.Module | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
+    progress: ProgressFn | None = None,
+) -> nn.Module:
+    """Train each distill group of `compress_model` to reproduce the float `model`'s block output.
+
+    Groups go in topological order; only the current group's parameters are optimised. `progress`
+    receives `{group, epoch, step, total_steps, loss}` after every step; without it a progress bar
+    is drawn when stderr is a terminal.
+    """
+    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
+        raise ValueError(f"epochs must be an integer >= 1, got {epochs!r}")
+    if not os.path.isfile(config_file):
+        raise FileNotFoundError(f"distill config not found: {config_file}")
+    sample = sample_instance or ModelSingleTensorInput()
+    first = _first_batch(train_loader)
+    captured = capture_model(model, model_inputs(sample, first))
+    teacher = captured.module.eval()
+    layer_types = {info.name: info.type_name for info in quantizable_layers(captured, DISTILL_TYPES)}
+    config = read_json_config(config_file, DISTILL, layer_types)
+    device = next(compress_model.parameters()).device
+    teacher.to(device)
+    for names in config.distill_groups:
+        check_module_chain(captured, names)
+    groups = [(names, resolve_group(teacher, names, "teacher"), resolve_group(compress_model, names, "student"))
+              for names in config.distill_groups]
+    _calibrate(compress_model, train_loader, sample, config.batch_num, device)
+    steps = _steps_per_epoch(train_loader)
+    report = _reporter(progress, len(groups) * epochs * steps if steps else None)
+    with teacher_source(teacher, [g[1] for g in groups], train_loader, sample, device, epochs,
+                        config.data_dump) as source:
+        for index, (names, _, student_modules) in enumerate(groups):
+            _train_group(compress_model, index, names, student_modules, source, epochs, lr,
+                         loss or nn.MSELoss(), optimizer, report)
+    report(None)
+    return compress_model.eval()
+
+
+def check_module_chain(captured: CapturedModel, names: list[str]) -> None:
+    """A group runs its modules one after another, so each must feed only the next (spec §6.2)."""
+    for name in names:
+        if captured.call_count(name) != 1:
+            raise ValueError(f"distill group {names}: module {name!r} is not called exactly once by the model")
+    for current, following in zip(names, names[1:], strict=False):
+        users = captured.consumers(current)
+        if len(users) != 1 or users[0].op != "call_module" or users[0].target != following:
+            raise ValueError(
+                f"distill group {names} is not a single module chain: the output of {current!r} "
+                f"does not go only to {following!r}"
+            )
+
+
+def _first_batch(loader):
+    for batch in loader:
+        return batch
+    raise ValueError("train_loader is empty")
+
+
+def _steps_per_epoch(loader) -> int | None:
+    try:
+        return len(loader)
+    except TypeError:
+        return None
+
+
+@torch.no_grad()
+def _calibrate(student: nn.Module, loader, sample, batch_num: int, device) -> None:
+    """IFMR initialisation of the activation quantisers over `batch_num` batches (spec §6.2 step 1).
+
+    Eval mode, so BN running statistics stay those of the float model.
+    """
+    student.eval()
+    for count, batch in enumerate(loader):
+        if count == batch_num:
+            break
+        student(*(t.to(device) for t in model_inputs(sample, batch)))
+
+
+def _train_group(student, index, names, modules, source, epochs, lr, loss_fn, user_optimizer, report) -> None:
+    params = _unique_params(modules)
+    optimizer = _group_optimizer(user_optimizer, modules, params, lr)
+    # The rest of the student runs frozen in eval mode; the group's quantised layers train.
+    student.eval()
+    for module in modules:
+        if isinstance(module, QuantRetrainLayer):
+            module.train()
+    for epoch in range(epochs):
+        for step, (inputs, teacher_in, teacher_out) in enumerate(source.steps(epoch, index)):
+            with torch.no_grad():
+                student_in = pick_student_input(teacher_in, group_input(student, modules[0], inputs))
+            output = run_chain(modules, student_in)
+            if output.numel() != teacher_out.numel():
+                raise RuntimeError(
+                    f"distill group {names}: student output has {output.numel()} elements, "
+                    f"the teacher's {teacher_out.numel()}"
+                )
+            value = loss_fn(output, teacher_out.reshape(output.shape))
+            optimizer.zero_grad(set_to_none=True)
+            value.backward()
+            optimizer.step()
+            report({"group": index, "group_names": names, "epoch": epoch, "step": step, "loss": float(value)})
+    for module in modules:
+        module.eval()
+
+
+def _unique_params(modules: list[nn.Module]) -> list[nn.Parameter]:
+    seen, params = set(), []
+    for module in modules:
+        for param in module.parameters():
+            if param.requires_grad and id(param) not in seen:
+                seen.add(id(param))
+                params.append(param)
+    return params
+
+
+def _group_optimizer(user_optimizer, modules, params, lr: float) -> torch.optim.Optimizer:
+    """A fresh optimizer over this group's parameters.
+
+    A user optimizer is re-created with *all* its hyper-parameters (AMCT kept only lr). The default
+    is AMCT's AdamW with larger steps for the clips and smaller ones for learned weight scales.
+    """
+    if user_optimizer is not None:
+        return type(user_optimizer)(params, **user_optimizer.defaults)
+    clips, scales = [], []
+    for module in modules:
+        for name, param in module.named_parameters():
+            if name.endswith(("acts_clip_max", "acts_clip_min")):
+                clips.append(param)
+            elif name.endswith(("wts_scales", "wts_offsets")):
+                scales.append(param)
+    special = {id(p) for p in clips + scales}
+    clips = list({id(p): p for p in clips}.values())
+    groups = [{"params": [p for p in params if id(p) not in special], "lr": lr}]
+    if clips:
+        groups.append({"params": clips, "lr": CLIP_LR})
+    if scales:
+        groups.append({"params": scales, "lr": WEIGHT_SCALE_LR})
+    return torch.optim.AdamW([g for g in groups if g["params"]])
+
+
+def _reporter(progress: ProgressFn | None, total_steps: int | None) -> Callable[[dict | None], None]:
+    """Counts global steps; calls `progress` or draws a bar on a terminal. `None` closes it."""
+    bar = None
+    if progress is None and sys.stderr.isatty():
+        bar = tqdm(total=total_steps, desc="distill", unit="step")
+    done = 0
+
+    def report(event: dict | None) -> None:
+        nonlocal done
+        if event is None:
+            if bar is not None:
+                bar.close()
+            return
+        done += 1
+        event = {**event, "step": done, "total_steps": total_steps}
+        if progress is not None:
+            progress(event)
+        elif bar is not None:
+            bar.update(1)
+            bar.set_postfix(group=event["group"], loss=f"{event['loss']:.4g}")
+
+    return report

@@ -1,0 +1,181 @@
+"""ONNX back ends: how one quantised layer is written into the exported graph.
+
+Both back ends receive the same `ExportQuantLayer` (folded layer + factors from the record):
+- `fake_quant`: float graph with standard QuantizeLinear/DequantizeLinear on the activation and
+  the weight; onnxruntime runs it and matches the PyTorch QAT model.
+- `deploy`: integer weights as INT8 initialisers, the activation quantised once, and the layer as
+  ConvInteger/MatMulInteger with an int32 bias, then one float rescale (the onnxruntime form
+  of AMCT's AscendQuant -> int layer -> AscendDequant, spec §5).
+
+We emit nodes from the autograd function's `symbolic` of the TorchScript-based exporter: it lets a
+layer write exactly the subgraph we want in one pass and costs a fraction of a second, where the
+dynamo exporter would need a custom translation table and seconds per export.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from amct_engine.export.ascend import ASCEND_DOMAIN, LAYER_ATTR, WTS_TYPE_ATTR, pack_dequant_param
+from amct_engine.export.quant_layer import CONV_TYPES, ExportQuantLayer
+
+ONNX_FLOAT = 1  # TensorProto.FLOAT
+
+
+def _const(g, value: torch.Tensor):
+    return g.op("Constant", value_t=value)
+
+
+def _conv_pads(layer: nn.Module) -> list[int]:
+    """ONNX pads [b1, b2, ..., e1, e2, ...] for the layer's padding (ints or 'same'/'valid')."""
+    dims = len(layer.kernel_size)
+    if isinstance(layer.padding, str):
+        if layer.padding == "valid":
+            return [0] * (2 * dims)
+        total = [d * (k - 1) for d, k in zip(layer.dilation, layer.kernel_size, strict=True)]
+        return [t // 2 for t in total] + [t - t // 2 for t in total]
+    return list(layer.padding) * 2
+
+
+def _conv_attrs(layer: nn.Module, with_pads: bool = True) -> dict:
+    attrs = {
+        "kernel_shape_i": list(layer.kernel_size),
+        "strides_i": list(layer.stride),
+        "dilations_i": list(layer.dilation),
+        "group_i": layer.groups,
+    }
+    if with_pads:
+        attrs["pads_i"] = _conv_pads(layer)
+    return attrs
+
+
+def _channel_shape(layer: nn.Module, n: int) -> list[int]:
+    """Shape that broadcasts a per-output-channel vector over the layer's output."""
+    if isinstance(layer, nn.Linear):
+        return [n]
+    return [1, n] + [1] * len(layer.kernel_size)
+
+
+def _fake_quant_activation(g, x, module: ExportQuantLayer):
+    f = module.factors
+    if f.act_bits == 8:
+        scale = _const(g, torch.tensor(f.scale_d, dtype=torch.float32))
+        zero_point = _const(g, torch.tensor(f.offset_d, dtype=torch.int8))
+        return g.op("DequantizeLinear", g.op("QuantizeLinear", x, scale, zero_point), scale, zero_point)
+    # INT16 needs opset 21 QuantizeLinear; AMCT's float emulation (spec §5) runs anywhere.
+    qn, qp = -(2 ** (f.act_bits - 1)), 2 ** (f.act_bits - 1) - 1
+    scale = _const(g, torch.tensor(f.scale_d, dtype=torch.float32))
+    offset = _const(g, torch.tensor(float(f.offset_d)))
+    q = g.op("Add", g.op("Round", g.op("Div", x, scale)), offset)
+    q = g.op("Clip", q, _const(g, torch.tensor(float(qn))), _const(g, torch.tensor(float(qp))))
+    return g.op("Mul", g.op("Sub", q, offset), scale)
+
+
+def _float_layer(g, x, module: ExportQuantLayer, weight):
+    layer = module.layer
+    bias = _const(g, module.factors.bias_hat) if module.factors.bias_hat is not None else None
+    if isinstance(layer, nn.Linear):
+        y = g.op("MatMul", x, g.op("Transpose", weight, perm_i=[1, 0]))
+        return g.op("Add", y, bias) if bias is not None else y
+    op = "ConvTranspose" if isinstance(layer, nn.ConvTranspose2d) else "Conv"
+    attrs = _conv_attrs(layer)
+    if op == "ConvTranspose":
+        attrs["output_padding_i"] = list(layer.output_padding)
+    inputs = [x, weight] + ([bias] if bias is not None else [])
+    return g.op(op, *inputs, **attrs)
+
+
+class FakeQuantBackend:
+    """QuantizeLinear/DequantizeLinear around a float layer."""
+
+    @staticmethod
+    def emit(g, x, module: ExportQuantLayer):
+        f = module.factors
+        x_hat = _fake_quant_activation(g, x, module)
+        if isinstance(module.layer, nn.ConvTranspose2d) or f.act_bits != 8:
+            # Store the dequantised values (integer multiples of the scale) when a weight
+            # DequantizeLinear would not pair with a quantised input: Cout is axis 1 of a
+            # transposed-conv weight, and onnxruntime rewrites DQ(weight) -> MatMul on a float
+            # input into a dynamically quantised MatMul, which re-quantises INT16 activations.
+            weight = _const(g, f.weight_hat)
+        else:
+            zero = torch.zeros(f.scale_w.numel(), dtype=torch.int8)
+            axis = {"axis_i": 0} if f.scale_w.numel() > 1 else {}
+            scale_w = f.scale_w if f.scale_w.numel() > 1 else f.scale_w.reshape(())
+            zero = zero if f.scale_w.numel() > 1 else zero.reshape(())
+            weight = g.op(
+                "DequantizeLinear", _const(g, f.weight_q), _const(g, scale_w), _const(g, zero), **axis
+            )
+        return _float_layer(g, x_hat, module, weight)
+
+
+class IntegerDeployBackend:
+    """Quantise once, integer conv/matmul with int32 bias, one float rescale per channel."""
+
+    @staticmethod
+    def emit(g, x, module: ExportQuantLayer):
+        layer, f = module.layer, module.factors
+        if f.act_bits != 8 or not isinstance(layer, (nn.Linear, *CONV_TYPES)):
+            # No integer kernel for INT16 inputs or transposed convs in onnxruntime.
+            return FakeQuantBackend.emit(g, x, module)
+        # int8 codes with offset o are uint8 codes with zero point o + 128: same values,
+        # and uint8 inputs are what onnxruntime's integer kernels support everywhere.
+        zero_point = _const(g, torch.tensor(f.offset_d + 128, dtype=torch.uint8))
+        x_q = g.op("QuantizeLinear", x, _const(g, torch.tensor(f.scale_d, dtype=torch.float32)), zero_point)
+        w_zero = _const(g, torch.tensor(0, dtype=torch.int8))
+        if isinstance(layer, nn.Linear):
+            w_t = _const(g, f.weight_q.t().contiguous())
+            acc = g.op("MatMulInteger", x_q, w_t, zero_point, w_zero)
+        else:
+            # Pad explicitly with the zero point: a padded zero must be the quantised 0.0.
+            pads = _conv_pads(layer)
+            if any(pads):
+                dims = len(layer.kernel_size)
+                onnx_pads = [0, 0] + pads[:dims] + [0, 0] + pads[dims:]
+                x_q = g.op("Pad", x_q, _const(g, torch.tensor(onnx_pads, dtype=torch.int64)), zero_point)
+            attrs = _conv_attrs(layer, with_pads=False)
+            acc = g.op("ConvInteger", x_q, _const(g, f.weight_q), zero_point, w_zero, **attrs)
+        n = f.scale_w.numel()
+        if f.bias_q is not None:
+            acc = g.op("Add", acc, _const(g, f.bias_q.reshape(_channel_shape(layer, f.bias_q.numel()))))
+        deq_scale = (f.scale_w * f.scale_d).reshape(_channel_shape(layer, n) if n > 1 else [])
+        return g.op("Mul", g.op("Cast", acc, to_i=ONNX_FLOAT), _const(g, deq_scale))
+
+
+class AscendDeployBackend:
+    """AMCT's deploy layout for the ATC converter (spec §5); finished by export.ascend.
+
+    Weights and bias are emitted as float tensors holding the integer values: the exporter's type
+    promotion would otherwise cast INT8 weights to the bias's INT32. `finalize_ascend_model`
+    stores them as INT8/INT4 and INT32, guided by the temporary layer attributes.
+    """
+
+    @staticmethod
+    def emit(g, x, module: ExportQuantLayer):
+        layer, f = module.layer, module.factors
+        tag = {f"{LAYER_ATTR}_s": module.layer_name, f"{WTS_TYPE_ATTR}_s": f"INT{f.wts_bits}"}
+        x_q = g.op(
+            f"{ASCEND_DOMAIN}::AscendQuant", x,
+            scale_f=1.0 / f.scale_d, offset_f=float(f.offset_d), dst_type_s=f"INT{f.act_bits}", **tag,
+        )
+        bias = _const(g, f.bias_q.float()) if f.bias_q is not None else None
+        if isinstance(layer, nn.Linear):
+            y = g.op("MatMul", x_q, _const(g, f.weight_q.t().float().contiguous()), **tag)
+            if bias is not None:
+                y = g.op("Add", y, bias, **tag)
+        else:
+            op = "ConvTranspose" if isinstance(layer, nn.ConvTranspose2d) else "Conv"
+            attrs = _conv_attrs(layer)
+            if op == "ConvTranspose":
+                attrs["output_padding_i"] = list(layer.output_padding)
+            inputs = [x_q, _const(g, f.weight_q.float())] + ([bias] if bias is not None else [])
+            y = g.op(op, *inputs, **attrs, **tag)
+        # The param travels as int64 (same bits); finalize_ascend_model stores it as UINT64.
+        words = pack_dequant_param((f.scale_w * f.scale_d).numpy()).view(np.int64)
+        return g.op(f"{ASCEND_DOMAIN}::AscendDequant", y, _const(g, torch.from_numpy(words.copy())),
+                    dtype_i=0, **tag)
+
+
+BACKENDS = {"fake_quant": FakeQuantBackend, "deploy": IntegerDeployBackend, "ascend": AscendDeployBackend}

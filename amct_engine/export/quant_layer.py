@@ -1,0 +1,163 @@
+"""Export form of one quantised layer: BN folded, record factors applied, integer weights ready.
+
+`ExportQuantLayer.forward` computes the fake-quantised result in PyTorch (so tracing sees real
+shapes and values); its autograd function's `symbolic` hands the ONNX emission to a back end
+(`amct_engine.export.backends`), which is how one export pipeline writes several formats.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from amct_engine.record import LayerQuantRecord
+
+CONV_TYPES = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+
+
+def fold_batch_norm(layer: nn.Module, bn: nn.Module | None) -> nn.Module:
+    """A copy of `layer` with the eval-mode BN that follows it folded into weight and bias."""
+    folded = copy.deepcopy(layer)
+    if bn is None:
+        return folded
+    factor = bn.running_var.new_ones(bn.running_var.shape) if bn.weight is None else bn.weight.detach()
+    factor = factor / torch.sqrt(bn.running_var + bn.eps)
+    beta = bn.bias.detach() if bn.bias is not None else torch.zeros_like(factor)
+    bias = folded.bias.detach() if folded.bias is not None else torch.zeros_like(factor)
+    with torch.no_grad():
+        weight = folded.weight.detach() * per_out_channel(factor, folded)
+        folded.weight = nn.Parameter(weight)
+        folded.bias = nn.Parameter((bias - bn.running_mean) * factor + beta)
+    return folded
+
+
+@dataclass(frozen=True)
+class QuantFactors:
+    """What a deployed layer computes with, derived once from the record (spec §4.0, §5)."""
+
+    scale_d: float
+    offset_d: int
+    act_bits: int
+    wts_bits: int
+    scale_w: torch.Tensor  # [Cout] or [1], float32
+    weight_q: torch.Tensor  # integer codes of the (BN-folded) weight, int8
+    bias_q: torch.Tensor | None  # int32 bias of the integer kernels, or None
+    weight_hat: torch.Tensor  # weight_q * scale_w, float32
+    bias_hat: torch.Tensor | None  # bias_q * scale_w * scale_d, float32
+
+
+def _quant_range(bits: int) -> tuple[int, int]:
+    return -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
+
+
+def per_out_channel(values: torch.Tensor, layer: nn.Module) -> torch.Tensor:
+    """A per-output-channel vector (or a scalar) spread to the layer's weight shape.
+
+    Conv/Linear weights have Cout on axis 0; ConvTranspose weights are [Cin, Cout/groups, k...],
+    so output channel c = group * Cout/groups + j lives in rows of its group, column j (spec §4.0).
+    """
+    weight = layer.weight
+    values = values.to(weight.device).float().reshape(-1)
+    if not isinstance(layer, nn.ConvTranspose2d):
+        return values.reshape([-1] + [1] * (weight.dim() - 1)).expand(weight.shape)
+    groups, cin, cout_g = layer.groups, weight.shape[0], weight.shape[1]
+    kernel = list(weight.shape[2:])
+    values = values.expand(groups * cout_g).reshape(groups, 1, cout_g, *[1] * len(kernel))
+    return values.expand(groups, cin // groups, cout_g, *kernel).reshape(weight.shape)
+
+
+def compute_factors(name: str, layer: nn.Module, record: LayerQuantRecord) -> QuantFactors:
+    """Integer weight and bias of a BN-folded layer under the record's factors."""
+    weight = layer.weight.detach().float()
+    scale_w = torch.tensor(record.scale_w, dtype=torch.float32, device=weight.device)
+    qn, qp = _quant_range(record.wts_bits)
+    weight_scale = per_out_channel(scale_w, layer)
+    weight_q = torch.clamp(torch.round(weight / weight_scale), qn, qp)
+    bias_q = bias_hat = None
+    if layer.bias is not None:
+        # spec §5 InsertBiasQuant: q_b = round(b / (scale_w * scale_d)), must fit int32.
+        bias_q = torch.round(layer.bias.detach().double() / (scale_w.double() * record.scale_d))
+        if bias_q.abs().max() > INT32_MAX:
+            raise RuntimeError(
+                f"layer {name}: quantised bias overflows int32 (scale_w*scale_d too small); "
+                f"add it to quant_skip_layers"
+            )
+        bias_hat = (bias_q * scale_w.double() * record.scale_d).float()
+        bias_q = bias_q.to(torch.int32)
+    return QuantFactors(
+        scale_d=record.scale_d,
+        offset_d=record.offset_d,
+        act_bits=record.act_bits,
+        wts_bits=record.wts_bits,
+        scale_w=scale_w,
+        weight_q=weight_q.to(torch.int8),
+        bias_q=bias_q,
+        weight_hat=weight_q * weight_scale,
+        bias_hat=bias_hat,
+    )
+
+
+def deployed_forward(layer: nn.Module, f: QuantFactors, x: torch.Tensor) -> torch.Tensor:
+    """What the deployed integer layer computes, in float: quantised input, integer weight codes,
+    int32 bias, one rescale. The QAT model's eval forward, the fake-quant ONNX and the deploy ONNX
+    all compute this, so their outputs agree to float precision."""
+    qn, qp = _quant_range(f.act_bits)
+    x_q = torch.clamp(torch.round(x / f.scale_d + f.offset_d), qn, qp)
+    x_hat = (x_q - f.offset_d) * f.scale_d
+    return layer_call(layer, x_hat, f.weight_hat, f.bias_hat)
+
+
+class _ModuleRef:
+    """Opaque holder: the tracer rejects an nn.Module passed straight to Function.apply."""
+
+    def __init__(self, module: ExportQuantLayer):
+        self.module = module
+
+
+class _QuantLayerFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, ref: _ModuleRef):
+        module = ref.module
+        return deployed_forward(module.layer, module.factors, x)
+
+    @staticmethod
+    def symbolic(g, x, ref: _ModuleRef):
+        from amct_engine.export.backends import BACKENDS
+
+        return BACKENDS[ref.module.backend].emit(g, x, ref.module)
+
+
+class ExportQuantLayer(nn.Module):
+    """Eval-only stand-in for a QuantRetrainLayer while exporting: BN folded, factors fixed.
+
+    The factors are plain tensors, not parameters: the TorchScript tracer fails on parameters
+    read inside an autograd Function's forward.
+    """
+
+    def __init__(self, name: str, layer: nn.Module, factors: QuantFactors, backend: str):
+        super().__init__()
+        self.layer_name = name
+        self.layer = layer
+        self.backend = backend
+        self.factors = factors
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _QuantLayerFunction.apply(x, _ModuleRef(self))
+
+
+def layer_call(layer: nn.Module, x, weight, bias):
+    """Run `layer` with a substituted weight and bias."""
+    if isinstance(layer, nn.Linear):
+        return F.linear(x, weight, bias)
+    if isinstance(layer, CONV_TYPES):
+        return layer._conv_forward(x, weight, bias)
+    if isinstance(layer, nn.ConvTranspose2d):
+        return F.conv_transpose2d(
+            x, weight, bias, layer.stride, layer.padding, layer.output_padding, layer.groups, layer.dilation
+        )
+    raise TypeError(f"cannot export quantised layer of type {type(layer).__name__}")

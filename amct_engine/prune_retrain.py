@@ -1,0 +1,252 @@
+"""Prune retrain and compressed retrain APIs (spec §1.3, §1.4).
+
+create: parse the cfg → capture → BCP filter pruning (channels physically removed) → [compressed:
+re-capture, insert QAT layers] → 4:2 selective masks → write the prune records → return the copy.
+restore: the same, but pruning is replayed from the record (never recomputed), then the pth loads.
+save: bake the 4:2 masks into the weights, then export (a plain float model twice, or the
+fake-quant and deploy models of the QAT pipeline).
+
+Every returned model carries ``amct_prune_report`` (a ``PruneReport``): what was pruned and why not.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import shutil
+
+from torch import nn
+
+from amct_engine.config.cfg_checks import check_cfg_for_api
+from amct_engine.config.cfg_loader import CfgDocument, load_cfg_document
+from amct_engine.config.layer_refs import check_layer_references
+from amct_engine.config.quant_json import RETRAIN, QuantJsonConfig, layer_specs_from_cfg
+from amct_engine.export.save import (
+    DEPLOY_BACKENDS,
+    FILE_MODE,
+    check_onnx,
+    export_onnx,
+    output_paths,
+    quant_layers,
+    save_quantized_onnx,
+    validate_dynamic_axes,
+)
+from amct_engine.graph.analysis import RETRAIN_TYPES, quantizable_layers
+from amct_engine.graph.capture import CapturedModel, capture_model
+from amct_engine.prune.passes import (
+    filter_prune,
+    parameter_count,
+    prune_records,
+    replay_filter_prune,
+    selective_prune,
+)
+from amct_engine.prune.records import (
+    read_prune_records,
+    selective_masks_from_records,
+    update_selective_records,
+    write_prune_records,
+)
+from amct_engine.prune.report import PruneReport
+from amct_engine.prune.selective import bake_selective_masks, selective_masks
+from amct_engine.prune.settings import prune_settings_from_cfg
+from amct_engine.quant.insert import insert_quant_layers
+from amct_engine.quant_retrain import as_input_tuple, load_checkpoint, records_for_save
+from amct_engine.record import RecordFile
+
+REPORT_ATTR = "amct_prune_report"
+
+
+# ---------------------------------------------------------------------- prune retrain (spec §1.3)
+
+
+def create_prune_retrain_model(model, input_data, config_defination, record_file) -> nn.Module:
+    """A pruned copy of ``model``: BCP channels removed, 4:2 masks attached; the record lists both."""
+    return _create(model, input_data, config_defination, record_file, "prune")
+
+
+def restore_prune_retrain_model(
+    model, input_data, record_file, config_defination, pth_file, state_dict_name=None
+) -> nn.Module:
+    """Replay the record's pruning on an unloaded ``model``, then load ``pth_file``.
+
+    Note the argument order (record_file before config_defination), as in AMCT.
+    """
+    return _restore(model, input_data, config_defination, record_file, pth_file, state_dict_name, "prune")
+
+
+def save_prune_retrain_model(
+    model, save_path, input_data, input_names=None, output_names=None, dynamic_axes=None, deploy_format="onnx"
+) -> dict[str, str]:
+    """Bake the 4:2 masks and write the pruned float model twice: ``_deploy_model.onnx`` and
+    ``_fake_quant_model.onnx`` with identical content (spec §1.3)."""
+    _check_save_args(save_path, dynamic_axes, deploy_format)
+    if quant_layers(model):
+        raise RuntimeError("the model has quantised layers: save it with save_compressed_retrain_model")
+    _flush_selective_records(model, None)
+    return _save_float(_baked_copy(model), save_path, as_input_tuple(input_data), input_names, output_names,
+                       dynamic_axes)
+
+
+# ---------------------------------------------------------------------- compressed retrain (spec §1.4)
+
+
+def create_compressed_retrain_model(model, input_data, config_defination, record_file) -> nn.Module:
+    """Prune (BCP and/or 4:2), re-capture, insert QAT layers; a new copy of ``model``.
+
+    Quantisation factors reach the record at the first eval forward after training (spec §1.2).
+    """
+    return _create(model, input_data, config_defination, record_file, "compressed")
+
+
+def restore_compressed_retrain_model(
+    model, input_data, config_defination, record_file, pth_file, state_dict_name=None
+) -> nn.Module:
+    """The compressed model of ``create`` rebuilt from the record, with ``pth_file`` loaded."""
+    return _restore(model, input_data, config_defination, record_file, pth_file, state_dict_name, "compressed")
+
+
+def save_compressed_retrain_model(
+    model,
+    record_file,
+    save_path,
+    input_data,
+    input_names=None,
+    output_names=None,
+    dynamic_axes=None,
+    deploy_format="onnx",
+) -> dict[str, str]:
+    """Bake the 4:2 masks, then write ``<save_path>_fake_quant_model.onnx`` and ``_deploy_model.onnx``.
+
+    Without quantised layers (a prune-only cfg) the float model is written twice (spec §1.4).
+    deploy_format: "onnx" (integer model for onnxruntime) or "ascend" (AMCT layout, spec §5).
+    """
+    _check_path(record_file, "record_file")
+    _check_save_args(save_path, dynamic_axes, deploy_format)
+    inputs = as_input_tuple(input_data)
+    _flush_selective_records(model, record_file)
+    baked = _baked_copy(model)
+    if not quant_layers(baked):
+        if not read_prune_records(record_file):
+            raise RuntimeError(f"the model has no quantised layers and {record_file} has no prune record: pass "
+                               "the model returned by create_compressed_retrain_model")
+        return _save_float(baked, save_path, inputs, input_names, output_names, dynamic_axes)
+    records = records_for_save(model, record_file)
+    return save_quantized_onnx(baked, records, save_path, inputs, input_names, output_names, dynamic_axes,
+                               deploy_format)
+
+
+# ---------------------------------------------------------------------- shared steps
+
+
+def _create(model, input_data, config_defination, record_file, api: str) -> nn.Module:
+    _check_path(record_file, "record_file")
+    doc = _load_cfg(config_defination, api)
+    cm = _capture(model, input_data, doc)
+    record = RecordFile(record_file)
+    record.create_empty()
+    report = PruneReport(params_before=parameter_count(cm.module))
+    settings = prune_settings_from_cfg(doc.message, cm.module_types())
+    cuts = filter_prune(cm, settings, report)
+    report.params_after = parameter_count(cm.module)
+    result, cm = _quantise(cm, doc, record, api)
+    masks = selective_prune(result, cm, settings, record, report)
+    write_prune_records(record, prune_records(cuts, masks))
+    report.log(filter_configured=bool(settings.filter()))
+    setattr(result, REPORT_ATTR, report)
+    return result
+
+
+def _restore(model, input_data, config_defination, record_file, pth_file, state_dict_name, api) -> nn.Module:
+    _check_path(record_file, "record_file")
+    _check_path(pth_file, "pth_file")
+    doc = _load_cfg(config_defination, api)
+    records = read_prune_records(record_file)
+    cm = _capture(model, input_data, doc)
+    report = PruneReport(params_before=parameter_count(cm.module))
+    replay_filter_prune(cm, records, str(record_file), report)
+    report.params_after = parameter_count(cm.module)
+    record = RecordFile(record_file)
+    # the quantisation factors are rewritten by the first eval forward; the prune records stay
+    record.create_empty()
+    write_prune_records(record, records)
+    settings = prune_settings_from_cfg(doc.message, cm.module_types())
+    result, cm = _quantise(cm, doc, record, api)
+    masks = selective_masks_from_records(records, str(record_file))
+    selective_prune(result, cm, settings, record, report, masks=masks)
+    load_checkpoint(result, pth_file, state_dict_name)
+    report.log(filter_configured=False)
+    setattr(result, REPORT_ATTR, report)
+    return result
+
+
+def _quantise(cm: CapturedModel, doc: CfgDocument, record: RecordFile, api: str):
+    """Compressed mode: re-capture the pruned model and insert QAT layers where the cfg asks (spec §2.2)."""
+    if api != "compressed":
+        return cm.module, cm
+    cm = capture_model(cm.module, cm.example_inputs)
+    cfg = doc.message
+    layers = {info.name: info.module for info in quantizable_layers(cm, RETRAIN_TYPES)}
+    config = QuantJsonConfig(RETRAIN, batch_num=cfg.batch_num)
+    if cfg.HasField("fakequant_precision_mode"):
+        config.fakequant_precision_mode = "FORCE_FP16_QUANT"
+    config.layers = layer_specs_from_cfg(cfg, RETRAIN, layers, only_configured=True)
+    return insert_quant_layers(cm, config, record), cm
+
+
+def _load_cfg(config_defination, api: str) -> CfgDocument:
+    _check_path(config_defination, "config_defination")
+    doc = load_cfg_document(config_defination, "retrain")
+    check_cfg_for_api(doc, api)
+    return doc
+
+
+def _capture(model, input_data, doc: CfgDocument) -> CapturedModel:
+    cm = capture_model(model, as_input_tuple(input_data))
+    layer_types = {name: type(m).__name__ for name, m in cm.module.named_modules()}
+    check_layer_references(doc, layer_types, doc.path)  # warnings: names and types the model lacks
+    return cm
+
+
+def _check_path(value, what: str) -> None:
+    if not isinstance(value, (str, os.PathLike)):
+        raise TypeError(f"{what} must be a str or os.PathLike, got {type(value).__name__}")
+
+
+def _check_save_args(save_path, dynamic_axes, deploy_format) -> None:
+    _check_path(save_path, "save_path")
+    if deploy_format not in DEPLOY_BACKENDS:
+        raise ValueError(f"deploy_format must be one of {', '.join(DEPLOY_BACKENDS)}, got {deploy_format!r}")
+    validate_dynamic_axes(dynamic_axes)
+
+
+def _flush_selective_records(model: nn.Module, record_file) -> None:
+    """Write the current 4:2 masks to the record (a refresh is only written at the next eval forward)."""
+    masks = selective_masks(model)
+    if not masks:
+        return
+    if record_file is not None:
+        update_selective_records(RecordFile(record_file), {n: m.mask for n, m in masks.items()})
+        for m in masks.values():
+            m._record_pending = False
+    else:
+        for m in masks.values():
+            if m._record_pending:
+                m.flush_record()
+
+
+def _baked_copy(model: nn.Module) -> nn.Module:
+    baked = copy.deepcopy(model).eval()
+    bake_selective_masks(baked)
+    return baked
+
+
+def _save_float(model: nn.Module, save_path, inputs, input_names, output_names, dynamic_axes) -> dict[str, str]:
+    """The pruned float model, written as both files (AMCT: one export, two names)."""
+    paths = output_paths(str(save_path))
+    cpu_inputs = tuple(t.detach().cpu() for t in inputs)
+    export_onnx(model.cpu(), paths["deploy"], cpu_inputs, input_names, output_names, dynamic_axes)
+    shutil.copyfile(paths["deploy"], paths["fake_quant"])
+    os.chmod(paths["fake_quant"], FILE_MODE)
+    for path in paths.values():
+        check_onnx(path, cpu_inputs)
+    return paths

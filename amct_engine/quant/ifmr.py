@@ -1,0 +1,182 @@
+"""IFMR: clip search for activation calibration and ULQ initialisation (spec §4.3).
+
+The candidates' MSE losses are evaluated together, a chunk of candidates at a time, so memory stays
+bounded (about `_CHUNK_ELEMENTS` floats per temporary) whatever the tensor size.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+from torch import nn
+
+from .primitives import FLT_EPSILON, check_quantizable, process_scale, quant_range
+
+# Upper bound on candidates x elements materialised at once by the loss evaluation.
+_CHUNK_ELEMENTS = 1 << 22
+
+
+class IfmrResult(NamedTuple):
+    """0-d tensors on the data's device: float32 scale/clips, int32 offset (0 when symmetric)."""
+
+    scale: torch.Tensor
+    offset: torch.Tensor
+    clip_max: torch.Tensor
+    clip_min: torch.Tensor
+
+
+def _percentile_index(percentile: float, length: int) -> int:
+    # spec §4.3 step 1: 1-based rank from the extreme end, computed with Python floats like AMCT.
+    if 1.0 - percentile < FLT_EPSILON:
+        return 1
+    return min(max(length - int(percentile * length), 1), length)
+
+
+def percentile_init(
+    data: torch.Tensor, max_percentile: float, min_percentile: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """max0 = max_index-th largest (>= 0), min0 = min_index-th smallest (<= 0) (spec §4.3 step 1)."""
+    length = data.numel()
+    max_index = _percentile_index(max_percentile, length)
+    min_index = _percentile_index(min_percentile, length)
+    # kthvalue is a selection, not a full sort; the k-th largest is the (L-k+1)-th smallest.
+    max0 = torch.kthvalue(data, length - max_index + 1).values
+    min0 = torch.kthvalue(data, min_index).values
+    return torch.clamp(max0, min=0.0), torch.clamp(min0, max=0.0)
+
+
+def search_ratios(start: float, end: float, step: float, device) -> torch.Tensor:
+    """start + k*step for k < n, end exclusive (spec §4.3: 0.7..1.3 by 0.01 gives 60 candidates).
+
+    `torch.arange(0.7, 1.3, 0.01)` yields 61 values because (1.3-0.7)/0.01 is 60.000000000000014 in
+    floating point; we follow the spec's exclusive end and round the quotient to 9 digits first.
+    """
+    count = math.ceil(round((end - start) / step, 9))
+    ratios = start + step * torch.arange(count, dtype=torch.float64, device=device)
+    return ratios.to(torch.float32)
+
+
+def _candidate_losses(x: torch.Tensor, low: torch.Tensor, high: torch.Tensor, scales: torch.Tensor):
+    """MSE(round(clamp(x, low_k, high_k)/s_k)*s_k, x) for every candidate k, chunked over k."""
+    chunk = max(1, _CHUNK_ELEMENTS // max(x.numel(), 1))
+    losses = []
+    for begin in range(0, scales.numel(), chunk):
+        part = slice(begin, begin + chunk)
+        s = scales[part, None]
+        # In place on the one [chunk, numel] temporary: the search is memory-bound.
+        error = torch.clamp(x[None, :], low[part, None], high[part, None])
+        error.div_(s).round_().mul_(s).sub_(x[None, :])
+        losses.append(error.square_().mean(dim=1))
+    return torch.cat(losses)
+
+
+def ifmr_search(
+    data: torch.Tensor,
+    bits: int,
+    with_offset: bool = False,
+    max_percentile: float = 0.999999,
+    min_percentile: float = 0.999999,
+    search_start: float = 0.7,
+    search_end: float = 1.3,
+    search_step: float = 0.01,
+) -> IfmrResult:
+    """Search the clip that minimises the quantisation MSE of `data` (spec §4.3)."""
+    _check_search_args(max_percentile, min_percentile, search_start, search_end, search_step)
+    check_quantizable(data, "calibration data")
+    if data.numel() == 0:
+        raise ValueError("IFMR needs at least one calibration value, got an empty tensor")
+    qn, qp = quant_range(bits)
+    x = data.detach().reshape(-1).to(torch.float32)
+    max0, min0 = percentile_init(x, max_percentile, min_percentile)
+    candidates = search_ratios(search_start, search_end, search_step, x.device)
+    if with_offset:
+        # spec §4.3: only the max is searched; min0 stays fixed.
+        candidates = candidates * max0
+        scales = (candidates - min0) / ((1 << bits) - 1)
+        low = min0.expand_as(candidates)
+    else:
+        negative = max0.abs() < min0.abs()
+        candidates = candidates * torch.maximum(max0.abs(), min0.abs())
+        scales = candidates / torch.where(negative, float(-qn), float(qp))
+        low = -candidates
+    scales, _ = process_scale(scales, torch.zeros_like(scales), bits, asymmetric=False)
+    best = torch.argmin(_candidate_losses(x, low, candidates, scales))  # first minimum
+    scale = scales[best]
+    offset = torch.zeros((), dtype=torch.int32, device=x.device)
+    if with_offset:
+        offset = (qn - torch.round(min0 / scale)).to(torch.int32)
+    # spec §4.3 step 3: the clip range the chosen (scale, offset) can represent.
+    clip_max = (qp - offset) * scale
+    clip_min = -(-qn + offset) * scale
+    return IfmrResult(scale, offset, clip_max, clip_min)
+
+
+def _check_search_args(max_pct, min_pct, start, end, step) -> None:
+    for name, value in (("max_percentile", max_pct), ("min_percentile", min_pct)):
+        if not 0.0 < value <= 1.0:
+            raise ValueError(f"IFMR {name} must be in (0, 1], got {value}")
+    if not (0.0 < start < end and step > 0.0):
+        raise ValueError(
+            f"IFMR search range needs 0 < search_start < search_end and search_step > 0, "
+            f"got start={start}, end={end}, step={step}"
+        )
+
+
+class IfmrObserver(nn.Module):
+    """Accumulates the first `batch_num` batches, then runs `ifmr_search` once (spec §4.3, §4.1).
+
+    Batches are kept detached on their own device; they are released as soon as the search ran.
+    """
+
+    def __init__(
+        self,
+        bits: int = 8,
+        batch_num: int = 1,
+        with_offset: bool = False,
+        max_percentile: float = 0.999999,
+        min_percentile: float = 0.999999,
+        search_start: float = 0.7,
+        search_end: float = 1.3,
+        search_step: float = 0.01,
+    ) -> None:
+        super().__init__()
+        quant_range(bits)
+        _check_search_args(max_percentile, min_percentile, search_start, search_end, search_step)
+        if batch_num < 1:
+            raise ValueError(f"IFMR batch_num must be >= 1, got {batch_num}")
+        self.bits = bits
+        self.batch_num = batch_num
+        self.search_kwargs = dict(
+            with_offset=with_offset,
+            max_percentile=max_percentile,
+            min_percentile=min_percentile,
+            search_start=search_start,
+            search_end=search_end,
+            search_step=search_step,
+        )
+        self.result: IfmrResult | None = None
+        self._batches: list[torch.Tensor] = []
+
+    @property
+    def done(self) -> bool:
+        return self.result is not None
+
+    @property
+    def batches_seen(self) -> int:
+        return self.batch_num if self.done else len(self._batches)
+
+    def forward(self, x: torch.Tensor) -> bool:
+        """Record one batch; returns True once the search has run (further batches are ignored)."""
+        if self.done:
+            return True
+        check_quantizable(x, "calibration batch")
+        flat = x.detach().reshape(-1)
+        # A batch kept for later must not see the model's in-place updates of its input tensor.
+        self._batches.append(flat if len(self._batches) + 1 >= self.batch_num else flat.clone())
+        if len(self._batches) >= self.batch_num:
+            data = torch.cat(self._batches)
+            self._batches = []
+            self.result = ifmr_search(data, self.bits, **self.search_kwargs)
+        return self.done

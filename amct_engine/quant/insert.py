@@ -1,0 +1,63 @@
+"""The pass that swaps quantised training layers in by module path (spec §1.2, §4.6, §4.8)."""
+
+from __future__ import annotations
+
+from torch import fx, nn
+
+from amct_engine.config.quant_json import QuantJsonConfig
+from amct_engine.graph.analysis import conv_bn_act_chains, input_from_relu
+from amct_engine.graph.capture import CapturedModel
+from amct_engine.quant.retrain_layer import QuantRetrainLayer, make_act_quantizer, make_weight_quantizer
+from amct_engine.record import RecordFile
+
+
+def _input_nodes(cm: CapturedModel) -> dict[str, fx.Node]:
+    """Module path -> the fx node that feeds its (first) input."""
+    out = {}
+    for node in cm.graph_module.graph.nodes:
+        if node.op == "call_module" and node.args and isinstance(node.args[0], fx.Node):
+            out.setdefault(node.target, node.args[0])
+    return out
+
+
+def insert_quant_layers(
+    cm: CapturedModel, config: QuantJsonConfig, record: RecordFile | None, distill: bool = False
+) -> nn.Module:
+    """Replace every enabled layer of `cm.module` with a QuantRetrainLayer; returns `cm.module`.
+
+    Retrain (spec §4.6) moves a following BN into the wrapper and defaults `fixed_min` to "input
+    comes from a ReLU". Distillation (spec §4.1, §6) keeps the BN in place, because distill groups
+    call their modules one by one, and remembers its path so saving can fold it; its `fixed_min`
+    defaults to false.
+    """
+    model = cm.module
+    following_bn = {chain.layer: chain.bn for chain in conv_bn_act_chains(cm) if chain.bn is not None}
+    inputs = _input_nodes(cm)
+    shared_act: dict[tuple, nn.Module] = {}
+    for name in config.enabled_layers():
+        spec = config.layers[name]
+        from_relu = False if distill else input_from_relu(cm, name)
+        # spec §4.8: layers reading the same tensor with identical settings share one quantiser.
+        share_key = (inputs.get(name), spec.act, from_relu)
+        act_quant = shared_act.get(share_key)
+        if act_quant is None:
+            act_quant = make_act_quantizer(spec, config.batch_num, from_relu)
+            if share_key[0] is not None:
+                shared_act[share_key] = act_quant
+        bn = None
+        if name in following_bn and not distill:
+            bn = model.get_submodule(following_bn[name])
+            model.set_submodule(following_bn[name], nn.Identity())
+        layer = model.get_submodule(name)
+        wrapper = QuantRetrainLayer(
+            name,
+            layer,
+            act_quant,
+            make_weight_quantizer(spec, layer),
+            bn=bn,
+            record=record,
+            fakequant_precision_mode=config.fakequant_precision_mode,
+        )
+        wrapper.following_bn = following_bn.get(name) if distill else None
+        model.set_submodule(name, wrapper)
+    return model

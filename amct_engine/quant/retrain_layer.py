@@ -1,0 +1,146 @@
+"""The quantised training form of one Conv/Linear layer (AMCT's RetrainQuant, spec §4.6)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.func import functional_call
+
+from amct_engine.config.quant_json import BITS_DST, LayerQuantSpec
+from amct_engine.export.quant_layer import QuantFactors, compute_factors, deployed_forward, fold_batch_norm
+from amct_engine.quant.arq import ArqWeightQuantizer
+from amct_engine.quant.ulq_act import UlqActQuantizer
+from amct_engine.quant.ulq_weight import UlqWeightQuantizer
+from amct_engine.record import LayerQuantRecord, RecordFile
+
+FLT_EPSILON = 1.192092896e-07
+
+
+class QuantRetrainLayer(nn.Module):
+    """ULQ-quantised input, ARQ/ULQ-quantised weight, then the layer and its following BN.
+
+    The BN trains unfolded inside the wrapper (its parent slot becomes nn.Identity) and is folded
+    at save time (spec §4.6). Quantisation factors go to the record on the first eval forward
+    after training (spec §1.2, "Important").
+
+    In eval mode the layer computes what the deployed model computes (BN folded, integer weight
+    codes, int32 bias; `deployed_forward`), from exactly the factors it writes to the record, so
+    the accuracy measured in PyTorch is the accuracy of the exported models.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        layer: nn.Module,
+        act_quant: UlqActQuantizer,
+        weight_quant: nn.Module,
+        bn: nn.Module | None = None,
+        record: RecordFile | None = None,
+        fakequant_precision_mode: str = "DEFAULT",
+    ):
+        super().__init__()
+        self.layer_name = name
+        self.layer = layer
+        self.act_quant = act_quant
+        self.weight_quant = weight_quant
+        self.bn = bn
+        self.record = record
+        self.fakequant_precision_mode = fakequant_precision_mode
+        # Distillation keeps a following BN outside the wrapper; saving folds it in (spec §6.3).
+        self.following_bn: str | None = None
+        self._deployed: tuple[nn.Module, QuantFactors] | None = None
+        # New weights (a checkpoint) invalidate the factors cached for eval.
+        self.register_load_state_dict_post_hook(_invalidate_after_load)
+
+    @property
+    def _record_pending(self) -> bool:
+        """True until an eval forward has written this layer's current factors."""
+        return self._deployed is None
+
+    def invalidate(self) -> None:
+        self._deployed = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            self._deployed = None
+            return self.training_forward(x)
+        if self._deployed is None:
+            with torch.no_grad():
+                y = self.training_forward(x)  # calibrates IFMR and refreshes the weight scales
+            if not self.act_quant.calibrated:
+                return y  # IFMR still collecting its batch_num batches
+            self._deployed = self._freeze()
+        layer, factors = self._deployed
+        return deployed_forward(layer, factors, x)
+
+    def training_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Fake-quantised input and weight, the layer, then the unfolded BN (spec §4.6)."""
+        x_q = self.act_quant(x)
+        transpose_groups = self.layer.groups if isinstance(self.layer, nn.ConvTranspose2d) else None
+        w_q = self.weight_quant(self.layer.weight, transpose_groups)
+        y = functional_call(self.layer, {"weight": w_q}, (x_q,))
+        return self.bn(y) if self.bn is not None else y
+
+    def _freeze(self) -> tuple[nn.Module, QuantFactors]:
+        """Write the record entry and derive the deployed layer from exactly those factors."""
+        record = self.quant_record()
+        if self.record is not None:
+            self.record.write_layers({self.layer_name: record})
+        layer = fold_batch_norm(self.layer, self.bn)
+        return layer, compute_factors(self.layer_name, layer, record)
+
+    def quant_record(self) -> LayerQuantRecord:
+        """Scale/offset of data and weight, with a following BN's factor folded into scale_w."""
+        scale_d, offset_d = self.act_quant.scale_offset()
+        scale_d, offset_d = float(scale_d), int(offset_d)
+        if self.fakequant_precision_mode == "FORCE_FP16_QUANT":
+            scale_d = float(torch.tensor(scale_d).half())  # spec §2.2: scale_d at fp16 precision
+        scale_w = self.weight_quant.wts_scales.detach().abs().float().reshape(-1)
+        bn_factor = self.bn_fold_factor()
+        if bn_factor is not None:
+            # spec §4.6: matches the Conv+BN folding done at save time.
+            scale_w = scale_w.expand(bn_factor.numel()) * bn_factor.abs()
+        scale_w = torch.where(scale_w < FLT_EPSILON, torch.ones_like(scale_w), scale_w)
+        return LayerQuantRecord(
+            scale_d=scale_d,
+            offset_d=offset_d,
+            scale_w=tuple(scale_w.tolist()),
+            offset_w=(0,) * scale_w.numel(),
+            act_type=BITS_DST[self.act_quant.bits],
+            wts_type=BITS_DST[self.weight_quant.bits],
+            fakequant_precision_mode=self.fakequant_precision_mode,
+        )
+
+    def bn_fold_factor(self) -> torch.Tensor | None:
+        """gamma / sqrt(var + eps) of the following BN, or None."""
+        if self.bn is None:
+            return None
+        bn = self.bn
+        gamma = bn.weight.detach() if bn.weight is not None else torch.ones_like(bn.running_var)
+        return (gamma / torch.sqrt(bn.running_var + bn.eps)).float()
+
+
+def _invalidate_after_load(module: QuantRetrainLayer, _incompatible_keys) -> None:
+    module.invalidate()
+
+
+def out_channels(layer: nn.Module) -> int:
+    return getattr(layer, "out_channels", getattr(layer, "out_features", 1))
+
+
+def make_weight_quantizer(spec: LayerQuantSpec, layer: nn.Module) -> nn.Module:
+    cls = UlqWeightQuantizer if spec.weight.algo == "ulq" else ArqWeightQuantizer
+    return cls(bits=spec.weight.bits, channel_wise=spec.weight.channel_wise, num_channels=out_channels(layer))
+
+
+def make_act_quantizer(spec: LayerQuantSpec, batch_num: int, input_from_relu: bool) -> UlqActQuantizer:
+    act = spec.act
+    # spec §4.1: fixed_min defaults to true when the layer's input comes from a ReLU.
+    fixed_min = input_from_relu if act.fixed_min is None else act.fixed_min
+    return UlqActQuantizer(
+        bits=act.bits,
+        fixed_min=fixed_min,
+        clip_max=act.clip_max,
+        clip_min=act.clip_min,
+        batch_num=batch_num,
+    )

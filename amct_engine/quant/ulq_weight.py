@@ -1,0 +1,122 @@
+"""ULQ weight quantiser: learnable symmetric scale with LSQ gradient scaling (spec §4.2)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from .primitives import (
+    FLT_EPSILON,
+    broadcast_along_axis0,
+    check_quantizable,
+    from_cout_major,
+    match_state_shapes,
+    process_scale,
+    quant_range,
+    to_cout_major,
+)
+
+
+def _scale_view(scale: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return broadcast_along_axis0(scale, weight.dim(), weight.shape[0])
+
+
+def ulq_weight_scale_grad(weight, grad_output, scale, bits: int) -> torch.Tensor:
+    """dL/ds of spec §4.2, shaped like `scale` ([Cout] or [1]).
+
+    dW^/ds is round(w~)-w~ inside the range, Qn below, Qp above; it is scaled by 1/sqrt(N*Qp), N =
+    elements sharing one scale (a channel, or the whole tensor), and summed with g.
+    """
+    qn, qp = quant_range(bits)
+    w = weight.to(torch.float32)
+    s = _scale_view(scale, weight)
+    ratio = w / s
+    inside = torch.round(ratio) - ratio
+    dq_ds = torch.where(w > s * qp, float(qp), torch.where(w < s * qn, float(qn), inside))
+    shared = weight.numel() // scale.numel()
+    terms = dq_ds * grad_output.to(torch.float32) / math.sqrt(shared * qp)
+    return terms.reshape(scale.numel(), -1).sum(dim=1).reshape(scale.shape)
+
+
+class UlqWeightFunction(torch.autograd.Function):
+    """W^ = clamp(round(W/s), Qn, Qp)*s; dL/dW = g (plain STE), dL/ds per `ulq_weight_scale_grad`."""
+
+    @staticmethod
+    def forward(ctx, weight: torch.Tensor, scale: torch.Tensor, bits: int):
+        qn, qp = quant_range(bits)
+        # A learnt scale could step to <= 0; quantise with a tiny positive one instead.
+        s = scale.detach().to(torch.float32).clamp_min(FLT_EPSILON)
+        s_view = _scale_view(s, weight)
+        quantized = torch.clamp(torch.round(weight.to(torch.float32) / s_view), qn, qp) * s_view
+        ctx.save_for_backward(weight, s)
+        ctx.bits = bits
+        ctx.scale_dtype = scale.dtype
+        return quantized.to(weight.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        weight, s = ctx.saved_tensors
+        grad_scale = ulq_weight_scale_grad(weight, grad_output, s, ctx.bits)
+        return grad_output, grad_scale.to(ctx.scale_dtype), None
+
+
+class UlqWeightQuantizer(nn.Module):
+    """`ulq_retrain` weight quantiser (spec §4.2): learnable `wts_scales`, `wts_offsets` zeros.
+
+    The scale is initialised on the first forward (s = max|W|/Qp per channel or per tensor); a
+    loaded checkpoint with finite scales counts as initialised.
+    """
+
+    def __init__(self, bits: int = 8, channel_wise: bool = True, num_channels: int | None = None) -> None:
+        super().__init__()
+        quant_range(bits)
+        self.bits = bits
+        self.channel_wise = channel_wise
+        count = num_channels if channel_wise and num_channels else 1
+        self.wts_scales = nn.Parameter(torch.full((count,), math.nan))
+        self.register_buffer("wts_offsets", torch.zeros(count, dtype=torch.int32))
+        self._initialized = False
+
+    @property
+    def initialized(self) -> bool:
+        return self._initialized
+
+    def forward(self, weight: torch.Tensor, transpose_groups: int | None = None) -> torch.Tensor:
+        """Fake-quantised `weight`; pass the module's `groups` as `transpose_groups` for ConvTranspose."""
+        check_quantizable(weight, "weight")
+        weight_cm = to_cout_major(weight, transpose_groups)
+        if not self._initialized:
+            self._arq_init(weight_cm)
+        quantized = UlqWeightFunction.apply(weight_cm, self.wts_scales, self.bits)
+        return from_cout_major(quantized, transpose_groups, weight.shape)
+
+    def scale_offset(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The scale the forward uses (clamped positive, float32) and the int32 zero offsets."""
+        if not self._initialized:
+            raise RuntimeError("the weight quantiser has no scale yet: run a forward pass first")
+        scale = self.wts_scales.detach().float().clamp_min(FLT_EPSILON)
+        return scale.clone(), self.wts_offsets.detach().clone()
+
+    def extra_repr(self) -> str:
+        return f"bits={self.bits}, channel_wise={self.channel_wise}"
+
+    @torch.no_grad()
+    def _arq_init(self, weight_cm: torch.Tensor) -> None:
+        # spec §4.2: ARQ initialisation s = max|W|/Qp; an all-zero channel gets s = 1 (process_scale).
+        _, qp = quant_range(self.bits)
+        rows = weight_cm.shape[0] if self.channel_wise else 1
+        abs_max = weight_cm.detach().reshape(rows, -1).abs().amax(dim=1).to(torch.float32)
+        scale, _ = process_scale(abs_max / qp, torch.zeros_like(abs_max), self.bits, asymmetric=False)
+        if self.wts_scales.shape != scale.shape:
+            self.wts_scales.data = torch.empty_like(scale, dtype=self.wts_scales.dtype)
+            self.wts_offsets.data = torch.zeros(scale.shape, dtype=torch.int32, device=scale.device)
+        self.wts_scales.copy_(scale)
+        self._initialized = True
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        match_state_shapes(self, state_dict, prefix, ("wts_scales", "wts_offsets"))
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        if prefix + "wts_scales" in state_dict:
+            self._initialized = bool(torch.isfinite(self.wts_scales).all())

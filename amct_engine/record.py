@@ -1,0 +1,98 @@
+"""The record file (spec §2.3): a text-format `ScaleOffsetRecord` keyed by module path.
+
+One `RecordFile` object belongs to one compressed model (AMCT keeps a process-wide singleton;
+we do not, so two models in one process keep separate records).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from google.protobuf import text_format
+
+from amct_engine.proto import scale_offset_record_pytorch_pb2 as record_pb2
+
+
+@dataclass(frozen=True)
+class LayerQuantRecord:
+    """Quantisation factors of one layer, as the export reads them."""
+
+    scale_d: float
+    offset_d: int
+    scale_w: tuple[float, ...]
+    offset_w: tuple[int, ...]
+    act_type: str = "INT8"
+    wts_type: str = "INT8"
+    fakequant_precision_mode: str = "DEFAULT"
+
+    @property
+    def act_bits(self) -> int:
+        return int(self.act_type.removeprefix("INT"))
+
+    @property
+    def wts_bits(self) -> int:
+        return int(self.wts_type.removeprefix("INT"))
+
+
+class RecordFile:
+    """Reads and writes one record file; every update rewrites the whole (small) file."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = str(path)
+
+    def create_empty(self) -> None:
+        """`create_*` and `restore_*` start from an empty record (spec §1.1)."""
+        self._write(record_pb2.ScaleOffsetRecord())
+
+    def read(self) -> record_pb2.ScaleOffsetRecord:
+        record = record_pb2.ScaleOffsetRecord()
+        if os.path.exists(self.path):
+            with open(self.path, encoding="utf-8") as f:
+                text_format.Parse(f.read(), record)
+        return record
+
+    def _write(self, record: record_pb2.ScaleOffsetRecord) -> None:
+        directory = os.path.dirname(os.path.abspath(self.path))
+        os.makedirs(directory, exist_ok=True)
+        tmp = self.path + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text_format.MessageToString(record))
+        os.replace(tmp, self.path)  # a crash mid-write never leaves half a record
+
+    def write_layers(self, layers: dict[str, LayerQuantRecord]) -> None:
+        """Insert or replace the quantisation entries of these layers."""
+        record = self.read()
+        entries = {entry.key: entry for entry in record.record}
+        for name, layer in layers.items():
+            entry = entries.get(name)
+            if entry is None:
+                entry = record.record.add(key=name)
+            value = entry.value
+            value.Clear()
+            value.scale_d = layer.scale_d
+            value.offset_d = layer.offset_d
+            value.scale_w.extend(layer.scale_w)
+            value.offset_w.extend(layer.offset_w)
+            value.act_type = layer.act_type
+            value.wts_type = layer.wts_type
+            if layer.fakequant_precision_mode != "DEFAULT":
+                value.fakequant_precision_mode = layer.fakequant_precision_mode
+        self._write(record)
+
+    def quant_layers(self) -> dict[str, LayerQuantRecord]:
+        out = {}
+        for entry in self.read().record:
+            v = entry.value
+            if not v.HasField("scale_d"):
+                continue
+            out[entry.key] = LayerQuantRecord(
+                scale_d=v.scale_d,
+                offset_d=v.offset_d,
+                scale_w=tuple(v.scale_w),
+                offset_w=tuple(v.offset_w),
+                act_type=v.act_type,
+                wts_type=v.wts_type,
+                fakequant_precision_mode=v.fakequant_precision_mode,
+            )
+        return out

@@ -1,0 +1,103 @@
+"""End to end on real data: FP32 CNN on Fashion-MNIST, then one epoch of INT8 / A8W4 QAT.
+
+Like for like: the FP32 control gets the same extra epoch as the QAT models.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+
+import amct_engine as amct
+from amct_engine.data.fashion_mnist import fashion_mnist_available, load_fashion_mnist
+from amct_engine.data.training import SmallFashionCnn, evaluate_accuracy, make_loader, train_epochs
+from amct_engine.export.save import export_onnx
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not fashion_mnist_available(), reason="apt-get install dataset-fashion-mnist"),
+]
+
+LR, BATCH, SEED = 2e-3, 128, 0
+
+
+@pytest.fixture(scope="module")
+def data():
+    x_train, y_train = load_fashion_mnist("train")
+    x_test, y_test = load_fashion_mnist("test")
+    return x_train, y_train, x_test, y_test
+
+
+@pytest.fixture(scope="module")
+def fp32(data):
+    """FP32 model after 1 epoch, and the FP32 control after 1 more (same data order as QAT)."""
+    x_train, y_train, x_test, y_test = data
+    torch.manual_seed(SEED)
+    model = SmallFashionCnn()
+    train_epochs(model, make_loader(x_train, y_train, BATCH, seed=SEED), 1, LR)
+    control = copy.deepcopy(model)
+    train_epochs(control, make_loader(x_train, y_train, BATCH, seed=SEED + 1), 1, LR / 4)
+    return model.eval(), evaluate_accuracy(control, x_test, y_test)
+
+
+def _qat(tmp_path, fp32_model, data, cfg_text=None):
+    x_train, y_train, x_test, y_test = data
+    example = x_test[:8]
+    config, record = tmp_path / "retrain.json", tmp_path / "record.txt"
+    cfg = None
+    if cfg_text:
+        cfg = tmp_path / "qat.cfg"
+        cfg.write_text(cfg_text)
+    amct.create_quant_retrain_config(str(config), fp32_model, example, str(cfg) if cfg else None)
+    qmodel = amct.create_quant_retrain_model(str(config), fp32_model, str(record), example)
+    torch.manual_seed(SEED + 1)
+    train_epochs(qmodel, make_loader(x_train, y_train, BATCH, seed=SEED + 1), 1, LR / 4)
+    accuracy = evaluate_accuracy(qmodel, x_test, y_test)  # the eval forward fills the record
+    paths = amct.save_quant_retrain_model(
+        str(config), qmodel, str(record), str(tmp_path / "fmnist"), example,
+        input_names=["x"], output_names=["logits"], dynamic_axes={"x": {0: "n"}, "logits": {0: "n"}},
+    )
+    return qmodel, accuracy, paths
+
+
+def _ort_accuracy(path, x, y) -> float:
+    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    logits = np.concatenate([session.run(None, {"x": x[i:i + 1000].numpy()})[0] for i in range(0, len(x), 1000)])
+    return float((logits.argmax(1) == y.numpy()).mean())
+
+
+def test_fp32_baseline_reaches_088(fp32, data):
+    model, control_accuracy = fp32
+    assert evaluate_accuracy(model, data[2], data[3]) >= 0.88
+    assert control_accuracy >= 0.88
+
+
+def test_int8_qat_keeps_accuracy_and_deploy_model_agrees(tmp_path, fp32, data):
+    model, control_accuracy = fp32
+    _, qat_accuracy, paths = _qat(tmp_path, model, data)
+    x_test, y_test = data[2], data[3]
+    print(f"FP32 control {control_accuracy:.4f}  INT8 QAT {qat_accuracy:.4f}")
+    assert qat_accuracy >= control_accuracy - 0.003
+    assert abs(_ort_accuracy(paths["fake_quant"], x_test, y_test) - qat_accuracy) <= 0.001
+    deploy_accuracy = _ort_accuracy(paths["deploy"], x_test, y_test)
+    print(f"ORT deploy {deploy_accuracy:.4f}")
+    assert abs(deploy_accuracy - qat_accuracy) <= 0.001
+    fp32_onnx = str(tmp_path / "fp32.onnx")
+    export_onnx(model, fp32_onnx, (x_test[:8],))
+    ratio = os.path.getsize(paths["deploy"]) / os.path.getsize(fp32_onnx)
+    print(f"deploy/FP32 file size {ratio:.3f}")
+    assert ratio <= 0.3
+
+
+def test_a8w4_qat_stays_within_one_and_a_half_points(tmp_path, fp32, data):
+    model, control_accuracy = fp32
+    cfg = "retrain_weight_quant_config { ulq_retrain { channel_wise: true dst_type: INT4 } }"
+    _, accuracy, paths = _qat(tmp_path, model, data, cfg)
+    print(f"FP32 control {control_accuracy:.4f}  A8W4 QAT {accuracy:.4f}")
+    assert accuracy >= control_accuracy - 0.015
+    assert abs(_ort_accuracy(paths["deploy"], data[2], data[3]) - accuracy) <= 0.002
