@@ -5,18 +5,22 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PROTOS := $(wildcard amct_engine/proto/*.proto)
 
-.PHONY: install demo test test-fast lint proto bench clean
+.PHONY: install demo serve test test-fast lint proto bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[dev,service]'
 	touch $(STAMP)
 
 install: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/python -m amct_engine.demo
+
+# The service with its embedded defaults: SQLite, a filesystem broker, artifacts under var/.
+serve: $(STAMP)
+	$(BIN)/python -m service serve --data-dir var
 
 # Full suite, real-data training tests included (what CI runs).
 test: $(STAMP)
@@ -34,7 +38,7 @@ proto: $(STAMP)
 	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. $(PROTOS)
 
 bench: $(STAMP)
-	$(BIN)/pip install -q -e '.[dev,bench]'
+	$(BIN)/pip install -q -e '.[dev,service,bench]'
 	$(BIN)/python bench/qat.py
 
 clean:

@@ -1,4 +1,4 @@
-"""Small test models shared by the test suite (import as ``from models import ConvBnReluNet``).
+"""Small test models shared by the test suite (``from tests.models import ConvBnReluNet``).
 
 Each class pins one graph shape the engine must handle; keep them tiny so tests stay fast.
 """

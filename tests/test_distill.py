@@ -121,21 +121,40 @@ def _student_error(teacher, student, x):
         return float(torch.mean((teacher(x) - student.eval()(x)) ** 2))
 
 
-def test_distill_brings_the_student_closer_to_the_teacher_without_labels(tmp_path):
+def _to_a4w4(config):
+    data = json.loads(config.read_text())
+    for name in ("conv1", "conv2", "fc"):
+        data[name]["distill_data_config"]["dst_type"] = "INT4"
+        data[name]["distill_weight_config"]["dst_type"] = "INT4"
+    config.write_text(json.dumps(data))
+
+
+def test_distill_trains_group_by_group_and_brings_the_student_closer(tmp_path):
     teacher = _teacher()
     config = _config(tmp_path, teacher)
+    _to_a4w4(config)  # 4 bits: a quantisation error large enough to reduce
     student = amct.create_distill_model(str(config), teacher, INPUT)
-    events = []
-    amct.distill(teacher, student, str(config), _loader(labels=False), epochs=2, lr=1e-3, progress=events.append)
-    assert {e["group"] for e in events} == {0, 1, 2}
+    calibrated = copy.deepcopy(student)
+    amct.distill(teacher, calibrated, str(config), _loader(), epochs=1, lr=0.0)  # calibration only
+    events, fc_weights = [], []
+
+    def progress(event):
+        events.append(event)
+        fc_weights.append(student.fc.layer.weight.detach().clone())
+
+    amct.distill(teacher, student, str(config), _loader(labels=False), epochs=2, lr=1e-4, progress=progress)
+    assert [e["group"] for e in events] == [0] * 8 + [1] * 8 + [2] * 8
     assert events[-1]["step"] == events[-1]["total_steps"] == 3 * 2 * 4
+    # Only the current group's parameters move: fc (group 2) is untouched while groups 0 and 1 train.
+    assert all(torch.equal(w, fc_weights[0]) for w in fc_weights[:16])
+    assert not torch.equal(fc_weights[-1], fc_weights[0])
+    ratios = []  # the second epoch sees the same 4 batches: its loss over the first epoch's
     for group in (0, 1, 2):
         losses = [e["loss"] for e in events if e["group"] == group]
-        assert np.mean(losses[-2:]) < np.mean(losses[:2])
-    untrained = amct.create_distill_model(str(config), teacher, INPUT)
-    amct.distill(teacher, untrained, str(config), _loader(), epochs=1, lr=0.0)  # calibration only
+        ratios.append(np.mean(losses[4:]) / np.mean(losses[:4]))
+    assert max(ratios) < 1.02 and np.mean(ratios) < 0.9, ratios
     x = torch.randn(32, 1, 28, 28)
-    assert _student_error(teacher, student, x) < _student_error(teacher, untrained, x)
+    assert _student_error(teacher, student, x) < _student_error(teacher, calibrated, x)
 
 
 def test_data_dump_gives_the_same_student_and_leaves_no_files(tmp_path):
@@ -147,10 +166,13 @@ def test_data_dump_gives_the_same_student_and_leaves_no_files(tmp_path):
     data["data_dump"] = True
     dumped_config.write_text(json.dumps(data))
     live, dumped = copy.deepcopy(student), copy.deepcopy(student)
-    before = set(os.listdir(tempfile.gettempdir()))
+    def dump_dirs():
+        return {n for n in os.listdir(tempfile.gettempdir()) if n.startswith("amct_distill_dump_")}
+
+    before = dump_dirs()
     amct.distill(teacher, live, str(config), _loader(), epochs=1)
     amct.distill(teacher, dumped, str(dumped_config), _loader(), epochs=1)
-    assert set(os.listdir(tempfile.gettempdir())) <= before
+    assert dump_dirs() <= before
     for (name, a), (_, b) in zip(live.state_dict().items(), dumped.state_dict().items(), strict=True):
         torch.testing.assert_close(a, b, msg=name)
 

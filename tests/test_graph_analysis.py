@@ -7,16 +7,6 @@ import types
 import pytest
 import torch
 import torch.nn.functional as F
-from models import (
-    ActivationsNet,
-    ConvBnReluNet,
-    ExclusionNet,
-    ReusedModuleNet,
-    SharedWeightNet,
-    TinyResNet,
-    TwoInputNet,
-    example_input,
-)
 from torch import nn
 
 from amct_engine.graph.analysis import (
@@ -29,6 +19,16 @@ from amct_engine.graph.analysis import (
     quantizable_layers,
 )
 from amct_engine.graph.capture import capture_model
+from tests.models import (
+    ActivationsNet,
+    ConvBnReluNet,
+    ExclusionNet,
+    ReusedModuleNet,
+    SharedWeightNet,
+    TinyResNet,
+    TwoInputNet,
+    example_input,
+)
 
 CONV_BN_RELU_GROUPS = [["conv1", "bn", "relu"], ["conv2", "bn2", "relu2"], ["fc"]]
 

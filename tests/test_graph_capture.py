@@ -8,7 +8,11 @@ import warnings
 
 import pytest
 import torch
-from models import (
+from torch import fx, nn
+
+from amct_engine.graph.capture import CapturedModel, capture_model, register_amct_module_type
+from amct_engine.graph.errors import GraphCaptureError
+from tests.models import (
     ConvBnReluNet,
     DataDependentNet,
     LayerZooNet,
@@ -18,10 +22,6 @@ from models import (
     TwoInputNet,
     example_input,
 )
-from torch import fx, nn
-
-from amct_engine.graph.capture import CapturedModel, capture_model, register_amct_module_type
-from amct_engine.graph.errors import GraphCaptureError
 
 CONV_BN_RELU_TYPES = {
     "conv1": "Conv2d", "bn": "BatchNorm2d", "relu": "ReLU",

@@ -130,7 +130,7 @@ def _train_group(student, index, names, modules, source, epochs, lr, loss_fn, us
             optimizer.zero_grad(set_to_none=True)
             value.backward()
             optimizer.step()
-            report({"group": index, "group_names": names, "epoch": epoch, "step": step, "loss": float(value)})
+            report({"group": index, "group_names": names, "epoch": epoch, "step": step, "loss": float(value.detach())})
     for module in modules:
         module.eval()
 

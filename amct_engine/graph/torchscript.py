@@ -17,7 +17,6 @@ from collections.abc import Iterator
 
 import torch
 from torch import fx
-from torch._export.converter import TS2EPConverter
 
 from amct_engine.graph.errors import GraphCaptureError, first_line
 from amct_engine.graph.lifting import Scope, lift_leaf_modules, op_category, quiet_export
@@ -87,6 +86,9 @@ def _private_copy(ts_module: torch.jit.ScriptModule) -> torch.jit.ScriptModule:
 
 
 def _convert(ts, inputs, source):
+    # Imported here: the converter pulls in dynamo and costs seconds at `import amct_engine`.
+    from torch._export.converter import TS2EPConverter
+
     with quiet_export():
         try:
             converter = TS2EPConverter(ts, inputs)

@@ -99,11 +99,15 @@ def fake_quantize(x: torch.Tensor, scale, offset, bits: int) -> torch.Tensor:
     return ((q - offset) * scale).to(x.dtype)
 
 
-def check_quantizable(x: torch.Tensor, what: str = "tensor") -> None:
-    """Only finite float32/float16 tensors can be quantised (spec §4.0 input checks)."""
+def check_quantizable(x: torch.Tensor, what: str = "tensor", finite: bool = True) -> None:
+    """Only finite float32/float16 tensors can be quantised (spec §4.0 input checks).
+
+    `finite=False` checks the dtype only: the full scan costs a pass over the tensor and a host
+    sync, which a training step should not pay on every activation.
+    """
     if x.dtype not in QUANTIZABLE_DTYPES:
         raise TypeError(f"only float32 and float16 {what}s can be quantised, got {x.dtype}")
-    if not bool(torch.isfinite(x).all()):
+    if finite and not bool(torch.isfinite(x).all()):
         raise RuntimeError(f"the {what} to be quantised contains inf or nan")
 
 

@@ -1,0 +1,1 @@
+"""Database layer: tables, sessions, the job state machine and migrations."""

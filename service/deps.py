@@ -1,0 +1,36 @@
+"""Route dependencies, declared with Annotated so a route's signature reads as its contract."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Annotated
+
+from fastapi import Depends, Request
+from sqlalchemy.orm import Session
+
+from service.dispatch import Dispatcher
+from service.settings import Settings
+from service.storage import BlobStore
+
+
+def _settings(request: Request) -> Settings:
+    return request.app.state.settings
+
+
+def _session(request: Request) -> Iterator[Session]:
+    with request.app.state.sessions() as session:
+        yield session
+
+
+def _store(request: Request) -> BlobStore:
+    return request.app.state.store
+
+
+def _dispatcher(request: Request) -> Dispatcher:
+    return request.app.state.dispatcher
+
+
+SettingsDep = Annotated[Settings, Depends(_settings)]
+SessionDep = Annotated[Session, Depends(_session)]
+StoreDep = Annotated[BlobStore, Depends(_store)]
+DispatcherDep = Annotated[Dispatcher, Depends(_dispatcher)]

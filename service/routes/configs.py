@@ -1,0 +1,75 @@
+"""POST/GET /v1/configs: AMCT `.cfg` files, parsed by the engine's loader at upload.
+
+Parsing protobuf text runs no user code, so it happens here; a bad cfg is a 422 whose problem
+carries the engine's `line`, `column` and `field`.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from starlette.concurrency import run_in_threadpool
+
+from service.db.models import Config
+from service.deps import SessionDep, SettingsDep, StoreDep
+from service.problems import Problem
+from service.routes.common import get_or_404, require_name
+from service.schemas import ConfigOut
+from service.uploads import receive_upload
+
+router = APIRouter(prefix="/v1/configs", tags=["configs"])
+CFG_KINDS = ("retrain", "distill")
+# The engine APIs a retrain cfg may feed, and the job kinds that use each (spec §1.2-§1.4).
+RETRAIN_APIS = {"quant": "quant_retrain", "prune": "prune_retrain", "compressed": "compressed_retrain"}
+
+
+def summarise_cfg(text: str, kind: str, filename: str) -> dict:
+    """Parse (ConfigError on a bad file) and say which job kinds accept the cfg, and why not."""
+    # Imported on first use: the engine pulls in torch, which the API needs for nothing else.
+    from amct_engine.config.cfg_checks import check_cfg_for_api
+    from amct_engine.config.cfg_loader import parse_cfg_document
+    from amct_engine.config.errors import ConfigError
+
+    doc = parse_cfg_document(text, kind, filename)
+    if kind == "distill":
+        return {"job_kinds": {"distill": {"ok": True}}}
+    job_kinds = {}
+    for api, job_kind in RETRAIN_APIS.items():
+        try:
+            check_cfg_for_api(doc, api)
+            job_kinds[job_kind] = {"ok": True}
+        except ConfigError as e:
+            job_kinds[job_kind] = {"ok": False, "detail": str(e), "line": e.line, "column": e.column}
+    return {"job_kinds": job_kinds}
+
+
+@router.post("", status_code=201, response_model=ConfigOut,
+             responses={422: {"description": "the cfg does not parse; `line`, `column` and `field` say where"}})
+async def upload_config(request: Request, session: SessionDep, store: StoreDep, settings: SettingsDep) -> Config:
+    """Multipart: `file` (`.cfg`, protobuf text format), `kind` (`retrain` | `distill`), optional `name`."""
+    from amct_engine.config.errors import ConfigError
+
+    upload = await receive_upload(request, "file", settings.max_config_bytes, settings.tmp_dir)
+    try:
+        kind = upload.fields.get("kind", "")
+        if kind not in CFG_KINDS:
+            raise Problem(422, "kind must be 'retrain' or 'distill'", field="kind")
+        name = require_name(upload.fields, upload.filename)
+        data = upload.path.read_bytes()
+        try:
+            summary = await run_in_threadpool(summarise_cfg, data, kind, upload.filename or name)
+        except ConfigError as e:
+            raise Problem(422, str(e), type_="/problems/config-error", field="file",
+                          line=e.line, column=e.column, cfg_field=e.field, message=e.message) from None
+        blob = await run_in_threadpool(store.put_file, upload.path, upload.sha256)
+    finally:
+        upload.discard()
+    config = Config(project_id=settings.project, name=name, kind=kind, summary=summary,
+                    sha256=blob.sha256, size_bytes=blob.size_bytes, uri=blob.uri)
+    session.add(config)
+    session.commit()
+    return config
+
+
+@router.get("/{config_id}", response_model=ConfigOut)
+def get_config(config_id: str, session: SessionDep, settings: SettingsDep) -> Config:
+    return get_or_404(session, Config, config_id, settings.project, "config")

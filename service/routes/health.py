@@ -1,0 +1,43 @@
+"""GET /healthz (the process answers) and /readyz (database, broker and store answer)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from sqlalchemy import text
+from starlette.concurrency import run_in_threadpool
+
+from service.problems import problem_response
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/healthz")
+def healthz() -> dict:
+    return {"status": "ok"}
+
+
+def _check(fn) -> str | None:
+    try:
+        fn()
+    except Exception as e:  # readiness reports any failure, it never raises
+        return f"{type(e).__name__}: {e}"[:300]
+    return None
+
+
+@router.get("/readyz", responses={503: {"description": "a dependency is down"}})
+async def readyz(request: Request):
+    state = request.app.state
+
+    def database() -> None:
+        with state.sessions() as session:
+            session.execute(text("SELECT 1"))
+
+    checks = {"database": database, "broker": state.dispatcher.ping, "store": state.store.check}
+    results = {name: await run_in_threadpool(_check, fn) for name, fn in checks.items()}
+    body = {name: ("ok" if err is None else err) for name, err in results.items()}
+    failed = [name for name, err in results.items() if err is not None]
+    if failed:
+        return problem_response(503, "Service Unavailable", f"not ready: {', '.join(failed)} unavailable",
+                                request.url.path, checks=body)
+    return JSONResponse({"status": "ready", "checks": body})

@@ -1,0 +1,174 @@
+"""/v1/jobs: submit (idempotent), list (keyset cursor), read, cancel, artifacts."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from datetime import datetime
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Query, Response
+from sqlalchemy import and_, or_, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from service.db import jobstate
+from service.db.models import Artifact, Config, Dataset, Job, Model
+from service.deps import DispatcherDep, SessionDep, SettingsDep
+from service.problems import Problem
+from service.routes.common import get_or_404
+from service.schemas import ArtifactList, ArtifactOut, JobCreate, JobKind, JobOut, JobPage, JobStatus
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+LABELLED_KINDS = ("quant_retrain", "prune_retrain", "compressed_retrain")  # trained on labels (cross-entropy)
+
+
+def job_out(job: Job) -> JobOut:
+    base = f"/v1/jobs/{job.id}"
+    return JobOut(
+        id=job.id, kind=job.kind, status=job.status, phase=job.phase, progress=job.progress,
+        model_id=job.model_id, config_id=job.config_id, dataset_id=job.dataset_id, params=job.params,
+        device=job.device, queue=job.queue, attempt=job.attempt, metrics=job.metrics,
+        error={"type": job.error_type, "detail": job.error_detail} if job.error_type else None,
+        cancel_requested=job.cancel_requested_at is not None,
+        created_at=job.created_at, started_at=job.started_at, finished_at=job.finished_at,
+        links={"self": base, "events": f"{base}/events", "artifacts": f"{base}/artifacts",
+               "cancel": f"{base}/cancel"},
+    )
+
+
+def artifact_out(a: Artifact) -> ArtifactOut:
+    return ArtifactOut(
+        id=a.id, job_id=a.job_id, kind=a.kind, filename=a.filename, media_type=a.media_type, sha256=a.sha256,
+        size_bytes=a.size_bytes, created_at=a.created_at, content_url=f"/v1/artifacts/{a.id}/content")
+
+
+def check_inputs(session: Session, body: JobCreate, project: str) -> None:
+    """Refuse at submit what could only fail later in the worker, naming the field."""
+    model = get_or_404(session, Model, body.model_id, project, "model")
+    config = get_or_404(session, Config, body.config_id, project, "config")
+    dataset = get_or_404(session, Dataset, body.dataset_id, project, "dataset")
+    if model.status != "ready":
+        raise Problem(422, f"model {model.id} is {model.status}: {model.status_detail or 'not usable'}",
+                      field="model_id")
+    verdict = config.summary.get("job_kinds", {}).get(body.kind)
+    if verdict is None:
+        raise Problem(422, f"config {config.id} is a {config.kind} cfg; a {body.kind} job needs "
+                      f"{'a distill' if body.kind == 'distill' else 'a retrain'} cfg", field="config_id")
+    if not verdict["ok"]:
+        raise Problem(422, f"config {config.id} does not suit {body.kind}: {verdict['detail']}", field="config_id",
+                      line=verdict.get("line"), column=verdict.get("column"))
+    arrays = dataset.description["arrays"]
+    sample_shape = arrays["inputs"]["shape"][1:]
+    if sample_shape != model.input_shape[1:]:
+        raise Problem(422, f"dataset samples have shape {sample_shape} but the model takes "
+                      f"{model.input_shape[1:]} (input_shape without the batch dimension)", field="dataset_id")
+    if body.kind in LABELLED_KINDS and not dataset.description["has_labels"]:
+        raise Problem(422, f"dataset {dataset.id} has no 'labels'; {body.kind} trains on labels", field="dataset_id")
+
+
+def request_hash(body: JobCreate) -> str:
+    return hashlib.sha256(json.dumps(body.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()
+
+
+def _replay(session: Session, project: str, key: str, digest: str) -> Job | None:
+    job = session.scalars(select(Job).where(Job.project_id == project, Job.idempotency_key == key)).first()
+    if job is not None and job.request_hash != digest:
+        raise Problem(422, "this Idempotency-Key was used with a different request body", field="Idempotency-Key")
+    return job
+
+
+@router.post("", status_code=202, response_model=JobOut,
+             responses={404: {"description": "model, config or dataset not found"},
+                        422: {"description": "invalid parameters, or an Idempotency-Key reused with another body"}})
+def submit_job(body: JobCreate, response: Response, session: SessionDep, settings: SettingsDep,
+               dispatcher: DispatcherDep,
+               idempotency_key: Annotated[str | None, Header(max_length=200)] = None) -> JobOut:
+    digest = request_hash(body)
+    if idempotency_key and (job := _replay(session, settings.project, idempotency_key, digest)):
+        response.headers["Location"] = f"/v1/jobs/{job.id}"
+        response.headers["Idempotent-Replayed"] = "true"
+        return job_out(job)
+    check_inputs(session, body, settings.project)
+    params = body.model_dump(include={"epochs", "batch_size", "lr", "eval_fraction", "seed"})
+    job = Job(project_id=settings.project, kind=body.kind, status=jobstate.QUEUED, model_id=body.model_id,
+              config_id=body.config_id, dataset_id=body.dataset_id, params=params, device=body.device,
+              queue=settings.queue_for(body.device), max_attempts=settings.max_attempts,
+              idempotency_key=idempotency_key, request_hash=digest)
+    session.add(job)
+    try:
+        session.flush()
+        jobstate.add_event(session, job.id, "state", {"status": jobstate.QUEUED, "edge": "submitted"})
+        session.commit()
+    except IntegrityError:
+        # The same key raced in from a concurrent request: answer with the winner.
+        session.rollback()
+        job = _replay(session, settings.project, idempotency_key or "", digest)
+        if job is None:
+            raise
+        response.headers["Idempotent-Replayed"] = "true"
+    else:
+        dispatcher.enqueue(job.id, job.queue)
+    response.headers["Location"] = f"/v1/jobs/{job.id}"
+    return job_out(job)
+
+
+def encode_cursor(job: Job) -> str:
+    raw = json.dumps([job.created_at.isoformat(), job.id]).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[datetime, str]:
+    try:
+        created, id_ = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+        return datetime.fromisoformat(created), str(id_)
+    except (ValueError, TypeError):
+        raise Problem(422, "cursor is not one this API returned", field="cursor") from None
+
+
+@router.get("", response_model=JobPage)
+def list_jobs(session: SessionDep, settings: SettingsDep,
+              status: Annotated[list[JobStatus] | None, Query()] = None,
+              kind: Annotated[list[JobKind] | None, Query()] = None,
+              limit: Annotated[int, Query(ge=1, le=200)] = 50,
+              cursor: str | None = None) -> JobPage:
+    """Newest first. Filters repeat (`?status=queued&status=running`); `next_cursor` pages on."""
+    query = select(Job).where(Job.project_id == settings.project)
+    if status:
+        query = query.where(Job.status.in_(status))
+    if kind:
+        query = query.where(Job.kind.in_(kind))
+    if cursor:
+        created, id_ = decode_cursor(cursor)
+        # Keyset on (created_at, id): stable while jobs are added or change state under the reader.
+        query = query.where(or_(Job.created_at < created, and_(Job.created_at == created, Job.id < id_)))
+    rows = session.scalars(query.order_by(Job.created_at.desc(), Job.id.desc()).limit(limit + 1)).all()
+    page = rows[:limit]
+    return JobPage(items=[job_out(j) for j in page],
+                   next_cursor=encode_cursor(page[-1]) if len(rows) > limit else None)
+
+
+@router.get("/{job_id}", response_model=JobOut)
+def get_job(job_id: str, session: SessionDep, settings: SettingsDep) -> JobOut:
+    return job_out(get_or_404(session, Job, job_id, settings.project, "job"))
+
+
+@router.post("/{job_id}/cancel", status_code=202, response_model=JobOut,
+             responses={409: {"description": "the job already finished"}})
+def cancel_job(job_id: str, session: SessionDep, settings: SettingsDep) -> JobOut:
+    """Queued jobs are cancelled at once; a running job's worker stops it within a heartbeat."""
+    job = get_or_404(session, Job, job_id, settings.project, "job")
+    if job.status in jobstate.TERMINAL:
+        raise Problem(409, f"job {job_id} already {job.status}", field="job_id", status_now=job.status)
+    jobstate.request_cancel(session, job_id)
+    session.commit()
+    session.refresh(job)
+    return job_out(job)
+
+
+@router.get("/{job_id}/artifacts", response_model=ArtifactList)
+def list_artifacts(job_id: str, session: SessionDep, settings: SettingsDep) -> ArtifactList:
+    get_or_404(session, Job, job_id, settings.project, "job")
+    rows = session.scalars(select(Artifact).where(Artifact.job_id == job_id).order_by(Artifact.kind)).all()
+    return ArtifactList(items=[artifact_out(a) for a in rows])

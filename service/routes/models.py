@@ -1,0 +1,98 @@
+"""POST/GET /v1/models: TorchScript uploads, streamed to the store and validated in a child process."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+from fastapi import APIRouter, Request
+from starlette.concurrency import run_in_threadpool
+
+from service import sandbox
+from service.db.models import Model
+from service.deps import SessionDep, SettingsDep, StoreDep
+from service.problems import Problem
+from service.routes.common import get_or_404, require_name
+from service.schemas import ModelOut
+from service.settings import Settings
+from service.uploads import Upload, receive_upload
+from service.zipcheck import check_zip
+
+router = APIRouter(prefix="/v1/models", tags=["models"])
+DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32")
+MAX_ELEMENTS = 10**8
+
+
+def parse_input_shape(text: str | None) -> list[int]:
+    if not text:
+        raise Problem(422, "input_shape is required, e.g. 1,1,28,28", field="input_shape")
+    try:
+        shape = [int(d) for d in text.replace("x", ",").split(",")]
+    except ValueError:
+        raise Problem(422, f"input_shape {text!r} is not a comma-separated list of integers",
+                      field="input_shape") from None
+    if not 1 <= len(shape) <= 8 or any(d < 1 for d in shape):
+        raise Problem(422, f"input_shape {text!r} needs 1 to 8 dimensions, each >= 1", field="input_shape")
+    elements = 1
+    for d in shape:
+        elements *= d
+    if elements > MAX_ELEMENTS:
+        raise Problem(422, f"input_shape {text!r} has {elements} elements; the limit is {MAX_ELEMENTS}",
+                      field="input_shape")
+    return shape
+
+
+def validate_in_child(upload: Upload, shape: list[int], dtype: str, settings: Settings) -> dict:
+    """Load + forward + capture in a sandboxed child; the API process never unpickles user code."""
+    try:
+        result = sandbox.run("worker.child.validate_model", [str(upload.path), ",".join(map(str, shape)), dtype],
+                             cwd=settings.tmp_dir, timeout_s=settings.validate_timeout_s,
+                             memory_bytes=settings.validate_memory_bytes)
+    except subprocess.TimeoutExpired:
+        return {"ok": False, "stage": "timeout",
+                "error": f"validation took longer than {settings.validate_timeout_s:.0f} s"}
+    lines = [ln for ln in result.stdout.splitlines() if ln.startswith("{")]
+    if result.returncode != 0 or not lines:
+        tail = (result.stderr or "").strip().splitlines()[-1:] or [f"exit code {result.returncode}"]
+        return {"ok": False, "stage": "crash", "error": f"the validation process died: {tail[0][:500]}"}
+    return json.loads(lines[-1])
+
+
+@router.post("", status_code=201, response_model=ModelOut,
+             responses={413: {"description": "file over the size limit"}, 422: {"description": "not a usable model"}})
+async def upload_model(request: Request, session: SessionDep, store: StoreDep, settings: SettingsDep) -> Model:
+    """Multipart: `file` (TorchScript), `name`, `input_shape` (e.g. `1,1,28,28`), optional `input_dtype`."""
+    upload = await receive_upload(request, "file", settings.max_model_bytes, settings.tmp_dir)
+    try:
+        name = require_name(upload.fields, upload.filename)
+        shape = parse_input_shape(upload.fields.get("input_shape"))
+        dtype = upload.fields.get("input_dtype") or "float32"
+        if dtype not in DTYPES:
+            raise Problem(422, f"input_dtype must be one of {', '.join(DTYPES)}", field="input_dtype")
+        try:
+            check_zip(str(upload.path), settings.max_zip_entries, settings.max_unpacked_bytes, "the model file")
+        except ValueError as e:
+            raise Problem(422, f"{e}; upload a TorchScript file (torch.jit.save)", field="file") from None
+        report = await run_in_threadpool(validate_in_child, upload, shape, dtype, settings)
+        if not report["ok"]:
+            raise Problem(422, f"the model does not {_STAGE_VERB.get(report['stage'], 'validate')}: "
+                          f"{report['error']}", field="file", stage=report["stage"])
+        blob = await run_in_threadpool(store.put_file, upload.path, upload.sha256)
+    finally:
+        upload.discard()
+    model = Model(project_id=settings.project, name=name, input_shape=shape, input_dtype=dtype, status="ready",
+                  sha256=blob.sha256, size_bytes=blob.size_bytes, uri=blob.uri,
+                  layers={**report["layers"], "parameters": report["parameters"],
+                          "output_shapes": report["output_shapes"]})
+    session.add(model)
+    session.commit()
+    return model
+
+
+_STAGE_VERB = {"load": "load as TorchScript", "forward": "run on input_shape", "capture": "capture as a graph",
+               "timeout": "validate in time", "crash": "validate"}
+
+
+@router.get("/{model_id}", response_model=ModelOut)
+def get_model(model_id: str, session: SessionDep, settings: SettingsDep) -> Model:
+    return get_or_404(session, Model, model_id, settings.project, "model")

@@ -1,0 +1,126 @@
+"""Helpers shared by the service tests (fixtures live in conftest.py)."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+
+from service.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+PG_ADMIN_URL = os.environ.get("AMCT_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+REDIS_URL = os.environ.get("AMCT_TEST_REDIS_URL", "redis://127.0.0.1:6379/11")
+QUANT_CFG = b"""# INT8 QAT: ARQ channel-wise weights, ULQ activations (the defaults, spelt out)
+retrain_weight_quant_config { arq_retrain { channel_wise: true dst_type: INT8 } }
+retrain_data_quant_config { ulq_quantize { dst_type: INT8 } }
+"""
+RUN_ID = uuid.uuid4().hex[:8]
+
+
+
+def npz_bytes(**arrays) -> bytes:
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    return buf.getvalue()
+
+
+def make_settings(data_dir: Path, database_url: str | None = None, broker_url: str | None = None,
+                  **overrides) -> Settings:
+    values = {"data_dir": data_dir, "database_url": database_url, "broker_url": broker_url,
+              "queue_prefix": f"amct.test.{RUN_ID}.{uuid.uuid4().hex[:6]}", "heartbeat_s": 1.0,
+              "broker_poll_s": 0.05, "sse_poll_s": 0.05, **overrides}
+    return Settings(**values)
+
+
+def settings_env(settings: Settings) -> dict[str, str]:
+    """The environment that makes a worker process build the same Settings."""
+    env = {"AMCT_DATA_DIR": str(settings.data_dir), "AMCT_QUEUE_PREFIX": settings.queue_prefix,
+           "AMCT_HEARTBEAT_S": str(settings.heartbeat_s), "AMCT_BROKER_POLL_S": str(settings.broker_poll_s),
+           "DATABASE_URL": settings.resolved_database_url, "BROKER_URL": settings.resolved_broker_url,
+           "ARTIFACT_STORE": settings.resolved_artifact_store}
+    return env
+
+
+class Worker:
+    """A real `celery worker` subprocess; its log is a file the tests can read."""
+
+    def __init__(self, settings: Settings, log_path: Path, devices=("cpu",)) -> None:
+        from service.cli import worker_command
+
+        self.log_path = log_path
+        env = dict(os.environ, **settings_env(settings), PYTHONPATH=str(ROOT), OMP_NUM_THREADS="2")
+        cmd = worker_command(settings, list(devices), beat=False)
+        cmd += ["-n", f"test-{uuid.uuid4().hex[:6]}@%h", "--without-heartbeat"]
+        self.log = open(log_path, "wb")  # noqa: SIM115 - open for the worker's whole life
+        self.proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        self.wait_for("ready", timeout=60)
+
+    def text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_for(self, needle: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while needle not in self.text():
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"celery worker exited ({self.proc.returncode}):\n{self.text()[-3000:]}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{needle!r} not in the worker log after {timeout} s:\n{self.text()[-3000:]}")
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self.log.close()
+
+
+def wait_until(predicate, timeout: float, interval: float = 0.1, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} not met after {timeout} s")
+        time.sleep(interval)
+
+
+class Api:
+    """A TestClient over the app plus upload helpers; `settings` is what the app runs with."""
+
+    def __init__(self, client, settings: Settings) -> None:
+        self.client, self.settings = client, settings
+
+    def upload_model(self, path: Path, input_shape: str = "1,1,28,28", name: str = "cnn", **fields):
+        with open(path, "rb") as f:
+            return self.client.post("/v1/models", files={"file": (path.name, f)},
+                                    data={"name": name, "input_shape": input_shape, **fields})
+
+    def upload_config(self, data: bytes, kind: str = "retrain", filename: str = "job.cfg"):
+        return self.client.post("/v1/configs", files={"file": (filename, data)}, data={"kind": kind})
+
+    def upload_dataset(self, data: bytes, filename: str = "data.npz"):
+        return self.client.post("/v1/datasets", files={"file": (filename, data)}, data={"name": filename})
+
+    def submit(self, headers=None, **body):
+        return self.client.post("/v1/jobs", json=body, headers=headers or {})
+
+
+def open_api(settings: Settings):
+    from fastapi.testclient import TestClient
+
+    from service.app import create_app
+
+    return TestClient(create_app(settings), raise_server_exceptions=False)

@@ -1,0 +1,168 @@
+"""The job state machine, claims, leases and the reaper, on SQLite and on PostgreSQL."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from sqlalchemy import select, update
+
+from service.db import jobstate, migrate
+from service.db.models import Base, Config, Dataset, Job, JobEvent, Model, Project, utcnow
+from service.db.session import engine_for, session_factory
+from tests.service.support import make_settings
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def db_url(request, tmp_path_factory):
+    if request.param == "postgresql":
+        url = request.getfixturevalue("pg_url")
+    else:
+        url = f"sqlite:///{tmp_path_factory.mktemp('db') / 'amct.db'}"
+    migrate.upgrade(url)
+    return url
+
+
+@pytest.fixture
+def sessions(db_url):
+    return session_factory(db_url)
+
+
+@pytest.fixture
+def job_id(sessions):
+    with sessions.begin() as s:
+        if s.get(Project, "default") is None:
+            s.add(Project(id="default", name="default"))
+            s.flush()
+        blob = {"sha256": "0" * 64, "size_bytes": 1, "uri": "file:///x", "project_id": "default"}
+        model = Model(name="m", input_shape=[1, 1, 28, 28], status="ready", **blob)
+        config = Config(name="c", kind="retrain", summary={}, **blob)
+        dataset = Dataset(name="d", format="npz", description={}, **blob)
+        s.add_all([model, config, dataset])
+        s.flush()
+        job = Job(project_id="default", kind="quant_retrain", status="queued", model_id=model.id,
+                  config_id=config.id, dataset_id=dataset.id, params={}, device="cpu", queue="q")
+        s.add(job)
+        s.flush()
+        jobstate.add_event(s, job.id, "state", {"status": "queued"})
+        return job.id
+
+
+def _states(sessions, job_id) -> list[tuple[int, str]]:
+    with sessions() as s:
+        rows = s.scalars(select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.seq))
+        return [(e.seq, e.payload.get("status", e.type)) for e in rows]
+
+
+def test_migrations_match_the_models_and_go_down_and_up(db_url):
+    with engine_for(db_url).connect() as conn:
+        assert compare_metadata(MigrationContext.configure(conn), Base.metadata) == []
+    if db_url.startswith("sqlite"):  # PostgreSQL's database is shared with other modules' tests
+        migrate.downgrade(db_url, "base")
+        migrate.upgrade(db_url)
+
+
+def test_only_listed_transitions_are_allowed(sessions, job_id):
+    with sessions.begin() as s, pytest.raises(jobstate.IllegalTransition, match="succeeded to running"):
+        jobstate.transition(s, job_id, jobstate.SUCCEEDED, jobstate.RUNNING)
+    # An allowed edge from a state the job is not in changes nothing.
+    with sessions.begin() as s:
+        assert not jobstate.transition(s, job_id, jobstate.RUNNING, jobstate.SUCCEEDED)
+    assert _states(sessions, job_id) == [(1, "queued")]
+
+
+def test_a_transition_and_its_event_commit_or_roll_back_together(sessions, job_id):
+    with sessions() as s:
+        assert jobstate.transition(s, job_id, jobstate.QUEUED, jobstate.CANCELLED)
+        s.rollback()
+    with sessions() as s:
+        assert s.get(Job, job_id).status == "queued"
+    assert _states(sessions, job_id) == [(1, "queued")]
+
+
+def test_claim_is_atomic_and_a_second_claim_is_a_no_op(sessions, job_id):
+    with sessions.begin() as s:
+        first = jobstate.claim_job(s, job_id, "worker-a", lease_s=60)
+    with sessions.begin() as s:
+        second = jobstate.claim_job(s, job_id, "worker-b", lease_s=60)
+    assert first.status == "running" and first.lease_owner == "worker-a" and first.attempt == 1
+    assert second is None
+    assert _states(sessions, job_id) == [(1, "queued"), (2, "running")]
+
+
+def test_only_the_lease_holder_can_finish_the_job(sessions, job_id):
+    with sessions.begin() as s:
+        jobstate.claim_job(s, job_id, "worker-a", lease_s=60)
+    with sessions.begin() as s:
+        assert not jobstate.transition(s, job_id, "running", "succeeded", owner="worker-b")
+        assert jobstate.transition(s, job_id, "running", "succeeded", owner="worker-a")
+    with sessions() as s:
+        job = s.get(Job, job_id)
+    assert job.status == "succeeded" and job.finished_at is not None and job.lease_owner is None
+
+
+def test_an_expired_lease_can_be_reclaimed_as_a_new_attempt(sessions, job_id):
+    with sessions.begin() as s:
+        jobstate.claim_job(s, job_id, "worker-a", lease_s=60)
+        s.execute(update(Job).where(Job.id == job_id).values(lease_expires_at=utcnow() - timedelta(seconds=1)))
+    with sessions.begin() as s:
+        job = jobstate.claim_job(s, job_id, "worker-b", lease_s=60)
+    assert job.lease_owner == "worker-b" and job.attempt == 2
+    with sessions.begin() as s:  # the old worker is fenced out
+        assert not jobstate.renew_lease(s, job_id, "worker-a", 60)
+        assert jobstate.renew_lease(s, job_id, "worker-b", 60)
+
+
+def test_cancel_of_a_queued_job_is_immediate_and_a_claim_then_fails(sessions, job_id):
+    with sessions.begin() as s:
+        assert jobstate.request_cancel(s, job_id) == "cancelled"
+    with sessions.begin() as s:
+        assert jobstate.claim_job(s, job_id, "worker-a", 60) is None
+
+
+def test_cancel_of_a_running_job_flags_it_for_its_worker(sessions, job_id):
+    with sessions.begin() as s:
+        jobstate.claim_job(s, job_id, "worker-a", lease_s=60)
+    with sessions.begin() as s:
+        assert jobstate.request_cancel(s, job_id) == "running"
+        assert jobstate.cancelling(s, job_id)
+
+
+class RecordingDispatcher:
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, str]] = []
+
+    def enqueue(self, job_id: str, queue: str) -> bool:
+        self.sent.append((job_id, queue))
+        return True
+
+
+def test_reaper_requeues_a_job_whose_worker_vanished(db_url, sessions, job_id, tmp_path):
+    from worker.reaper import reap_once
+
+    with sessions.begin() as s:
+        jobstate.claim_job(s, job_id, "worker-a", lease_s=60)
+        s.execute(update(Job).where(Job.id == job_id).values(lease_expires_at=utcnow() - timedelta(seconds=1)))
+    dispatcher = RecordingDispatcher()
+    result = reap_once(make_settings(tmp_path, database_url=db_url), dispatcher)
+    assert job_id in result["requeued"] and (job_id, "q") in dispatcher.sent
+    with sessions() as s:
+        job = s.get(Job, job_id)
+    assert job.status == "queued" and job.lease_owner is None
+    assert _states(sessions, job_id)[-1] == (3, "queued")
+
+
+def test_reaper_fails_a_job_that_lost_its_worker_too_often(db_url, sessions, job_id, tmp_path):
+    from worker.reaper import reap_once
+
+    with sessions.begin() as s:
+        jobstate.claim_job(s, job_id, "worker-a", lease_s=60)
+        s.execute(update(Job).where(Job.id == job_id)
+                  .values(attempt=3, lease_expires_at=utcnow() - timedelta(seconds=1)))
+    result = reap_once(make_settings(tmp_path, database_url=db_url), RecordingDispatcher())
+    assert job_id in result["failed"]
+    with sessions() as s:
+        job = s.get(Job, job_id)
+    assert (job.status, job.error_type) == ("failed", "crashed")

@@ -1,0 +1,178 @@
+"""Child process: run one compression job on files in its folder; `python -m worker.child.compress DIR`.
+
+DIR/spec.json says what to run; progress goes to stdout as JSON lines (protocol.py); outputs go
+to DIR/out and are listed in DIR/result.json, or the failure in DIR/error.json. The child holds
+no credentials: the worker reads its files and does all database and store writes.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import traceback
+import warnings
+from pathlib import Path
+
+from service.sandbox import limit_self
+from worker.child.protocol import ERROR_FILE, RESULT_FILE, SPEC_FILE, emit
+
+# Share of overall progress each stage ends at; training fills the span between.
+TRAIN_START, TRAIN_END = 0.1, 0.8
+MEDIA_TYPES = {".json": "application/json", ".txt": "text/plain", ".onnx": "application/octet-stream",
+               ".pt": "application/octet-stream", ".log": "text/plain"}
+
+
+def _split(x, y, fraction: float, seed: int):
+    """A seeded held-out split: the report's numbers come from samples the job never trained on."""
+    import torch
+
+    order = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed))
+    n_eval = int(round(len(x) * fraction))
+    if len(x) - n_eval < 1:
+        n_eval = len(x) - 1
+    ev, tr = order[:n_eval], order[n_eval:]
+    return x[tr], (y[tr] if y is not None else None), x[ev], (y[ev] if y is not None else None)
+
+
+def _device(name: str):
+    import torch
+
+    if name == "cuda":
+        if not torch.cuda.is_available():
+            raise DeviceUnavailable("device 'cuda' was requested but this worker sees no CUDA GPU")
+        return torch.device("cuda")
+    if name == "npu":
+        try:
+            import torch_npu  # noqa: F401
+        except ImportError:
+            raise DeviceUnavailable("device 'npu' needs torch_npu, which this worker does not have") from None
+        return torch.device("npu")
+    return torch.device("cpu")
+
+
+class DeviceUnavailable(RuntimeError):
+    pass
+
+
+def _progress_fn(epochs: int):
+    last = [0.0]
+
+    def on_step(event: dict) -> None:
+        total = event.get("total_steps") or 0
+        share = event["step"] / total if total else 0.0
+        now = time.monotonic()
+        # At most ~10 lines a second: the worker records them, and a step can take a millisecond.
+        if now - last[0] < 0.1 and event["step"] != total:
+            return
+        last[0] = now
+        emit("progress", progress=TRAIN_START + (TRAIN_END - TRAIN_START) * share, step=event["step"],
+             total_steps=total, epoch=event.get("epoch", 0), loss=event.get("loss"))
+
+    return on_step
+
+
+def run(workdir: Path, spec: dict) -> dict:
+    import numpy as np
+    import torch
+
+    from amct_engine.data.training import evaluate_accuracy
+    from amct_engine.export.save import export_onnx
+    from service.datasets import load_arrays
+    from worker.child import kinds, report
+
+    emit("phase", phase="preparing", progress=0.02)
+    torch.manual_seed(spec["params"]["seed"])
+    device = _device(spec["device"])
+    arrays = load_arrays(spec["dataset"], spec["dataset_format"])
+    x = torch.from_numpy(np.ascontiguousarray(arrays["inputs"])).to(getattr(torch, spec["input_dtype"]))
+    y = torch.from_numpy(arrays["labels"].astype(np.int64)) if "labels" in arrays else None
+    train_x, train_y, eval_x, eval_y = _split(x, y, spec["params"]["eval_fraction"], spec["params"]["seed"])
+    split = "held_out"
+    if len(eval_x) == 0:
+        eval_x, eval_y, split = train_x[:1000], (train_y[:1000] if train_y is not None else None), "train"
+    batch = spec["input_shape"][0]
+    example = train_x[: max(1, min(batch, len(train_x)))]
+    (workdir / "out").mkdir(exist_ok=True)
+
+    emit("phase", phase="baseline", progress=0.05)
+    original = torch.jit.load(spec["model"], map_location="cpu").eval()
+    fp32_onnx = str(workdir / "out" / "fp32.onnx")
+    export_onnx(original, fp32_onnx, (example,), **kinds.IO_NAMES)
+    original_parameters = sum(p.numel() for p in original.parameters())
+
+    ctx = kinds.JobContext(
+        workdir=workdir, model_path=spec["model"], cfg_path=spec["cfg"], example=example, train_x=train_x,
+        train_y=train_y if train_y is not None else torch.zeros(len(train_x), dtype=torch.int64),
+        params=spec["params"], device=device, on_step=_progress_fn(spec["params"]["epochs"]),
+        phase=lambda name: emit("phase", phase=name),
+    )
+    model = kinds.RUNNERS[spec["kind"]](ctx)
+
+    emit("phase", phase="verifying", progress=0.9)
+    pytorch_accuracy = evaluate_accuracy(model, eval_x, eval_y) if eval_y is not None else None
+    onnx_files = {"fp32": fp32_onnx, "deploy": ctx.files["deploy"]}
+    if "fake_quant" in ctx.files and ctx.files["fake_quant"] != ctx.files["deploy"]:
+        onnx_files["fake_quant"] = ctx.files["fake_quant"]
+    result_report = report.build_report(spec["kind"], original_parameters, onnx_files, eval_x, eval_y, split,
+                                        batch, pytorch_accuracy)
+    report_path = workdir / "out" / "report.json"
+    report_path.write_text(json.dumps(result_report, indent=2))
+    files = {**ctx.files, "fp32_onnx": fp32_onnx, "report": str(report_path)}
+    return {"metrics": summary_metrics(result_report),
+            "artifacts": [{"kind": kind, "path": path, "media_type": MEDIA_TYPES.get(Path(path).suffix,
+                                                                                    "application/octet-stream")}
+                          for kind, path in sorted(files.items())]}
+
+
+def summary_metrics(rep: dict) -> dict:
+    """The few numbers GET /v1/jobs/{id} shows; the rest is in report.json."""
+    metrics = {"onnx_size_bytes": rep["onnx_size_bytes"], "size_ratio": rep["size_ratio"],
+               "latency_ms": {k: v["median"] for k, v in rep["latency_ms"].items() if isinstance(v, dict)},
+               "speedup": rep["latency_ms"]["speedup"]}
+    if "accuracy" in rep:
+        metrics["accuracy_before"] = rep["accuracy"]["fp32"]
+        metrics["accuracy_after"] = rep["accuracy"]["deploy"]
+    else:
+        metrics["agreement"] = rep["agreement_with_original"]["deploy"]
+    return metrics
+
+
+def _summarise(e: BaseException) -> str:
+    from worker.child.validate_model import summarise
+
+    return summarise(e)
+
+
+def _relay_engine_warnings() -> None:
+    """The engine's warnings (a cfg naming layers the model lacks, …) become job log events."""
+    show = warnings.showwarning
+
+    def relay(message, category, filename, lineno, file=None, line=None):
+        if "amct_engine" in str(filename):
+            emit("log", level="warning", message=f"{category.__name__}: {message}")
+        show(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = relay
+
+
+def main(argv: list[str]) -> int:
+    limit_self()
+    _relay_engine_warnings()
+    workdir = Path(argv[0]).resolve()
+    spec = json.loads((workdir / SPEC_FILE).read_text())
+    try:
+        result = run(workdir, spec)
+    except Exception as e:
+        from worker.child.engine_api import EngineUnavailable
+
+        traceback.print_exc()
+        error_type = ("unsupported" if isinstance(e, (EngineUnavailable, DeviceUnavailable)) else "engine_error")
+        (workdir / ERROR_FILE).write_text(json.dumps({"type": error_type, "detail": _summarise(e)}))
+        return 1
+    (workdir / RESULT_FILE).write_text(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

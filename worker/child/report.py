@@ -1,0 +1,97 @@
+"""report.json: what a user wants to know after compression (DESIGN.md, report.py).
+
+Parameters, ONNX file sizes, accuracy of the original and the deploy model on held-out data (or
+output agreement with the original when there are no labels), onnxruntime latency FP32 vs deploy.
+Both models are measured the same way: in onnxruntime, on the same samples.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import torch
+
+LATENCY_WARMUP, LATENCY_RUNS = 3, 20
+
+
+def _session(path: str) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1  # per-model latency without the noise of thread scheduling
+    return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+
+
+def predict(path: str, x: np.ndarray, batch: int = 256) -> np.ndarray:
+    session = _session(path)
+    name = session.get_inputs()[0].name
+    return np.concatenate([session.run(None, {name: x[i:i + batch]})[0] for i in range(0, len(x), batch)])
+
+
+def latency_ms(path: str, x: np.ndarray) -> dict:
+    session = _session(path)
+    name = session.get_inputs()[0].name
+    for _ in range(LATENCY_WARMUP):
+        session.run(None, {name: x})
+    times = []
+    for _ in range(LATENCY_RUNS):
+        start = time.perf_counter()
+        session.run(None, {name: x})
+        times.append((time.perf_counter() - start) * 1000)
+    return {"median": float(np.median(times)), "p90": float(np.percentile(times, 90)), "batch": int(len(x))}
+
+
+def _weight_tensors(graph: onnx.GraphProto):
+    yield from graph.initializer
+    # The exporter folds some weights into Constant nodes instead of initializers.
+    for node in graph.node:
+        if node.op_type == "Constant":
+            yield from (a.t for a in node.attribute if a.name == "value")
+
+
+def onnx_parameters(path: str) -> dict:
+    """Stored weight elements (scalars such as scales and zero points included); nonzero shows pruning."""
+    model = onnx.load(path, load_external_data=False)
+    total = nonzero = 0
+    for tensor in _weight_tensors(model.graph):
+        arr = onnx.numpy_helper.to_array(tensor)
+        total += arr.size
+        nonzero += int(np.count_nonzero(arr))
+    return {"total": int(total), "nonzero": int(nonzero)}
+
+
+def _agreement(reference: np.ndarray, other: np.ndarray) -> dict:
+    ref, oth = reference.reshape(len(reference), -1), other.reshape(len(other), -1)
+    cos = (ref * oth).sum(1) / (np.linalg.norm(ref, axis=1) * np.linalg.norm(oth, axis=1) + 1e-12)
+    out = {"mean_abs_diff": float(np.abs(ref - oth).mean()), "mean_cosine": float(cos.mean())}
+    if ref.shape[1] > 1:
+        out["top1_agreement"] = float((ref.argmax(1) == oth.argmax(1)).mean())
+    return out
+
+
+def build_report(kind: str, original_parameters: int, onnx_files: dict[str, str], eval_x: torch.Tensor,
+                 eval_y: torch.Tensor | None, split: str, batch: int, pytorch_accuracy: float | None) -> dict:
+    """`onnx_files`: `fp32`, `deploy` and, when the engine wrote one, `fake_quant`."""
+    x = eval_x.numpy()
+    outputs = {name: predict(path, x) for name, path in onnx_files.items()}
+    report: dict = {
+        "kind": kind,
+        "eval": {"split": split, "samples": int(len(x))},
+        "parameters": {"original": int(original_parameters),
+                       **{name: onnx_parameters(path) for name, path in onnx_files.items()}},
+        "onnx_size_bytes": {name: os.path.getsize(path) for name, path in onnx_files.items()},
+        "agreement_with_original": {name: _agreement(outputs["fp32"], out)
+                                    for name, out in outputs.items() if name != "fp32"},
+    }
+    if eval_y is not None:
+        y = eval_y.numpy()
+        report["accuracy"] = {name: float((out.argmax(1) == y).mean()) for name, out in outputs.items()}
+        report["accuracy"]["compressed_pytorch"] = pytorch_accuracy
+        report["accuracy_drop"] = report["accuracy"]["fp32"] - report["accuracy"]["deploy"]
+    sample = np.ascontiguousarray(x[:batch]) if len(x) >= batch else np.repeat(x[:1], batch, axis=0)
+    report["latency_ms"] = {name: latency_ms(onnx_files[name], sample) for name in ("fp32", "deploy")}
+    report["latency_ms"]["speedup"] = report["latency_ms"]["fp32"]["median"] / report["latency_ms"]["deploy"]["median"]
+    report["size_ratio"] = report["onnx_size_bytes"]["deploy"] / report["onnx_size_bytes"]["fp32"]
+    return report
