@@ -149,14 +149,17 @@ def test_fake_quant_onnx_matches_pytorch_and_deploy_runs_integer_kernels(qat):
 
     deploy_model = onnx.load(paths["deploy"])
     op_types = {n.op_type for n in deploy_model.graph.node}
-    assert {"ConvInteger", "MatMulInteger", "QuantizeLinear"} <= op_types
+    assert {"MatMulInteger", "QuantizeLinear"} <= op_types
     assert "BatchNormalization" not in op_types
     options = ort.SessionOptions()
     options.optimized_model_filepath = str(tmp_path / "optimised.onnx")
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
     ort.InferenceSession(paths["deploy"], options, providers=["CPUExecutionProvider"])
     optimised_ops = [n.op_type for n in onnx.load(options.optimized_model_filepath).graph.node]
-    assert optimised_ops.count("ConvInteger") == 2 and optimised_ops.count("MatMulInteger") == 1
+    # conv1 and conv2 feed the next quantised layer through ReLU/flatten only, so their outputs are
+    # requantised and onnxruntime fuses them into QLinearConv; fc's float logits use MatMulInteger.
+    assert optimised_ops.count("QLinearConv") == 2 and optimised_ops.count("MatMulInteger") == 1
+    assert "Conv" not in optimised_ops and "FusedConv" not in optimised_ops
 
 
 def test_dynamic_axes_let_the_exported_models_take_any_batch(qat):
@@ -210,10 +213,19 @@ def test_torchscript_file_goes_through_the_same_flow(tmp_path):
 
 
 def _integer_weight_codes(model: onnx.ModelProto) -> list[np.ndarray]:
-    """Weight codes feeding the ConvInteger/MatMulInteger nodes, in graph order."""
+    """INT8 weight codes of every layer of a deploy model, in graph order: the weight input of a
+    ConvInteger/MatMulInteger, or the INT8 tensor a Conv's weight DequantizeLinear reads."""
     constants = {n.output[0]: onnx.numpy_helper.to_array(n.attribute[0].t)
                  for n in model.graph.node if n.op_type == "Constant"}
-    return [constants[n.input[1]] for n in model.graph.node if n.op_type in ("ConvInteger", "MatMulInteger")]
+    producers = {out: n for n in model.graph.node for out in n.output}
+    codes = []
+    for node in model.graph.node:
+        if node.op_type in ("ConvInteger", "MatMulInteger"):
+            codes.append(constants[node.input[1]])
+        elif node.op_type == "Conv":
+            codes.append(constants[producers[node.input[1]].input[0]])
+    assert all(c.dtype == np.int8 for c in codes)
+    return codes
 
 
 def _cfg_model(tmp_path, cfg_text):
@@ -245,8 +257,8 @@ def test_other_bit_widths_export_and_match(tmp_path, cfg_text, act_type, wts_typ
     assert (entry.act_type, entry.wts_type) == (act_type, wts_type)
     paths = amct.save_quant_retrain_model(str(config), qmodel, str(record), str(tmp_path / "m"), INPUT)
     np.testing.assert_allclose(_ort_run(paths["fake_quant"], INPUT), expected, atol=1e-4)
-    codes = _integer_weight_codes(onnx.load(paths["deploy"]))
     if act_type == "INT8":  # integer kernels need 8-bit inputs; INT16 layers stay QDQ
+        codes = _integer_weight_codes(onnx.load(paths["deploy"]))
         bound = 8 if wts_type == "INT4" else 128
         # conv1 has one input channel: INT4 needs an even Cin, so it stays INT8 (spec §2.2).
         assert int(codes[0].max()) - int(codes[0].min()) > 16

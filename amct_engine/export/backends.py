@@ -58,6 +58,13 @@ def _channel_shape(layer: nn.Module, n: int) -> list[int]:
     return [1, n] + [1] * len(layer.kernel_size)
 
 
+def _dequantized(g, x, scale: float, offset: int):
+    """QuantizeLinear -> DequantizeLinear with AMCT's int8 offset as a uint8 zero point (+128)."""
+    scale = _const(g, torch.tensor(scale, dtype=torch.float32))
+    zero_point = _const(g, torch.tensor(offset + 128, dtype=torch.uint8))
+    return g.op("DequantizeLinear", g.op("QuantizeLinear", x, scale, zero_point), scale, zero_point)
+
+
 def _fake_quant_activation(g, x, module: ExportQuantLayer):
     f = module.factors
     if f.act_bits == 8:
@@ -120,6 +127,8 @@ class IntegerDeployBackend:
         if f.act_bits != 8 or not isinstance(layer, (nn.Linear, *CONV_TYPES)):
             # No integer kernel for INT16 inputs or transposed convs in onnxruntime.
             return FakeQuantBackend.emit(g, x, module)
+        if module.output_quant is not None and isinstance(layer, CONV_TYPES):
+            return IntegerDeployBackend.emit_requantised_conv(g, x, module)
         # int8 codes with offset o are uint8 codes with zero point o + 128: same values,
         # and uint8 inputs are what onnxruntime's integer kernels support everywhere.
         zero_point = _const(g, torch.tensor(f.offset_d + 128, dtype=torch.uint8))
@@ -142,6 +151,32 @@ class IntegerDeployBackend:
             acc = g.op("Add", acc, _const(g, f.bias_q.reshape(_channel_shape(layer, f.bias_q.numel()))))
         deq_scale = (f.scale_w * f.scale_d).reshape(_channel_shape(layer, n) if n > 1 else [])
         return g.op("Mul", g.op("Cast", acc, to_i=ONNX_FLOAT), _const(g, deq_scale))
+
+
+    @staticmethod
+    def emit_requantised_conv(g, x, module: ExportQuantLayer):
+        """QDQ around the conv with its output quantised by the next layer's quantiser
+        (export.requant): onnxruntime fuses DequantizeLinear -> Conv -> QuantizeLinear into a
+        QLinearConv, so the layer runs on integers in and out."""
+        layer, f = module.layer, module.factors
+        x_hat = _dequantized(g, x, f.scale_d, f.offset_d)
+        per_channel = f.scale_w.numel() > 1
+        axis = {"axis_i": 0} if per_channel else {}
+
+        def vector(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+            return values.to(dtype) if per_channel else values.reshape(()).to(dtype)
+
+        weight = g.op("DequantizeLinear", _const(g, f.weight_q), _const(g, vector(f.scale_w, torch.float32)),
+                      _const(g, vector(torch.zeros_like(f.scale_w), torch.int8)), **axis)
+        inputs = [x_hat, weight]
+        if f.bias_q is not None:
+            # The int32 bias shares the accumulator's scale, scale_d * scale_w, as QLinearConv needs.
+            bias_scale = (f.scale_w * f.scale_d).float()
+            inputs.append(g.op("DequantizeLinear", _const(g, f.bias_q),
+                               _const(g, vector(bias_scale, torch.float32)),
+                               _const(g, vector(torch.zeros_like(f.scale_w), torch.int32)), **axis))
+        y = g.op("Conv", *inputs, **_conv_attrs(layer))
+        return _dequantized(g, y, *module.output_quant)
 
 
 class AscendDeployBackend:

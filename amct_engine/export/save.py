@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from amct_engine.export.ascend import ASCEND_DOMAIN, ascend_to_standard_onnx, finalize_ascend_model
+from amct_engine.export.requant import requant_targets
 from amct_engine.export.quant_layer import ExportQuantLayer, compute_factors, fold_batch_norm
 from amct_engine.quant.retrain_layer import QuantRetrainLayer
 from amct_engine.record import LayerQuantRecord
@@ -38,16 +39,28 @@ def quant_layers(model: nn.Module) -> dict[str, QuantRetrainLayer]:
     return {name: m for name, m in model.named_modules() if isinstance(m, QuantRetrainLayer)}
 
 
-def build_export_model(model: nn.Module, records: dict[str, LayerQuantRecord], backend: str) -> nn.Module:
+def build_export_model(
+    model: nn.Module, records: dict[str, LayerQuantRecord], backend: str, requant: dict[str, str] | None = None
+) -> nn.Module:
     """A CPU copy of `model` whose quantised layers are ExportQuantLayers for `backend`.
 
-    Every back end folds BN and takes every factor from the record (spec §5).
+    Every back end folds BN and takes every factor from the record (spec §5). `requant` (layer
+    path -> next quantised layer path, see export.requant) lets a layer quantise its output with
+    the next layer's input quantiser.
     """
     export_model = copy.deepcopy(model).cpu().eval()
-    for path, wrapper in quant_layers(export_model).items():
+    wrappers = quant_layers(export_model)
+    for path, wrapper in wrappers.items():
         layer = fold_batch_norm(wrapper.layer, wrapper.bn)
-        factors = compute_factors(wrapper.layer_name, layer, records[wrapper.layer_name])
-        export_model.set_submodule(path, ExportQuantLayer(wrapper.layer_name, layer, factors, backend))
+        record = records[wrapper.layer_name]
+        factors = compute_factors(wrapper.layer_name, layer, record)
+        new = ExportQuantLayer(wrapper.layer_name, layer, factors, backend)
+        target = (requant or {}).get(path)
+        if target is not None:
+            following = records[wrappers[target].layer_name]
+            if record.act_bits == following.act_bits == 8:
+                new.output_quant = (following.scale_d, following.offset_d)
+        export_model.set_submodule(path, new)
     return export_model
 
 
@@ -129,9 +142,11 @@ def save_quantized_onnx(
     cpu_inputs = tuple(t.detach().cpu() for t in input_data)
     paths = output_paths(save_path)
     backends = {"fake_quant": "fake_quant", "deploy": DEPLOY_BACKENDS[deploy_format]}
+    cpu_model = copy.deepcopy(model).cpu().eval()
+    requant = requant_targets(cpu_model, cpu_inputs) if backends["deploy"] == "deploy" else None
     for kind, path in paths.items():
         backend = backends[kind]
-        export_model = build_export_model(model, records, backend).cpu()
+        export_model = build_export_model(cpu_model, records, backend, requant if kind == "deploy" else None)
         opsets = {ASCEND_DOMAIN: 1} if backend == "ascend" else None
         export_onnx(export_model, path, cpu_inputs, input_names, output_names, dynamic_axes, opsets)
         if backend == "ascend":
