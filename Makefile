@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PROTOS := $(wildcard amct_engine/proto/*.proto)
 
-.PHONY: install demo serve test test-fast lint proto bench clean
+.PHONY: install demo samples serve test test-fast lint proto bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -17,6 +17,10 @@ install: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/python -m amct_engine.demo
+
+# Sample model, cfgs and dataset for the service walk-through in docs/service.md.
+samples: $(STAMP)
+	$(BIN)/python -m amct_engine.samples --out samples
 
 # The service with its embedded defaults: SQLite, a filesystem broker, artifacts under var/.
 serve: $(STAMP)
@@ -39,7 +43,7 @@ proto: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/pip install -q -e '.[dev,service,bench]'
-	$(BIN)/python bench/qat.py
+	for b in capture qat compress distill; do test ! -f bench/$$b.py || $(BIN)/python bench/$$b.py || exit 1; done
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
