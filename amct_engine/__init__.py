@@ -13,6 +13,15 @@ from amct_engine.distillation import (
     save_distill_model,
 )
 from amct_engine.graph.capture import GraphCaptureError
+from amct_engine.prune.report import PruneReport
+from amct_engine.prune_retrain import (
+    create_compressed_retrain_model,
+    create_prune_retrain_model,
+    restore_compressed_retrain_model,
+    restore_prune_retrain_model,
+    save_compressed_retrain_model,
+    save_prune_retrain_model,
+)
 from amct_engine.quant_retrain import (
     create_quant_retrain_config,
     create_quant_retrain_model,
@@ -21,6 +30,13 @@ from amct_engine.quant_retrain import (
 )
 
 __all__ = [
+    "PruneReport",
+    "create_compressed_retrain_model",
+    "create_prune_retrain_model",
+    "restore_compressed_retrain_model",
+    "restore_prune_retrain_model",
+    "save_compressed_retrain_model",
+    "save_prune_retrain_model",
     "ConfigError",
     "DistillSampleBase",
     "ModelSingleTensorInput",

@@ -15,7 +15,6 @@ import copy
 import os
 import shutil
 
-import onnx
 from torch import nn
 
 from amct_engine.config.cfg_checks import check_cfg_for_api
@@ -132,11 +131,8 @@ def save_compressed_retrain_model(
                                "the model returned by create_compressed_retrain_model")
         return _save_float(baked, save_path, inputs, input_names, output_names, dynamic_axes)
     records = records_for_save(model, record_file)
-    paths = save_quantized_onnx(baked, records, save_path, inputs, input_names, output_names, dynamic_axes,
-                                deploy_format)
-    if deploy_format == "onnx":
-        _compact_onnx_file(paths["deploy"], inputs)
-    return paths
+    return save_quantized_onnx(baked, records, save_path, inputs, input_names, output_names, dynamic_axes,
+                               deploy_format)
 
 
 # ---------------------------------------------------------------------- shared steps
@@ -254,40 +250,3 @@ def _save_float(model: nn.Module, save_path, inputs, input_names, output_names, 
     for path in paths.values():
         check_onnx(path, cpu_inputs)
     return paths
-
-
-def _compact_onnx_file(path: str, inputs) -> None:
-    """Constant nodes become initializers and internal tensor names get short: same graph, fewer bytes.
-
-    The exporter's names (``/layer1/conv1/Constant_4_output_0``) and one Constant node per scale cost
-    ~4 KB on a 20k-parameter model, a fifth of its INT8 deploy file. Node names stay (they name the
-    layers). Belongs in export/save.py for every deploy model; here until it moves.
-    """
-    model = onnx.load(path)
-    graph = model.graph
-    constants = [n for n in graph.node if n.op_type == "Constant" and len(n.attribute) == 1
-                 and n.attribute[0].name == "value"]
-    constant_ids = {id(n) for n in constants}
-    for node in constants:
-        tensor = graph.initializer.add()
-        tensor.CopyFrom(node.attribute[0].t)
-        tensor.name = node.output[0]
-    kept = [n for n in graph.node if id(n) not in constant_ids]
-    del graph.node[:]
-    graph.node.extend(kept)
-    public = {v.name for v in graph.input} | {v.name for v in graph.output}
-    names: dict[str, str] = {}
-
-    def short(name: str) -> str:
-        return name if not name or name in public else names.setdefault(name, f"t{len(names)}")
-
-    for node in graph.node:
-        node.input[:] = [short(n) for n in node.input]
-        node.output[:] = [short(n) for n in node.output]
-    for tensor in graph.initializer:
-        tensor.name = short(tensor.name)
-    for info in graph.value_info:
-        info.name = short(info.name)
-    onnx.save(model, path)
-    os.chmod(path, FILE_MODE)
-    check_onnx(path, tuple(t.detach().cpu() for t in inputs))

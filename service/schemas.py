@@ -63,6 +63,9 @@ class JobCreate(BaseModel):
     device: Device = "cpu"
     eval_fraction: float = Field(0.1, ge=0, lt=1, description="held-out share of the dataset for the report")
     seed: int = Field(0, ge=0, le=2**31 - 1)
+    deploy_format: Literal["onnx", "ascend"] = Field(
+        "onnx", description="deploy model layout: onnxruntime integer model, or AMCT's Ascend layout for ATC"
+    )
 
 
 class JobError(BaseModel):

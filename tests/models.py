@@ -229,3 +229,18 @@ def example_input(model_cls: type[nn.Module], batch: int = 2, seed: int = 0) -> 
     """A random input of the model's documented shape with the given batch size."""
     shape = (batch, *model_cls.input_shape[1:])
     return torch.randn(shape, generator=torch.Generator().manual_seed(seed))
+
+
+class BranchesNet(nn.Module):
+    """Two convs read one ReLU output: their activation quantisers are shared (spec §4.8)."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 4, 1)
+        self.relu = nn.ReLU()
+        self.branch1 = nn.Conv2d(4, 4, 3, padding=1)
+        self.branch2 = nn.Conv2d(4, 4, 1)
+
+    def forward(self, x):
+        y = self.relu(self.stem(x))
+        return self.branch1(y) + self.branch2(y)

@@ -19,7 +19,7 @@ from amct_engine.export.ascend import (
 )
 from amct_engine.export.quant_layer import compute_factors
 from amct_engine.record import LayerQuantRecord, RecordFile
-from tests.models import ConvBnReluNet
+from tests.models import BranchesNet, ConvBnReluNet
 from tests.test_quant_retrain import INPUT, _train_steps
 
 
@@ -125,22 +125,10 @@ def test_reference_runs_the_ascend_model_like_the_fake_quant_one(ascend):
 
 
 def test_identical_quant_nodes_on_one_tensor_are_merged(tmp_path):
-    class Branches(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.stem = nn.Conv2d(3, 4, 1)
-            self.relu = nn.ReLU()
-            self.branch1 = nn.Conv2d(4, 4, 3, padding=1)
-            self.branch2 = nn.Conv2d(4, 4, 1)
-
-        def forward(self, x):
-            y = self.relu(self.stem(x))
-            return self.branch1(y) + self.branch2(y)
-
     x = torch.randn(2, 3, 8, 8)
     config, record = tmp_path / "c.json", tmp_path / "r.txt"
-    amct.create_quant_retrain_config(str(config), Branches(), x)
-    qmodel = amct.create_quant_retrain_model(str(config), Branches(), str(record), x).eval()
+    amct.create_quant_retrain_config(str(config), BranchesNet(), x)
+    qmodel = amct.create_quant_retrain_model(str(config), BranchesNet(), str(record), x).eval()
     with torch.no_grad():
         qmodel(x)
     paths = amct.save_quant_retrain_model(str(config), qmodel, str(record), str(tmp_path / "b"), x,

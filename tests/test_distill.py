@@ -234,6 +234,7 @@ def test_save_writes_record_next_to_the_models_and_folds_bn(tmp_path):
     for path in (paths["fake_quant"], paths["deploy"]):
         session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
         out = session.run(None, {session.get_inputs()[0].name: INPUT.numpy()})[0]
-        np.testing.assert_allclose(out, expected, atol=2e-3 * np.abs(expected).max())
+        # BN is folded at save: a rounding may flip against the unfolded student, one step at most.
+        np.testing.assert_allclose(out, expected, atol=1e-2 * np.abs(expected).max())
     ascend = amct.save_distill_model(student, str(tmp_path / "asc") + "/", INPUT, deploy_format="ascend")
     assert ascend["deploy"].endswith("asc/deploy_model.onnx") and os.path.exists(ascend["record"])

@@ -14,7 +14,7 @@ from torch import nn
 import amct_engine as amct
 from amct_engine.quant.retrain_layer import QuantRetrainLayer
 from amct_engine.record import RecordFile
-from tests.models import ConvBnReluNet
+from tests.models import BranchesNet, ConvBnReluNet
 
 INPUT = torch.randn(4, 1, 28, 28, generator=torch.Generator().manual_seed(0))
 
@@ -215,8 +215,7 @@ def test_torchscript_file_goes_through_the_same_flow(tmp_path):
 def _integer_weight_codes(model: onnx.ModelProto) -> list[np.ndarray]:
     """INT8 weight codes of every layer of a deploy model, in graph order: the weight input of a
     ConvInteger/MatMulInteger, or the INT8 tensor a Conv's weight DequantizeLinear reads."""
-    constants = {n.output[0]: onnx.numpy_helper.to_array(n.attribute[0].t)
-                 for n in model.graph.node if n.op_type == "Constant"}
+    constants = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
     producers = {out: n for n in model.graph.node for out in n.output}
     codes = []
     for node in model.graph.node:
@@ -267,22 +266,10 @@ def test_other_bit_widths_export_and_match(tmp_path, cfg_text, act_type, wts_typ
 
 
 def test_layers_reading_one_tensor_share_the_activation_quantiser(tmp_path):
-    class Branches(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.stem = nn.Conv2d(3, 4, 1)
-            self.relu = nn.ReLU()
-            self.branch1 = nn.Conv2d(4, 4, 3, padding=1)
-            self.branch2 = nn.Conv2d(4, 4, 1)
-
-        def forward(self, x):
-            y = self.relu(self.stem(x))
-            return self.branch1(y) + self.branch2(y)
-
     x = torch.randn(2, 3, 8, 8)
     config, record = tmp_path / "c.json", tmp_path / "r.txt"
-    amct.create_quant_retrain_config(str(config), Branches(), x)
-    qmodel = amct.create_quant_retrain_model(str(config), Branches(), str(record), x)
+    amct.create_quant_retrain_config(str(config), BranchesNet(), x)
+    qmodel = amct.create_quant_retrain_model(str(config), BranchesNet(), str(record), x)
     assert qmodel.branch1.act_quant is qmodel.branch2.act_quant
     assert qmodel.stem.act_quant is not qmodel.branch1.act_quant
     # Shared parameters are counted once.

@@ -54,7 +54,7 @@ def _drop_attr(node: onnx.NodeProto, name: str) -> None:
     node.attribute.extend(keep)
 
 
-def _constants_to_initializers(model: onnx.ModelProto) -> dict[str, onnx.TensorProto]:
+def constants_to_initializers(model: onnx.ModelProto) -> dict[str, onnx.TensorProto]:
     """Turn Constant nodes into initialisers (so they can carry AMCT's names); name -> tensor."""
     graph = model.graph
     keep, found = [], {}
@@ -82,10 +82,14 @@ def _rename_value(graph: onnx.GraphProto, old: str, new: str) -> None:
             init.name = new
 
 
+def is_ascend_model(model: onnx.ModelProto) -> bool:
+    return any(op.domain == ASCEND_DOMAIN for op in model.opset_import)
+
+
 def finalize_ascend_model(model: onnx.ModelProto) -> onnx.ModelProto:
     """AMCT names, UINT64 dequant params, merged AscendQuant nodes, custom domain declared."""
     graph = model.graph
-    _constants_to_initializers(model)
+    constants_to_initializers(model)
     initializers = {init.name: init for init in graph.initializer}
     for node in graph.node:
         layer = _attr(node, LAYER_ATTR)
@@ -107,7 +111,7 @@ def finalize_ascend_model(model: onnx.ModelProto) -> onnx.ModelProto:
         elif node.op_type in ("Conv", "MatMul", "Add"):
             _store_layer_tensors(graph, node, layer, wts_type, initializers)
     _merge_identical_quants(graph)
-    if not any(op.domain == ASCEND_DOMAIN for op in model.opset_import):
+    if not is_ascend_model(model):
         model.opset_import.append(helper.make_opsetid(ASCEND_DOMAIN, 1))
     return model
 
@@ -203,12 +207,20 @@ def _const(inits: list, name: str, value) -> str:
 
 
 def _quant_reference(node, inits: list) -> list[onnx.NodeProto]:
+    """AscendQuant as Div(x, scale_d) -> Round -> Add(offset) -> Clip -> Sub(offset).
+
+    The node stores scale = 1/scale_d; scale_d is written reciprocal-stable (1/(1/scale_d) gives it
+    back), so dividing by the recovered scale_d is exactly QuantizeLinear's arithmetic and the
+    reference agrees with the fake-quant model bit for bit. (Ascend multiplies by `scale`: at most
+    one ulp apart before rounding.)
+    """
     p = node.name or node.output[0]
-    scale, offset = _attr(node, "scale"), _attr(node, "offset")
+    scale_d = np.float32(1) / np.float32(_attr(node, "scale"))
+    offset = _attr(node, "offset")
     qn, qp = _qrange(_attr(node, "dst_type").decode())
-    names = [f"{p}/ref_{s}" for s in ("mul", "round", "add", "clip")]
+    names = [f"{p}/ref_{s}" for s in ("div", "round", "add", "clip")]
     return [
-        helper.make_node("Mul", [node.input[0], _const(inits, f"{p}/ref_scale", scale)], [names[0]]),
+        helper.make_node("Div", [node.input[0], _const(inits, f"{p}/ref_scale_d", scale_d)], [names[0]]),
         helper.make_node("Round", [names[0]], [names[1]]),
         helper.make_node("Add", [names[1], _const(inits, f"{p}/ref_offset", offset)], [names[2]]),
         helper.make_node("Clip", [names[2], _const(inits, f"{p}/ref_qn", qn), _const(inits, f"{p}/ref_qp", qp)],

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from amct_engine.export.ascend import ASCEND_DOMAIN, LAYER_ATTR, WTS_TYPE_ATTR, pack_dequant_param
-from amct_engine.export.quant_layer import CONV_TYPES, ExportQuantLayer
+from amct_engine.export.quant_layer import CONV_TYPES, ExportQuantLayer, output_channel_shape
 
 ONNX_FLOAT = 1  # TensorProto.FLOAT
 
@@ -51,13 +51,6 @@ def _conv_attrs(layer: nn.Module, with_pads: bool = True) -> dict:
     return attrs
 
 
-def _channel_shape(layer: nn.Module, n: int) -> list[int]:
-    """Shape that broadcasts a per-output-channel vector over the layer's output."""
-    if isinstance(layer, nn.Linear):
-        return [n]
-    return [1, n] + [1] * len(layer.kernel_size)
-
-
 def _dequantized(g, x, scale: float, offset: int):
     """QuantizeLinear -> DequantizeLinear with AMCT's int8 offset as a uint8 zero point (+128)."""
     scale = _const(g, torch.tensor(scale, dtype=torch.float32))
@@ -65,24 +58,25 @@ def _dequantized(g, x, scale: float, offset: int):
     return g.op("DequantizeLinear", g.op("QuantizeLinear", x, scale, zero_point), scale, zero_point)
 
 
-def _fake_quant_activation(g, x, module: ExportQuantLayer):
+def _integer_activation(g, x, module: ExportQuantLayer):
+    """Integer-valued floats q - offset_d of the layer input (export.quant_layer.quantized_input)."""
     f = module.factors
-    if f.act_bits == 8:
-        scale = _const(g, torch.tensor(f.scale_d, dtype=torch.float32))
-        zero_point = _const(g, torch.tensor(f.offset_d, dtype=torch.int8))
-        return g.op("DequantizeLinear", g.op("QuantizeLinear", x, scale, zero_point), scale, zero_point)
-    # INT16 needs opset 21 QuantizeLinear; AMCT's float emulation (spec §5) runs anywhere.
-    qn, qp = -(2 ** (f.act_bits - 1)), 2 ** (f.act_bits - 1) - 1
+    offset = torch.tensor(f.offset_d, dtype=torch.int8 if f.act_bits == 8 else torch.float32)
     scale = _const(g, torch.tensor(f.scale_d, dtype=torch.float32))
-    offset = _const(g, torch.tensor(float(f.offset_d)))
+    if f.act_bits == 8:
+        # DequantizeLinear with a unit scale yields the codes minus the zero point, exactly.
+        zero_point = _const(g, offset)
+        codes = g.op("QuantizeLinear", x, scale, zero_point)
+        return g.op("DequantizeLinear", codes, _const(g, torch.tensor(1.0)), zero_point)
+    # INT16 needs opset 21 QuantizeLinear; AMCT's float emulation (spec §5) computes the same.
+    qn, qp = -(2 ** (f.act_bits - 1)), 2 ** (f.act_bits - 1) - 1
+    offset = _const(g, offset)
     q = g.op("Add", g.op("Round", g.op("Div", x, scale)), offset)
     q = g.op("Clip", q, _const(g, torch.tensor(float(qn))), _const(g, torch.tensor(float(qp))))
-    return g.op("Mul", g.op("Sub", q, offset), scale)
+    return g.op("Sub", q, offset)
 
 
-def _float_layer(g, x, module: ExportQuantLayer, weight):
-    layer = module.layer
-    bias = _const(g, module.factors.bias_hat) if module.factors.bias_hat is not None else None
+def _layer_op(g, x, layer: nn.Module, weight, bias):
     if isinstance(layer, nn.Linear):
         y = g.op("MatMul", x, g.op("Transpose", weight, perm_i=[1, 0]))
         return g.op("Add", y, bias) if bias is not None else y
@@ -94,28 +88,36 @@ def _float_layer(g, x, module: ExportQuantLayer, weight):
     return g.op(op, *inputs, **attrs)
 
 
+def _output_rank(layer: nn.Module) -> int:
+    """Rank of the layer's output as our export sees it (Linear: [N, C], inputs flattened before)."""
+    return 2 if isinstance(layer, nn.Linear) else len(layer.kernel_size) + 2
+
+
+def _rescale(g, y, module: ExportQuantLayer):
+    """AscendDequant as one Mul by scale_w * scale_d per output channel."""
+    deq = (module.factors.scale_w * module.factors.scale_d).float()
+    shape = output_channel_shape(module.layer, deq.numel(), _output_rank(module.layer))
+    return g.op("Mul", y, _const(g, deq.reshape(shape)))
+
+
 class FakeQuantBackend:
-    """QuantizeLinear/DequantizeLinear around a float layer."""
+    """Standard QuantizeLinear/DequantizeLinear on activation and weight, computed in the integer
+    domain like AMCT's fake-quant model: layer(q_x - o, q_w) + q_b, then one rescale. The QAT eval
+    forward (`deployed_forward`) and the Ascend reference compute exactly this, bit for bit."""
 
     @staticmethod
     def emit(g, x, module: ExportQuantLayer):
         f = module.factors
-        x_hat = _fake_quant_activation(g, x, module)
+        x_int = _integer_activation(g, x, module)
         if isinstance(module.layer, nn.ConvTranspose2d) or f.act_bits != 8:
-            # Store the dequantised values (integer multiples of the scale) when a weight
-            # DequantizeLinear would not pair with a quantised input: Cout is axis 1 of a
-            # transposed-conv weight, and onnxruntime rewrites DQ(weight) -> MatMul on a float
-            # input into a dynamically quantised MatMul, which re-quantises INT16 activations.
-            weight = _const(g, f.weight_hat)
+            # Integer-valued float weights: onnxruntime would turn DQ(weight) -> MatMul on a float
+            # (INT16-emulated) input into a dynamically quantised MatMul that re-quantises it.
+            weight = _const(g, f.weight_q.float())
         else:
-            zero = torch.zeros(f.scale_w.numel(), dtype=torch.int8)
-            axis = {"axis_i": 0} if f.scale_w.numel() > 1 else {}
-            scale_w = f.scale_w if f.scale_w.numel() > 1 else f.scale_w.reshape(())
-            zero = zero if f.scale_w.numel() > 1 else zero.reshape(())
-            weight = g.op(
-                "DequantizeLinear", _const(g, f.weight_q), _const(g, scale_w), _const(g, zero), **axis
-            )
-        return _float_layer(g, x_hat, module, weight)
+            weight = g.op("DequantizeLinear", _const(g, f.weight_q), _const(g, torch.tensor(1.0)),
+                          _const(g, torch.tensor(0, dtype=torch.int8)))
+        bias = _const(g, f.bias_q.float()) if f.bias_q is not None else None
+        return _rescale(g, _layer_op(g, x_int, module.layer, weight, bias), module)
 
 
 class IntegerDeployBackend:
@@ -146,10 +148,10 @@ class IntegerDeployBackend:
                 x_q = g.op("Pad", x_q, _const(g, torch.tensor(onnx_pads, dtype=torch.int64)), zero_point)
             attrs = _conv_attrs(layer, with_pads=False)
             acc = g.op("ConvInteger", x_q, _const(g, f.weight_q), zero_point, w_zero, **attrs)
-        n = f.scale_w.numel()
+        n, rank = f.scale_w.numel(), _output_rank(layer)
         if f.bias_q is not None:
-            acc = g.op("Add", acc, _const(g, f.bias_q.reshape(_channel_shape(layer, f.bias_q.numel()))))
-        deq_scale = (f.scale_w * f.scale_d).reshape(_channel_shape(layer, n) if n > 1 else [])
+            acc = g.op("Add", acc, _const(g, f.bias_q.reshape(output_channel_shape(layer, f.bias_q.numel(), rank))))
+        deq_scale = (f.scale_w * f.scale_d).reshape(output_channel_shape(layer, n, rank))
         return g.op("Mul", g.op("Cast", acc, to_i=ONNX_FLOAT), _const(g, deq_scale))
 
 

@@ -47,8 +47,6 @@ class QuantFactors:
     scale_w: torch.Tensor  # [Cout] or [1], float32
     weight_q: torch.Tensor  # integer codes of the (BN-folded) weight, int8
     bias_q: torch.Tensor | None  # int32 bias of the integer kernels, or None
-    weight_hat: torch.Tensor  # weight_q * scale_w, float32
-    bias_hat: torch.Tensor | None  # bias_q * scale_w * scale_d, float32
 
 
 def _quant_range(bits: int) -> tuple[int, int]:
@@ -78,7 +76,7 @@ def compute_factors(name: str, layer: nn.Module, record: LayerQuantRecord) -> Qu
     qn, qp = _quant_range(record.wts_bits)
     weight_scale = per_out_channel(scale_w, layer)
     weight_q = torch.clamp(torch.round(weight / weight_scale), qn, qp)
-    bias_q = bias_hat = None
+    bias_q = None
     if layer.bias is not None:
         # spec §5 InsertBiasQuant: q_b = round(b / (scale_w * scale_d)), must fit int32.
         bias_q = torch.round(layer.bias.detach().double() / (scale_w.double() * record.scale_d))
@@ -87,7 +85,6 @@ def compute_factors(name: str, layer: nn.Module, record: LayerQuantRecord) -> Qu
                 f"layer {name}: quantised bias overflows int32 (scale_w*scale_d too small); "
                 f"add it to quant_skip_layers"
             )
-        bias_hat = (bias_q * scale_w.double() * record.scale_d).float()
         bias_q = bias_q.to(torch.int32)
     return QuantFactors(
         scale_d=record.scale_d,
@@ -97,19 +94,36 @@ def compute_factors(name: str, layer: nn.Module, record: LayerQuantRecord) -> Qu
         scale_w=scale_w,
         weight_q=weight_q.to(torch.int8),
         bias_q=bias_q,
-        weight_hat=weight_q * weight_scale,
-        bias_hat=bias_hat,
     )
 
 
-def deployed_forward(layer: nn.Module, f: QuantFactors, x: torch.Tensor) -> torch.Tensor:
-    """What the deployed integer layer computes, in float: quantised input, integer weight codes,
-    int32 bias, one rescale. The QAT model's eval forward, the fake-quant ONNX and the deploy ONNX
-    all compute this, so their outputs agree to float precision."""
+def quantized_input(x: torch.Tensor, f: QuantFactors) -> torch.Tensor:
+    """Integer-valued floats q - offset_d, with q = clamp(round(x / scale_d) + offset_d): the same
+    division and rounding as ONNX QuantizeLinear (checked against onnxruntime)."""
     qn, qp = _quant_range(f.act_bits)
-    x_q = torch.clamp(torch.round(x / f.scale_d + f.offset_d), qn, qp)
-    x_hat = (x_q - f.offset_d) * f.scale_d
-    return layer_call(layer, x_hat, f.weight_hat, f.bias_hat)
+    return torch.clamp(torch.round(x / f.scale_d) + f.offset_d, qn, qp) - f.offset_d
+
+
+def output_channel_shape(layer: nn.Module, n: int, rank: int) -> list[int]:
+    """Shape broadcasting a per-output-channel vector over the layer's output of `rank` dims."""
+    if n == 1:
+        return []
+    if isinstance(layer, nn.Linear):
+        return [n]
+    return [1, n] + [1] * (rank - 2)
+
+
+def deployed_forward(layer: nn.Module, f: QuantFactors, x: torch.Tensor) -> torch.Tensor:
+    """What the deployed layer computes, in the integer domain: quantised input codes, integer
+    weight codes, int32 bias, then one rescale by scale_w * scale_d (AscendDequant, spec §5).
+
+    Sums of integer-valued float32 products are exact (below 2**24), so the QAT model's eval forward,
+    the fake-quant ONNX and the Ascend reference compute bit-identical outputs, not just close ones.
+    """
+    bias = None if f.bias_q is None else f.bias_q.float()
+    acc = layer_call(layer, quantized_input(x, f), f.weight_q.float(), bias)
+    deq = (f.scale_w * f.scale_d).float()
+    return acc * deq.reshape(output_channel_shape(layer, deq.numel(), acc.dim()))
 
 
 class _ModuleRef:

@@ -17,9 +17,15 @@ import onnxruntime as ort
 import torch
 from torch import nn
 
-from amct_engine.export.ascend import ASCEND_DOMAIN, ascend_to_standard_onnx, finalize_ascend_model
-from amct_engine.export.requant import requant_targets
+from amct_engine.export.ascend import (
+    ASCEND_DOMAIN,
+    ascend_to_standard_onnx,
+    constants_to_initializers,
+    finalize_ascend_model,
+    is_ascend_model,
+)
 from amct_engine.export.quant_layer import ExportQuantLayer, compute_factors, fold_batch_norm
+from amct_engine.export.requant import requant_targets
 from amct_engine.quant.retrain_layer import QuantRetrainLayer
 from amct_engine.record import LayerQuantRecord
 
@@ -94,6 +100,30 @@ def export_onnx(
     os.chmod(path, FILE_MODE)
 
 
+def compact_graph(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Constant nodes become initialisers and internal tensor names get short: same graph, fewer bytes.
+
+    The exporter's names (`/layer1/conv1/Constant_4_output_0`) and one Constant node per scale cost
+    ~4 KB on a 20k-parameter model, a fifth of its INT8 deploy file. Node names stay (they name layers).
+    """
+    constants_to_initializers(model)
+    graph = model.graph
+    public = {v.name for v in graph.input} | {v.name for v in graph.output}
+    names: dict[str, str] = {}
+
+    def short(name: str) -> str:
+        return name if not name or name in public else names.setdefault(name, f"t{len(names)}")
+
+    for node in graph.node:
+        node.input[:] = [short(n) for n in node.input]
+        node.output[:] = [short(n) for n in node.output]
+    for tensor in graph.initializer:
+        tensor.name = short(tensor.name)
+    for info in graph.value_info:
+        info.name = short(info.name)
+    return model
+
+
 def check_onnx(model: str | onnx.ModelProto, input_data: tuple[torch.Tensor, ...]) -> list[np.ndarray]:
     """onnx.checker plus one onnxruntime run on the example input: a file we write always runs.
 
@@ -102,7 +132,7 @@ def check_onnx(model: str | onnx.ModelProto, input_data: tuple[torch.Tensor, ...
     if isinstance(model, str):
         model = onnx.load(model)
     onnx.checker.check_model(model)
-    if any(op.domain == ASCEND_DOMAIN for op in model.opset_import):
+    if is_ascend_model(model):
         model = ascend_to_standard_onnx(model)
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     feeds = {i.name: t.detach().cpu().numpy() for i, t in zip(session.get_inputs(), input_data, strict=False)}
@@ -151,5 +181,7 @@ def save_quantized_onnx(
         export_onnx(export_model, path, cpu_inputs, input_names, output_names, dynamic_axes, opsets)
         if backend == "ascend":
             onnx.save(finalize_ascend_model(onnx.load(path)), path)
+        elif backend == "deploy":
+            onnx.save(compact_graph(onnx.load(path)), path)
         check_onnx(path, cpu_inputs)
     return paths

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import nn
 from torch.func import functional_call
@@ -95,6 +96,7 @@ class QuantRetrainLayer(nn.Module):
         scale_d, offset_d = float(scale_d), int(offset_d)
         if self.fakequant_precision_mode == "FORCE_FP16_QUANT":
             scale_d = float(torch.tensor(scale_d).half())  # spec §2.2: scale_d at fp16 precision
+        scale_d = reciprocal_stable(scale_d)
         scale_w = self.weight_quant.wts_scales.detach().abs().float().reshape(-1)
         bn_factor = self.bn_fold_factor()
         if bn_factor is not None:
@@ -118,6 +120,22 @@ class QuantRetrainLayer(nn.Module):
         bn = self.bn
         gamma = bn.weight.detach() if bn.weight is not None else torch.ones_like(bn.running_var)
         return (gamma / torch.sqrt(bn.running_var + bn.eps)).float()
+
+
+def reciprocal_stable(scale: float) -> float:
+    """The float32 scale next to `scale` whose float32 reciprocal maps back to it.
+
+    The Ascend layout stores 1/scale_d (spec §5); with this, 1/(1/scale_d) is scale_d again, so a
+    reference that recovers scale_d quantises exactly like the fake-quant model (moves <= 1 ulp).
+    """
+    one = np.float32(1)
+    value = np.float32(scale)
+    for _ in range(8):
+        back = one / (one / value)
+        if back == value:
+            break
+        value = back
+    return float(value)
 
 
 def _invalidate_after_load(module: QuantRetrainLayer, _incompatible_keys) -> None:

@@ -91,7 +91,7 @@ def submit_job(body: JobCreate, response: Response, session: SessionDep, setting
         response.headers["Idempotent-Replayed"] = "true"
         return job_out(job)
     check_inputs(session, body, settings.project)
-    params = body.model_dump(include={"epochs", "batch_size", "lr", "eval_fraction", "seed"})
+    params = body.model_dump(include={"epochs", "batch_size", "lr", "eval_fraction", "seed", "deploy_format"})
     job = Job(project_id=settings.project, kind=body.kind, status=jobstate.QUEUED, model_id=body.model_id,
               config_id=body.config_id, dataset_id=body.dataset_id, params=params, device=body.device,
               queue=settings.queue_for(body.device), max_attempts=settings.max_attempts,

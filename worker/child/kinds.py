@@ -73,6 +73,11 @@ def train(ctx: JobContext, model: nn.Module) -> nn.Module:
     return model
 
 
+def _export_options(ctx: JobContext) -> dict:
+    """Input/output names and the deploy layout the job asked for (default: onnx)."""
+    return {**IO_NAMES, "deploy_format": ctx.params.get("deploy_format", "onnx")}
+
+
 def _saved(ctx: JobContext, paths) -> None:
     from amct_engine.export.save import output_paths
 
@@ -88,7 +93,7 @@ def quant_retrain(ctx: JobContext) -> nn.Module:
     model = train(ctx, model)
     ctx.phase("exporting_onnx")
     _saved(ctx, resolve("save_quant_retrain_model")(config, model, record, ctx.path("model"), ctx.example,
-                                                     **IO_NAMES))
+                                                     **_export_options(ctx)))
     ctx.files.update(config=config, record=record)
     return model
 
@@ -100,7 +105,7 @@ def compressed_retrain(ctx: JobContext) -> nn.Module:
     model = train(ctx, model)
     ctx.phase("exporting_onnx")
     _saved(ctx, resolve("save_compressed_retrain_model")(model, record, ctx.path("model"), ctx.example,
-                                                          **IO_NAMES))
+                                                          **_export_options(ctx)))
     ctx.files["record"] = record
     return model
 
@@ -111,7 +116,7 @@ def prune_retrain(ctx: JobContext) -> nn.Module:
     model = resolve("create_prune_retrain_model")(ctx.model_path, ctx.example, ctx.cfg_path, record)
     model = train(ctx, model)
     ctx.phase("exporting_onnx")
-    _saved(ctx, resolve("save_prune_retrain_model")(model, ctx.path("model"), ctx.example, **IO_NAMES))
+    _saved(ctx, resolve("save_prune_retrain_model")(model, ctx.path("model"), ctx.example, **_export_options(ctx)))
     ctx.files["record"] = record
     return model
 
@@ -133,7 +138,8 @@ def distill(ctx: JobContext) -> nn.Module:
     ctx.files["checkpoint"] = ctx.path("checkpoint.pt")
     student.eval()
     ctx.phase("exporting_onnx")
-    _saved(ctx, resolve("save_distill_model")(student, ctx.path("model"), ctx.example, record, **IO_NAMES))
+    _saved(ctx, resolve("save_distill_model")(student, ctx.path("model"), ctx.example, record,
+                                                 **_export_options(ctx)))
     ctx.files.update(config=config, record=record)
     return student
 

@@ -1,0 +1,168 @@
+"""The pruning passes the prune / compressed APIs run: filter pruning and 4:2 masks, create and replay.
+
+Each pass is a plain function over a captured model and the parsed settings; the API module only
+strings them together (parse → prune → re-capture → quantise → record).
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from amct_engine.graph.capture import CapturedModel
+from amct_engine.prune.apply import GroupCut, apply_plan, output_shapes, prune_with_forward_check
+from amct_engine.prune.bcp import bcp_prune_indices, remain_count
+from amct_engine.prune.dependency import (
+    OP,
+    ChannelDependencies,
+    ChannelGroup,
+    build_channel_groups,
+    shared_weights,
+)
+from amct_engine.prune.records import filter_prune_record, plan_from_records, selective_prune_record
+from amct_engine.prune.report import (
+    DISABLED,
+    NOT_CONFIGURED,
+    PRUNED,
+    REPLAYED,
+    RESTORED,
+    UNCHANGED,
+    GroupDecision,
+    PruneReport,
+    SelectiveDecision,
+)
+from amct_engine.prune.selective import SELECTIVE_TYPES, attach_selective_mask, cin_axis
+from amct_engine.prune.settings import LayerPruneSettings
+from amct_engine.quant.retrain_layer import QuantRetrainLayer
+from amct_engine.record import RecordFile
+
+
+def parameter_count(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def _decide(
+    group: ChannelGroup, model: nn.Module, settings: LayerPruneSettings
+) -> tuple[GroupDecision, GroupCut | None]:
+    producers = group.producer_names
+    consumers = list(dict.fromkeys(m.name for m in group.consumers if m.kind != OP))
+    decision = GroupDecision(group.id, producers, consumers, group.size, group.size, NOT_CONFIGURED,
+                             divisions=group.divisions)
+    specs = settings.filter()
+    missing = [p for p in producers if p not in specs]
+    if missing:
+        why = "; ".join(f"{p} {settings.why_not_filter(p)}" for p in missing)
+        shared = len(missing) < len(producers)
+        decision.reason = (f"its channels are shared with a layer that is not filter-pruned: {why}" if shared
+                           else why)
+        return decision, None
+    decision.prune_ratio = min(specs[p].prune_ratio for p in producers)  # spec §4.4: merged records
+    decision.ascend_optimized = any(specs[p].ascend_optimized for p in producers)
+    if group.disabled:
+        decision.status, decision.reason = DISABLED, "; ".join(group.disabled)
+        return decision, None
+    kept = remain_count(group.size, decision.prune_ratio, decision.ascend_optimized, group.divisions)
+    if kept >= group.size:
+        decision.status = UNCHANGED
+        decision.reason = (f"{group.size} channels at prune_ratio {decision.prune_ratio:.4g} keep all "
+                           f"{group.size}" + (" (ascend_optimized keeps a multiple of 16)"
+                                              if decision.ascend_optimized else ""))
+        return decision, None
+    weights = [(model.get_submodule(m.name).weight, m.begin, m.end) for m in group.producers]
+    channels = bcp_prune_indices(weights, decision.prune_ratio, decision.ascend_optimized, group.divisions)
+    decision.status, decision.kept = PRUNED, group.size - len(channels)
+    return decision, GroupCut(group, tuple(channels))
+
+
+def filter_prune(cm: CapturedModel, settings: LayerPruneSettings, report: PruneReport) -> list[GroupCut]:
+    """BCP over the channel groups of ``cm`` (spec §4.4); removes channels from ``cm.module`` in place."""
+    specs = settings.filter()
+    if not specs:
+        return []
+    deps: ChannelDependencies = build_channel_groups(cm)
+    cuts, by_group = [], {}
+    for group in deps.groups:
+        decision, cut = _decide(group, cm.module, settings)
+        report.groups.append(decision)
+        by_group[group.id] = decision
+        if cut is not None:
+            cuts.append(cut)
+    applied, broken = prune_with_forward_check(cm.module, cuts, cm.example_inputs, deps.output_shapes)
+    pruned = {m.name for cut in applied for m in cut.group.members}
+    report.layers.update({n: why for n, why in deps.not_prunable.items() if n in specs and n not in pruned})
+    for cut, error in broken:
+        decision = by_group[cut.group.id]
+        decision.status, decision.kept = RESTORED, decision.channels
+        decision.reason = f"removing its channels breaks the forward with input_data ({error})"
+    return applied
+
+
+def replay_filter_prune(cm: CapturedModel, records, path: str, report: PruneReport) -> None:
+    """Remove the channels the record lists (restore never recomputes BCP, spec §1.3)."""
+    plan = plan_from_records(records, cm.module, path)
+    if not plan:
+        return
+    expected = output_shapes(cm.module, cm.example_inputs)
+    apply_plan(cm.module, plan)
+    got = output_shapes(cm.module, cm.example_inputs)
+    if got != expected:
+        raise RuntimeError(f"{path}: replaying the prune records changes the output shapes from {expected} to "
+                           f"{got}; the record does not belong to this model")
+    for i, record in enumerate(r for r in records if len(r.producer)):
+        producers = [n.name for n in record.producer]
+        first = {a.name: a for a in record.producer[0].attr}
+        size = first["end"].i - first["begin"].i
+        removed = len(first["prune_index"].ints) if "prune_index" in first else 0
+        consumers = [n.name for n in record.consumer]
+        report.groups.append(GroupDecision(i, producers, consumers, size, size - removed, REPLAYED))
+
+
+def selective_prune(
+    model: nn.Module,
+    cm: CapturedModel,
+    settings: LayerPruneSettings,
+    record: RecordFile | None,
+    report: PruneReport,
+    masks: dict | None = None,
+) -> dict:
+    """Attach 4:2 masks to the configured layers of ``model`` (or to those ``masks`` from a record lists).
+
+    Returns {layer: SelectiveMask}. ``cm`` is the capture the layers were found in (for reuse checks).
+    """
+    attached = {}
+    names = list(masks) if masks is not None else list(settings.selective())
+    for name in names:
+        spec = settings.selective().get(name)
+        update_freq = spec.update_freq if spec is not None else 0
+        try:
+            target = model.get_submodule(name)
+        except AttributeError:
+            raise ValueError(f"4:2 selective pruning: the model has no layer '{name}'") from None
+        layer = target.layer if isinstance(target, QuantRetrainLayer) else target
+        why = _selective_skip_reason(cm, name, layer)
+        if why and masks is None:
+            report.selective.append(SelectiveDecision(name, "skipped", why))
+            continue
+        mask_module = attach_selective_mask(model, name, update_freq, record,
+                                            None if masks is None else masks[name])
+        attached[name] = mask_module
+        sparsity = 1.0 - float(mask_module.mask.float().mean())
+        report.selective.append(SelectiveDecision(name, "masked", sparsity=sparsity))
+    return attached
+
+
+def _selective_skip_reason(cm: CapturedModel, name: str, layer: nn.Module) -> str | None:
+    if not isinstance(layer, SELECTIVE_TYPES):
+        return f"{type(layer).__name__} is not a Conv2d, Linear or ConvTranspose2d (spec §4.5)"
+    calls = cm.call_count(name)
+    if calls != 1:
+        return f"it is called {calls} times in forward (reused modules are never pruned)"
+    sharers = shared_weights(cm.module).get(name)
+    if sharers:
+        return f"it shares its weight with {', '.join(sharers)} (shared weights are never pruned)"
+    if layer.weight.shape[cin_axis(layer)] < 4:
+        return f"it has {layer.weight.shape[cin_axis(layer)]} input channels per group, fewer than 4"
+    return None
+
+
+def prune_records(cuts: list[GroupCut], masks: dict) -> list:
+    return [filter_prune_record(c) for c in cuts] + [selective_prune_record(n, m.mask) for n, m in masks.items()]
