@@ -40,17 +40,37 @@ class RecordFile:
 
     def __init__(self, path: str | os.PathLike):
         self.path = str(path)
+        # The parsed record and the (mtime, size) it was read at: the first eval forward writes one
+        # entry per layer, and re-parsing a large record (prune records) each time costs seconds.
+        self._cached: tuple[tuple[int, int], record_pb2.ScaleOffsetRecord] | None = None
+
+    def __deepcopy__(self, memo):
+        return RecordFile(self.path)
+
+    def _stamp(self) -> tuple[int, int] | None:
+        try:
+            stat = os.stat(self.path)
+        except FileNotFoundError:
+            return None
+        return stat.st_mtime_ns, stat.st_size
 
     def create_empty(self) -> None:
         """`create_*` and `restore_*` start from an empty record (spec §1.1)."""
         self._write(record_pb2.ScaleOffsetRecord())
 
     def read(self) -> record_pb2.ScaleOffsetRecord:
+        """A copy of the record on disk (empty when there is no file)."""
+        stamp = self._stamp()
         record = record_pb2.ScaleOffsetRecord()
-        if os.path.exists(self.path):
+        if stamp is None:
+            return record
+        if self._cached is None or self._cached[0] != stamp:
             with open(self.path, encoding="utf-8") as f:
                 text_format.Parse(f.read(), record)
-        return record
+            self._cached = (stamp, record)
+        copy = record_pb2.ScaleOffsetRecord()
+        copy.CopyFrom(self._cached[1])
+        return copy
 
     def _write(self, record: record_pb2.ScaleOffsetRecord) -> None:
         directory = os.path.dirname(os.path.abspath(self.path))
@@ -59,6 +79,9 @@ class RecordFile:
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(text_format.MessageToString(record))
         os.replace(tmp, self.path)  # a crash mid-write never leaves half a record
+        cached = record_pb2.ScaleOffsetRecord()
+        cached.CopyFrom(record)
+        self._cached = (self._stamp(), cached)
 
     def write_layers(self, layers: dict[str, LayerQuantRecord]) -> None:
         """Insert or replace the quantisation entries of these layers."""

@@ -85,7 +85,8 @@ def test_submit_returns_202_location_and_a_queued_job_on_the_device_queue(api, u
     assert response.headers["location"] == f"/v1/jobs/{job['id']}"
     assert (job["status"], job["progress"], job["attempt"]) == ("queued", 0.0, 0)
     assert job["queue"] == api.settings.queue_for("cpu")
-    assert job["params"] == {"epochs": 1, "batch_size": 64, "lr": 5e-4, "eval_fraction": 0.1, "seed": 0}
+    assert job["params"] == {"epochs": 1, "batch_size": 64, "lr": 5e-4, "eval_fraction": 0.1, "seed": 0,
+                             "deploy_format": "onnx"}
     assert api.client.get(response.headers["location"]).json()["id"] == job["id"]
 
 
@@ -120,6 +121,7 @@ def test_idempotency_key_with_another_body_is_422(api, uploaded):
     ({"device": "tpu"}, "device"),
     ({"eval_fraction": 1.0}, "eval_fraction"),
     ({"colour": "red"}, "colour"),
+    ({"deploy_format": "tensorrt"}, "deploy_format"),
 ])
 def test_bad_job_parameters_are_422_naming_the_field(api, uploaded, overrides, field):
     assert_problem(api.submit(**job_body(uploaded, **overrides)), 422, field)

@@ -9,9 +9,11 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 
+from amct_engine.export.ascend import ascend_to_standard_onnx
 from tests.service.support import QUANT_CFG, ROOT, Api, Worker, make_settings, open_api, wait_until
 from worker.child.engine_api import missing_functions
 
@@ -122,11 +124,11 @@ retrain_data_quant_config { ulq_quantize { dst_type: INT8 } }
 """
 
 
-@pytest.mark.parametrize("kind, cfg_kind, cfg", [
-    ("distill", "distill", (ROOT / "tests/fixtures/cfg/distill_minimal.cfg").read_bytes()),
-    ("compressed_retrain", "retrain", COMPRESSED_CFG),
-], ids=["distill", "compressed_retrain"])
-def test_distill_and_compressed_jobs_end_to_end(stack, kind, cfg_kind, cfg):
+@pytest.mark.parametrize("kind, cfg_kind, cfg, deploy_format", [
+    ("distill", "distill", (ROOT / "tests/fixtures/cfg/distill_minimal.cfg").read_bytes(), "onnx"),
+    ("compressed_retrain", "retrain", COMPRESSED_CFG, "ascend"),
+], ids=["distill", "compressed_retrain-ascend"])
+def test_distill_and_compressed_jobs_end_to_end(stack, kind, cfg_kind, cfg, deploy_format):
     missing = missing_functions(kind)
     if missing:
         pytest.skip(f"the engine has no amct.{', amct.'.join(missing)} yet")
@@ -134,7 +136,8 @@ def test_distill_and_compressed_jobs_end_to_end(stack, kind, cfg_kind, cfg):
     config = api.upload_config(cfg, kind=cfg_kind)
     assert config.status_code == 201, config.text
     submit = api.submit(kind=kind, model_id=ids["model_id"], config_id=config.json()["id"],
-                        dataset_id=ids["dataset_id"], epochs=1, batch_size=64, lr=5e-4, eval_fraction=0.25)
+                        dataset_id=ids["dataset_id"], epochs=1, batch_size=64, lr=5e-4, eval_fraction=0.25,
+                        deploy_format=deploy_format)
     assert submit.status_code == 202, submit.text
     job = _wait_terminal(api, submit.json()["id"])
     assert job["status"] == "succeeded", job["error"]
@@ -147,6 +150,9 @@ def test_distill_and_compressed_jobs_end_to_end(stack, kind, cfg_kind, cfg):
         assert report["parameters"]["deploy"]["total"] < 0.75 * report["parameters"]["fp32"]["total"]
     else:
         assert "config" in artifacts  # the distill JSON config
-    session = ort.InferenceSession(api.client.get(artifacts["deploy"]["content_url"]).content,
-                                   providers=["CPUExecutionProvider"])
+    assert report["formats"]["deploy"] == deploy_format
+    deploy = onnx.load_from_string(api.client.get(artifacts["deploy"]["content_url"]).content)
+    if deploy_format == "ascend":  # AscendQuant/AscendDequant: run through the reference rewrite
+        deploy = ascend_to_standard_onnx(deploy)
+    session = ort.InferenceSession(deploy.SerializeToString(), providers=["CPUExecutionProvider"])
     assert session.run(None, {"input": np.zeros((3, 1, 28, 28), np.float32)})[0].shape == (3, 10)
