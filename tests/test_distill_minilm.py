@@ -140,7 +140,12 @@ def test_fake_quant_onnx_gives_the_pytorch_students_embeddings(distilled, tmp_pa
     _, student, evaluation, example, _ = distilled
     paths = amct.save_distill_model(student, str(tmp_path / "minilm"), example,
                                     input_names=["input_ids", "attention_mask"], output_names=["embedding"])
-    session = ort.InferenceSession(paths["fake_quant"], providers=["CPUExecutionProvider"])
+    # Basic graph optimisations only: with ORT_ENABLE_ALL, onnxruntime fuses the Q/DQ pairs into integer
+    # (u8 x s8) matmuls whose x86 kernels saturate, and the embeddings drift from the fake-quant reference
+    # (min cosine 0.965 after distillation on this CPU, 0.9998 before).
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    session = ort.InferenceSession(paths["fake_quant"], options, providers=["CPUExecutionProvider"])
     onnx_emb = np.concatenate([
         session.run(None, {"input_ids": b["input_ids"].numpy(), "attention_mask": b["attention_mask"].numpy()})[0]
         for b in evaluation])

@@ -166,21 +166,30 @@ def _qrange(dst_type: str) -> tuple[float, float]:
 
 
 def ascend_to_standard_onnx(model: onnx.ModelProto) -> onnx.ModelProto:
-    """spec §5 fake-quant rewrite: AscendQuant -> Mul/Round/Add/Clip/Sub, integer weights and
-    bias -> float tensors holding the same integers, AscendDequant -> Mul(deq_scale)."""
+    """spec §5 fake-quant rewrite: AscendQuant -> Div/Round/Add/Clip/Sub, integer weights through a
+    unit-scale DequantizeLinear, INT32 bias -> float tensor of the same integers, AscendDequant ->
+    Mul(deq_scale).
+
+    Weights stay INT8 behind a DequantizeLinear, as in our fake-quant model: as float initialisers
+    onnxruntime would fold the rescale Mul into them and leave the integer domain.
+    """
     model = onnx.ModelProto.FromString(model.SerializeToString())
     graph = model.graph
     producers = {out: node for node in graph.node for out in node.output}
-    new_inits = []
+    new_inits, weight_names = [], set()
     for init in graph.initializer:
-        if init.data_type in (onnx.TensorProto.INT8, onnx.TensorProto.INT4, onnx.TensorProto.INT32):
-            new_inits.append(numpy_helper.from_array(numpy_helper.to_array(init).astype(np.float32), init.name))
+        values = numpy_helper.to_array(init)
+        if init.data_type in (onnx.TensorProto.INT8, onnx.TensorProto.INT4):
+            new_inits.append(numpy_helper.from_array(values.astype(np.int8), init.name))
+            weight_names.add(init.name)
+        elif init.data_type == onnx.TensorProto.INT32:
+            new_inits.append(numpy_helper.from_array(values.astype(np.float32), init.name))
         else:
             new_inits.append(init)
     del graph.initializer[:]
     graph.initializer.extend(new_inits)
     initializers = {init.name: init for init in graph.initializer}
-    nodes = []
+    nodes = _dequantize_weights(weight_names, new_inits)
     for node in graph.node:
         if node.op_type == "AscendQuant" and node.domain == ASCEND_DOMAIN:
             nodes.extend(_quant_reference(node, new_inits))
@@ -188,6 +197,7 @@ def ascend_to_standard_onnx(model: onnx.ModelProto) -> onnx.ModelProto:
             rank = _output_rank(node.input[0], producers, initializers)
             nodes.extend(_dequant_reference(node, initializers, new_inits, rank))
         else:
+            node.input[:] = [f"{n}/ref_float" if n in weight_names else n for n in node.input]
             nodes.append(node)
     del graph.node[:]
     graph.node.extend(nodes)
@@ -199,6 +209,16 @@ def ascend_to_standard_onnx(model: onnx.ModelProto) -> onnx.ModelProto:
     del model.opset_import[:]
     model.opset_import.extend(kept)
     return model
+
+
+def _dequantize_weights(weight_names: set[str], inits: list) -> list[onnx.NodeProto]:
+    """One DequantizeLinear(w, 1.0, 0) per integer weight; consumers read `<w>/ref_float`."""
+    if not weight_names:
+        return []
+    one = _const(inits, "ref/unit_scale", 1.0)
+    inits.append(numpy_helper.from_array(np.array(0, dtype=np.int8), "ref/zero_int8"))
+    return [helper.make_node("DequantizeLinear", [name, one, "ref/zero_int8"], [f"{name}/ref_float"])
+            for name in sorted(weight_names)]
 
 
 def _const(inits: list, name: str, value) -> str:
@@ -235,7 +255,7 @@ def _output_rank(tensor: str, producers: dict, initializers: dict) -> int | None
     while node is not None and node.op_type == "Add":
         node = producers.get(node.input[0])
     if node is not None and node.op_type == "Conv":
-        return len(initializers[node.input[1]].dims)
+        return len(initializers[node.input[1].removesuffix("/ref_float")].dims)
     return None
 
 
