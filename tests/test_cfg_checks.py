@@ -13,9 +13,7 @@ from amct_engine.config.cfg_loader import load_cfg_document, parse_cfg_document,
 from amct_engine.config.errors import ConfigError, ConfigWarning
 from amct_engine.config.layer_refs import check_layer_references
 
-EXAMPLES = Path("/work/shared/examples")
-if not EXAMPLES.is_dir():  # the repository's copy, when the shared folder is not mounted
-    EXAMPLES = Path(__file__).parent / "fixtures" / "cfg"
+EXAMPLES = Path(__file__).parent / "fixtures" / "cfg"  # copies of ../shared/examples
 
 # A small ResNet-like model, as {module path: class name}.
 MODEL = {

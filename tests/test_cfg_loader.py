@@ -20,9 +20,7 @@ from amct_engine.config.cfg_loader import (
 from amct_engine.config.errors import ConfigError
 from amct_engine.proto import distill_config_pytorch_pb2, retrain_config_pytorch_pb2
 
-EXAMPLES = Path("/work/shared/examples")
-if not EXAMPLES.is_dir():  # the repository's copy, when the shared folder is not mounted
-    EXAMPLES = Path(__file__).parent / "fixtures" / "cfg"
+EXAMPLES = Path(__file__).parent / "fixtures" / "cfg"  # copies of ../shared/examples
 
 
 def cfg(text: str) -> str:

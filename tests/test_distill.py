@@ -20,7 +20,8 @@ from amct_engine.quant.retrain_layer import QuantRetrainLayer
 from amct_engine.record import RecordFile
 from tests.models import ConvBnReluNet
 
-EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "examples")
+# Copies of ../shared/examples, so the suite runs from any checkout.
+EXAMPLES = os.path.join(os.path.dirname(__file__), "fixtures", "cfg")
 INPUT = torch.randn(4, 1, 28, 28, generator=torch.Generator().manual_seed(0))
 
 
