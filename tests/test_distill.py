@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import amct_engine as amct
 from amct_engine.quant.retrain_layer import QuantRetrainLayer
 from amct_engine.record import RecordFile
-from tests.models import ConvBnReluNet
+from tests.models import BranchesNet, ConvBnReluNet
 
 # Copies of ../shared/examples, so the suite runs from any checkout.
 EXAMPLES = os.path.join(os.path.dirname(__file__), "fixtures", "cfg")
@@ -239,3 +239,20 @@ def test_save_writes_record_next_to_the_models_and_folds_bn(tmp_path):
         np.testing.assert_allclose(out, expected, atol=1e-2 * np.abs(expected).max())
     ascend = amct.save_distill_model(student, str(tmp_path / "asc") + "/", INPUT, deploy_format="ascend")
     assert ascend["deploy"].endswith("asc/deploy_model.onnx") and os.path.exists(ascend["record"])
+
+
+def test_groups_do_not_share_quantisers_so_a_trained_group_stays_as_it_was(tmp_path):
+    teacher = BranchesNet().eval()
+    x = torch.randn(8, 3, 8, 8)
+    config = tmp_path / "branches.json"
+    amct.create_distill_config(str(config), teacher, x)
+    student = amct.create_distill_model(str(config), teacher, x)
+    assert student.branch1.act_quant is not student.branch2.act_quant
+    loader = DataLoader(torch.randn(32, 3, 8, 8), batch_size=8)
+    amct.distill(teacher, student, str(config), loader, epochs=1)
+    refrozen = copy.deepcopy(student)
+    for module in refrozen.modules():
+        if isinstance(module, QuantRetrainLayer):
+            module.invalidate()
+    with torch.no_grad():
+        assert torch.equal(student(x), refrozen.eval()(x))

@@ -65,6 +65,10 @@ def distill(
             _train_group(compress_model, index, names, student_modules, source, epochs, lr,
                          loss or nn.MSELoss(), optimizer, report)
     report(None)
+    # Layers frozen while later groups trained re-derive their factors at the next eval forward.
+    for module in compress_model.modules():
+        if isinstance(module, QuantRetrainLayer):
+            module.invalidate()
     return compress_model.eval()
 
 

@@ -37,9 +37,12 @@ def insert_quant_layers(
     for name in config.enabled_layers():
         spec = config.layers[name]
         from_relu = False if distill else input_from_relu(cm, name)
-        # spec §4.8: layers reading the same tensor with identical settings share one quantiser.
+        # spec §4.8: retrain layers reading the same tensor with identical settings share one
+        # quantiser. Distillation does not (AMCT's single-op QAT layers own theirs): its groups
+        # train one after another, and a quantiser shared across groups would move under a group
+        # that has already been trained.
         share_key = (inputs.get(name), spec.act, from_relu)
-        act_quant = shared_act.get(share_key)
+        act_quant = None if distill else shared_act.get(share_key)
         if act_quant is None:
             act_quant = make_act_quantizer(spec, config.batch_num, from_relu)
             if share_key[0] is not None:
