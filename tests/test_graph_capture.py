@@ -388,3 +388,11 @@ def test_captured_model_helpers():
     assert [n.target for n in cm.consumers("bn")] == ["relu"]
     assert cm.position("conv1") < cm.position("bn") < cm.position("fc")
     assert cm.nodes_of("unknown") == []
+
+
+def test_export_fallback_keeps_the_batch_dimension_dynamic():
+    model = ShapeBranchNet().eval()
+    with pytest.warns(UserWarning, match="torch.export"):
+        cm = capture_model(model, torch.randn(ShapeBranchNet.input_shape))
+    x = torch.randn(5, *ShapeBranchNet.input_shape[1:])  # input_data had batch 1
+    torch.testing.assert_close(cm.module(x), model(x))

@@ -246,8 +246,7 @@ def _is_library_file(filename: str) -> bool:
 def _export_fallback(module: nn.Module, example_inputs, fx_message: str) -> fx.GraphModule:
     """torch.export + lifting; export specialises Python control flow to the example shapes."""
     try:
-        with quiet_export():
-            ep = torch.export.export(module, example_inputs, strict=False)
+        ep = _export_auto_dynamic(module, example_inputs)
     except Exception as exc:
         raise GraphCaptureError(
             f"{fx_message} torch.export failed as well: {first_line(exc)}. Make forward static (no "
@@ -265,6 +264,18 @@ def _export_fallback(module: nn.Module, example_inputs, fx_message: str) -> fx.G
         if node.op == "call_module":
             gm.get_submodule(node.target).train(module.get_submodule(node.target).training)
     return gm
+
+
+def _export_auto_dynamic(module: nn.Module, example_inputs) -> torch.export.ExportedProgram:
+    """Export with every input dimension `Dim.AUTO` (export keeps what may vary, specialises the
+    rest), so the captured model takes other batch sizes and sequence lengths than input_data; a
+    static export when that fails."""
+    auto = tuple({axis: torch.export.Dim.AUTO for axis in range(t.dim())} for t in example_inputs)
+    with quiet_export():
+        try:
+            return torch.export.export(module, example_inputs, dynamic_shapes=auto, strict=False)
+        except Exception:
+            return torch.export.export(module, example_inputs, strict=False)
 
 
 def _export_scope(node: fx.Node) -> Scope | None:
