@@ -148,3 +148,16 @@ def format_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> s
     lines.append("  ".join("-" * w for w in widths))
     lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in body]
     return "\n".join(lines)
+
+
+def package_versions(*packages: str) -> dict[str, str]:
+    """Installed versions of the named distributions ("absent" when missing), for bench reports."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {}
+    for package in packages:
+        try:
+            found[package] = version(package)
+        except PackageNotFoundError:
+            found[package] = "absent"
+    return found

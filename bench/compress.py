@@ -39,7 +39,7 @@ from amct_engine.data.training import SmallFashionCnn, evaluate_accuracy, make_l
 from amct_engine.export.save import export_onnx  # noqa: E402
 from amct_engine.prune.selective import bake_selective_masks  # noqa: E402
 from amct_engine.prune_retrain import create_compressed_retrain_model, save_compressed_retrain_model  # noqa: E402
-from bench.common import file_size, format_table, ort_latency  # noqa: E402
+from bench.common import file_size, format_table, ort_latency, package_versions  # noqa: E402
 
 QUANT_CFG = """
 retrain_data_quant_config { ulq_quantize { } }
@@ -179,22 +179,12 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     results = run(args.train_limit, args.epochs, args.lr, args.batch_size, args.seed, args.threads, args.only)
-    results["setup"] = vars(args) | {"json": str(args.json) if args.json else None, "versions": _versions()}
+    versions = package_versions("torch", "torch-pruning", "onnxruntime")
+    results["setup"] = vars(args) | {"json": str(args.json) if args.json else None, "versions": versions}
     print(format_results(results))
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
 
-
-def _versions() -> dict[str, str]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    found = {}
-    for package in ("torch", "torch-pruning", "onnxruntime"):
-        try:
-            found[package] = version(package)
-        except PackageNotFoundError:
-            found[package] = "absent"
-    return found
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ from amct_engine.data.training import (  # noqa: E402
     make_loader,
     train_epochs,
 )
-from bench.common import StepTimer, format_table, summarize  # noqa: E402
+from bench.common import StepTimer, format_table, package_versions, summarize  # noqa: E402
 
 Loader = Any  # an iterable of (x, y) batches with len(); make_loader's DataLoader
 
@@ -232,22 +232,11 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     results = run_peers(args.train_limit, args.epochs, args.lr, args.batch_size, args.seed)
     results["setup"]["threads"] = args.threads
-    results["setup"]["versions"] = _versions()
+    results["setup"]["versions"] = package_versions("torch", "torchao", "nncf")
     print(format_results(results))
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
 
-
-def _versions() -> dict[str, str]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    found = {}
-    for package in ("torch", "torchao", "nncf"):
-        try:
-            found[package] = version(package)
-        except PackageNotFoundError:
-            found[package] = "absent"
-    return found
 
 
 if __name__ == "__main__":

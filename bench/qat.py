@@ -40,7 +40,7 @@ import amct_engine as amct  # noqa: E402
 from amct_engine.data.fashion_mnist import load_fashion_mnist  # noqa: E402
 from amct_engine.data.training import SmallFashionCnn, evaluate_accuracy, make_loader, train_epochs  # noqa: E402
 from amct_engine.export.save import export_onnx  # noqa: E402
-from bench.common import StepTimer, file_size, format_table, ort_latency, summarize  # noqa: E402
+from bench.common import StepTimer, file_size, format_table, ort_latency, package_versions, summarize  # noqa: E402
 from bench.peers import fp32_finetune, nncf_qat, torchao_qat  # noqa: E402
 
 A8W4_CFG = "retrain_weight_quant_config { ulq_retrain { channel_wise: true dst_type: INT4 } }"
@@ -242,7 +242,7 @@ def run_benchmark(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             "seed": args.seed,
             "threads": args.threads,
             "latency_repeats": {"b64": args.latency_repeats, "b1": 4 * args.latency_repeats},
-            "versions": _versions(),
+            "versions": package_versions("torch", "onnxruntime", "torchao", "nncf"),
         },
         "base": {"accuracy": base_accuracy, "train_s": base_train_s},
         "methods": results,
@@ -350,17 +350,6 @@ def report(results: Mapping[str, Any], markdown: bool = False) -> str:
         parts.insert(0, "## QAT benchmark (bench/qat.py)\n")
     return "\n".join(parts)
 
-
-def _versions() -> dict[str, str]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    found = {}
-    for package in ("torch", "onnxruntime", "torchao", "nncf"):
-        try:
-            found[package] = version(package)
-        except PackageNotFoundError:
-            found[package] = "absent"
-    return found
 
 
 def main(argv: list[str] | None = None) -> int:
