@@ -114,3 +114,37 @@ class ArtifactOut(_Out):
 
 class ArtifactList(BaseModel):
     items: list[ArtifactOut]
+
+
+Scope = Literal["read", "write", "admin"]
+
+
+class KeyCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    scopes: list[Scope] = Field(default=["read"], min_length=1, description="admin implies write implies read")
+    name: str = Field("", max_length=200, description="what the key is for")
+
+
+class KeyOut(_Out):
+    id: str
+    name: str
+    prefix: str = Field(description="the secret's first characters, to tell keys apart")
+    scopes: list[Scope]
+    created_at: datetime
+    last_used_at: datetime | None
+    revoked_at: datetime | None
+
+
+class KeyCreated(KeyOut):
+    secret: str = Field(description="the API key itself: shown in this response only, never again")
+
+
+class KeyList(BaseModel):
+    items: list[KeyOut]
+
+
+class Me(BaseModel):
+    project: str
+    scopes: list[Scope]
+    key_id: str | None = Field(description="null when the server runs without authentication")

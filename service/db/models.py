@@ -52,6 +52,21 @@ class Project(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
+class ApiKey(Base):
+    """An API key: only its SHA-256 is kept (the secret is shown once); `prefix` tells keys apart in lists."""
+
+    __tablename__ = "api_keys"
+    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
+    project_id: Mapped[str] = mapped_column(ForeignKey("projects.id"), index=True)
+    name: Mapped[str] = mapped_column(String(200), default="")
+    prefix: Mapped[str] = mapped_column(String(16))
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    scopes: Mapped[list[str]] = mapped_column(JSON)  # read | write | admin
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    last_used_at: Mapped[datetime | None] = mapped_column(default=None)
+    revoked_at: Mapped[datetime | None] = mapped_column(default=None)
+
+
 class BlobMixin:
     """The uploaded or produced file: where it is and what it is."""
 

@@ -6,8 +6,9 @@ from fastapi import APIRouter
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import iterate_in_threadpool
 
+from service.auth import ReadCaller
 from service.db.models import Artifact, Job
-from service.deps import SessionDep, SettingsDep, StoreDep
+from service.deps import SessionDep, StoreDep
 from service.problems import Problem
 from service.routes.jobs import artifact_out
 from service.schemas import ArtifactOut
@@ -24,15 +25,15 @@ def _artifact(session, artifact_id: str, project: str) -> Artifact:
 
 
 @router.get("/{artifact_id}", response_model=ArtifactOut)
-def get_artifact(artifact_id: str, session: SessionDep, settings: SettingsDep) -> ArtifactOut:
-    return artifact_out(_artifact(session, artifact_id, settings.project))
+def get_artifact(artifact_id: str, session: SessionDep, caller: ReadCaller) -> ArtifactOut:
+    return artifact_out(_artifact(session, artifact_id, caller.project))
 
 
 @router.get("/{artifact_id}/content", response_class=StreamingResponse,
-            responses={200: {"content": {"application/octet-stream": {}}}})
-def artifact_content(artifact_id: str, session: SessionDep, settings: SettingsDep,
-                     store: StoreDep) -> StreamingResponse:
-    artifact = _artifact(session, artifact_id, settings.project)
+            responses={200: {"description": "the bytes, with the artifact's own media_type (ONNX, JSON, ...)",
+                             "content": {"*/*": {}}}})
+def artifact_content(artifact_id: str, session: SessionDep, caller: ReadCaller, store: StoreDep) -> StreamingResponse:
+    artifact = _artifact(session, artifact_id, caller.project)
     headers = {"Content-Length": str(artifact.size_bytes), "ETag": f'"{artifact.sha256}"',
                "Content-Disposition": f'attachment; filename="{artifact.filename}"'}
     return StreamingResponse(iterate_in_threadpool(store.iter_bytes(artifact.sha256)),

@@ -25,6 +25,20 @@ def find_by_sha(session: Session, model: type[T], project: str, sha256: str) -> 
                            .order_by(model.created_at)).first()
 
 
+def multipart(required: list[str], fields: dict[str, dict], summary: str) -> dict:
+    """`openapi_extra` for an upload route: the multipart form it reads itself (streamed, not via FastAPI)."""
+    properties = {"file": {"type": "string", "format": "binary", "description": summary}, **fields}
+    return {"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": {
+        "type": "object", "required": ["file", *required], "properties": properties}}}}}
+
+
+UPLOAD_ERRORS = {400: {"description": "a malformed multipart body"},
+                 413: {"description": "file over the size limit"},
+                 415: {"description": "not a multipart/form-data body"},
+                 422: {"description": "a form field is missing or invalid, or the file is not usable; `field` says"}}
+NAME_FIELD = {"name": {"type": "string", "maxLength": 200, "description": "defaults to the file name"}}
+
+
 def require_name(fields: dict[str, str], default: str | None) -> str:
     name = (fields.get("name") or default or "").strip()
     if not name:

@@ -7,12 +7,14 @@ carries the engine's `line`, `column` and `field`.
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
+from fastapi.responses import PlainTextResponse
 from starlette.concurrency import run_in_threadpool
 
+from service.auth import ReadCaller, WriteCaller
 from service.db.models import Config
 from service.deps import SessionDep, SettingsDep, StoreDep
 from service.problems import Problem
-from service.routes.common import get_or_404, require_name
+from service.routes.common import NAME_FIELD, UPLOAD_ERRORS, get_or_404, multipart, require_name
 from service.schemas import ConfigOut
 from service.uploads import receive_upload
 
@@ -43,8 +45,13 @@ def summarise_cfg(text: str, kind: str, filename: str) -> dict:
 
 
 @router.post("", status_code=201, response_model=ConfigOut,
-             responses={422: {"description": "the cfg does not parse; `line`, `column` and `field` say where"}})
-async def upload_config(request: Request, session: SessionDep, store: StoreDep, settings: SettingsDep) -> Config:
+             responses={**UPLOAD_ERRORS,
+                        422: {"description": "the cfg does not parse (`line`, `column` and `cfg_field` say where), "
+                                             "or a form field is invalid"}},
+             openapi_extra=multipart(["kind"], {**NAME_FIELD, "kind": {"type": "string", "enum": list(CFG_KINDS)}},
+                                     "an AMCT .cfg (protobuf text format)"))
+async def upload_config(request: Request, session: SessionDep, store: StoreDep, settings: SettingsDep,
+                        caller: WriteCaller) -> Config:
     """Multipart: `file` (`.cfg`, protobuf text format), `kind` (`retrain` | `distill`), optional `name`."""
     from amct_engine.config.errors import ConfigError
 
@@ -63,7 +70,7 @@ async def upload_config(request: Request, session: SessionDep, store: StoreDep, 
         blob = await run_in_threadpool(store.put_file, upload.path, upload.sha256)
     finally:
         upload.discard()
-    config = Config(project_id=settings.project, name=name, kind=kind, summary=summary,
+    config = Config(project_id=caller.project, name=name, kind=kind, summary=summary,
                     sha256=blob.sha256, size_bytes=blob.size_bytes, uri=blob.uri)
     session.add(config)
     session.commit()
@@ -71,5 +78,14 @@ async def upload_config(request: Request, session: SessionDep, store: StoreDep, 
 
 
 @router.get("/{config_id}", response_model=ConfigOut)
-def get_config(config_id: str, session: SessionDep, settings: SettingsDep) -> Config:
-    return get_or_404(session, Config, config_id, settings.project, "config")
+def get_config(config_id: str, session: SessionDep, caller: ReadCaller) -> Config:
+    return get_or_404(session, Config, config_id, caller.project, "config")
+
+
+@router.get("/{config_id}/content", response_class=PlainTextResponse,
+            responses={200: {"description": "the cfg exactly as uploaded", "content": {"text/plain": {}}}})
+def config_content(config_id: str, session: SessionDep, store: StoreDep, caller: ReadCaller) -> PlainTextResponse:
+    """The uploaded cfg text. Blobs are content-addressed and never change, so this is the text a job froze."""
+    config = get_or_404(session, Config, config_id, caller.project, "config")
+    text = b"".join(store.iter_bytes(config.sha256)).decode("utf-8", errors="replace")  # <= max_config_bytes
+    return PlainTextResponse(text, headers={"ETag": f'"{config.sha256}"'})

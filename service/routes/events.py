@@ -17,6 +17,7 @@ from fastapi.responses import StreamingResponse
 from sqlalchemy import select
 from starlette.concurrency import run_in_threadpool
 
+from service.auth import ReadCaller
 from service.db import jobstate
 from service.db.models import Job, JobEvent
 from service.deps import SettingsDep
@@ -65,12 +66,12 @@ async def stream_events(request: Request, job_id: str, after: int, poll_s: float
 
 @router.get("/{job_id}/events", response_class=StreamingResponse,
             responses={200: {"content": {"text/event-stream": {}}, "description": "the job's events"}})
-def job_events(job_id: str, request: Request, settings: SettingsDep,
+def job_events(job_id: str, request: Request, settings: SettingsDep, caller: ReadCaller,
                last_event_id: Annotated[str | None, Header()] = None,
                after: Annotated[int | None, Query(ge=0, description="like Last-Event-ID, without the header")] = None,
                ) -> StreamingResponse:
     with request.app.state.sessions() as session:
-        get_or_404(session, Job, job_id, settings.project, "job")
+        get_or_404(session, Job, job_id, caller.project, "job")
     start = after or 0
     if last_event_id is not None:
         if not last_event_id.strip().isdigit():

@@ -9,16 +9,18 @@ from datetime import datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Response
-from sqlalchemy import and_, or_, select
+from sqlalchemy import and_, func, or_, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from service.auth import ReadCaller, WriteCaller
 from service.db import jobstate
 from service.db.models import Artifact, Config, Dataset, Job, Model
 from service.deps import DispatcherDep, SessionDep, SettingsDep
 from service.problems import Problem
 from service.routes.common import get_or_404
 from service.schemas import ArtifactList, ArtifactOut, JobCreate, JobKind, JobOut, JobPage, JobStatus
+from service.settings import Settings
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 LABELLED_KINDS = ("quant_retrain", "prune_retrain", "compressed_retrain")  # trained on labels (cross-entropy)
@@ -79,20 +81,41 @@ def _replay(session: Session, project: str, key: str, digest: str) -> Job | None
     return job
 
 
+def check_quota(session: Session, project: str, settings: Settings) -> None:
+    """At most `max_active_jobs` queued + running jobs per project.
+
+    A count, not a lock: two submits racing at the limit may both pass. The quota bounds a project's
+    share of the queue; one job over it for a moment does no harm.
+    """
+    active = session.scalar(select(func.count()).select_from(Job).where(
+        Job.project_id == project, Job.status.in_((jobstate.QUEUED, jobstate.RUNNING))))
+    if active >= settings.max_active_jobs:
+        raise Problem(429, f"project {project!r} has {active} queued or running jobs; the limit is "
+                      f"{settings.max_active_jobs}. Submit again when one has finished.",
+                      title="Too Many Requests", type_="/problems/quota-exceeded", field="max_active_jobs",
+                      limit=settings.max_active_jobs, active=active,
+                      headers={"Retry-After": str(settings.quota_retry_after_s)})
+
+
 @router.post("", status_code=202, response_model=JobOut,
              responses={404: {"description": "model, config or dataset not found"},
-                        422: {"description": "invalid parameters, or an Idempotency-Key reused with another body"}})
+                        422: {"description": "invalid parameters, or an Idempotency-Key reused with another body"},
+                        429: {"description": "the project's queued + running jobs are at the quota",
+                              "headers": {"Retry-After": {"description": "seconds to wait before submitting again",
+                                                          "schema": {"type": "integer"}}}}})
 def submit_job(body: JobCreate, response: Response, session: SessionDep, settings: SettingsDep,
-               dispatcher: DispatcherDep,
+               dispatcher: DispatcherDep, caller: WriteCaller,
                idempotency_key: Annotated[str | None, Header(max_length=200)] = None) -> JobOut:
     digest = request_hash(body)
-    if idempotency_key and (job := _replay(session, settings.project, idempotency_key, digest)):
+    # A replay answers with the job it already made, whatever the quota says now.
+    if idempotency_key and (job := _replay(session, caller.project, idempotency_key, digest)):
         response.headers["Location"] = f"/v1/jobs/{job.id}"
         response.headers["Idempotent-Replayed"] = "true"
         return job_out(job)
-    check_inputs(session, body, settings.project)
+    check_inputs(session, body, caller.project)
+    check_quota(session, caller.project, settings)
     params = body.model_dump(include={"epochs", "batch_size", "lr", "eval_fraction", "seed", "deploy_format"})
-    job = Job(project_id=settings.project, kind=body.kind, status=jobstate.QUEUED, model_id=body.model_id,
+    job = Job(project_id=caller.project, kind=body.kind, status=jobstate.QUEUED, model_id=body.model_id,
               config_id=body.config_id, dataset_id=body.dataset_id, params=params, device=body.device,
               queue=settings.queue_for(body.device), max_attempts=settings.max_attempts,
               idempotency_key=idempotency_key, request_hash=digest)
@@ -104,7 +127,7 @@ def submit_job(body: JobCreate, response: Response, session: SessionDep, setting
     except IntegrityError:
         # The same key raced in from a concurrent request: answer with the winner.
         session.rollback()
-        job = _replay(session, settings.project, idempotency_key or "", digest)
+        job = _replay(session, caller.project, idempotency_key or "", digest)
         if job is None:
             raise
         response.headers["Idempotent-Replayed"] = "true"
@@ -128,13 +151,13 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
 
 
 @router.get("", response_model=JobPage)
-def list_jobs(session: SessionDep, settings: SettingsDep,
+def list_jobs(session: SessionDep, caller: ReadCaller,
               status: Annotated[list[JobStatus] | None, Query()] = None,
               kind: Annotated[list[JobKind] | None, Query()] = None,
               limit: Annotated[int, Query(ge=1, le=200)] = 50,
               cursor: str | None = None) -> JobPage:
     """Newest first. Filters repeat (`?status=queued&status=running`); `next_cursor` pages on."""
-    query = select(Job).where(Job.project_id == settings.project)
+    query = select(Job).where(Job.project_id == caller.project)
     if status:
         query = query.where(Job.status.in_(status))
     if kind:
@@ -150,15 +173,15 @@ def list_jobs(session: SessionDep, settings: SettingsDep,
 
 
 @router.get("/{job_id}", response_model=JobOut)
-def get_job(job_id: str, session: SessionDep, settings: SettingsDep) -> JobOut:
-    return job_out(get_or_404(session, Job, job_id, settings.project, "job"))
+def get_job(job_id: str, session: SessionDep, caller: ReadCaller) -> JobOut:
+    return job_out(get_or_404(session, Job, job_id, caller.project, "job"))
 
 
 @router.post("/{job_id}/cancel", status_code=202, response_model=JobOut,
              responses={409: {"description": "the job already finished"}})
-def cancel_job(job_id: str, session: SessionDep, settings: SettingsDep) -> JobOut:
+def cancel_job(job_id: str, session: SessionDep, caller: WriteCaller) -> JobOut:
     """Queued jobs are cancelled at once; a running job's worker stops it within a heartbeat."""
-    job = get_or_404(session, Job, job_id, settings.project, "job")
+    job = get_or_404(session, Job, job_id, caller.project, "job")
     if job.status in jobstate.TERMINAL:
         raise Problem(409, f"job {job_id} already {job.status}", field="job_id", status_now=job.status)
     jobstate.request_cancel(session, job_id)
@@ -168,7 +191,7 @@ def cancel_job(job_id: str, session: SessionDep, settings: SettingsDep) -> JobOu
 
 
 @router.get("/{job_id}/artifacts", response_model=ArtifactList)
-def list_artifacts(job_id: str, session: SessionDep, settings: SettingsDep) -> ArtifactList:
-    get_or_404(session, Job, job_id, settings.project, "job")
+def list_artifacts(job_id: str, session: SessionDep, caller: ReadCaller) -> ArtifactList:
+    get_or_404(session, Job, job_id, caller.project, "job")
     rows = session.scalars(select(Artifact).where(Artifact.job_id == job_id).order_by(Artifact.kind)).all()
     return ArtifactList(items=[artifact_out(a) for a in rows])

@@ -9,10 +9,11 @@ from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 
 from service import sandbox
+from service.auth import ReadCaller, WriteCaller
 from service.db.models import Model
 from service.deps import SessionDep, SettingsDep, StoreDep
 from service.problems import Problem
-from service.routes.common import get_or_404, require_name
+from service.routes.common import NAME_FIELD, UPLOAD_ERRORS, get_or_404, multipart, require_name
 from service.schemas import ModelOut
 from service.settings import Settings
 from service.uploads import Upload, receive_upload
@@ -58,9 +59,14 @@ def validate_in_child(upload: Upload, shape: list[int], dtype: str, settings: Se
     return json.loads(lines[-1])
 
 
-@router.post("", status_code=201, response_model=ModelOut,
-             responses={413: {"description": "file over the size limit"}, 422: {"description": "not a usable model"}})
-async def upload_model(request: Request, session: SessionDep, store: StoreDep, settings: SettingsDep) -> Model:
+@router.post("", status_code=201, response_model=ModelOut, responses=UPLOAD_ERRORS,
+             openapi_extra=multipart(["input_shape"], {
+                 **NAME_FIELD, "input_shape": {"type": "string", "examples": ["1,1,28,28"],
+                                               "description": "comma-separated, batch first"},
+                 "input_dtype": {"type": "string", "enum": list(DTYPES), "default": "float32"}},
+                 "TorchScript (torch.jit.save)"))
+async def upload_model(request: Request, session: SessionDep, store: StoreDep, settings: SettingsDep,
+                       caller: WriteCaller) -> Model:
     """Multipart: `file` (TorchScript), `name`, `input_shape` (e.g. `1,1,28,28`), optional `input_dtype`."""
     upload = await receive_upload(request, "file", settings.max_model_bytes, settings.tmp_dir)
     try:
@@ -80,7 +86,7 @@ async def upload_model(request: Request, session: SessionDep, store: StoreDep, s
         blob = await run_in_threadpool(store.put_file, upload.path, upload.sha256)
     finally:
         upload.discard()
-    model = Model(project_id=settings.project, name=name, input_shape=shape, input_dtype=dtype, status="ready",
+    model = Model(project_id=caller.project, name=name, input_shape=shape, input_dtype=dtype, status="ready",
                   sha256=blob.sha256, size_bytes=blob.size_bytes, uri=blob.uri,
                   layers={**report["layers"], "parameters": report["parameters"],
                           "output_shapes": report["output_shapes"]})
@@ -94,5 +100,5 @@ _STAGE_VERB = {"load": "load as TorchScript", "forward": "run on input_shape", "
 
 
 @router.get("/{model_id}", response_model=ModelOut)
-def get_model(model_id: str, session: SessionDep, settings: SettingsDep) -> Model:
-    return get_or_404(session, Model, model_id, settings.project, "model")
+def get_model(model_id: str, session: SessionDep, caller: ReadCaller) -> Model:
+    return get_or_404(session, Model, model_id, caller.project, "model")

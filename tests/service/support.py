@@ -45,18 +45,21 @@ def settings_env(settings: Settings) -> dict[str, str]:
            "AMCT_HEARTBEAT_S": str(settings.heartbeat_s), "AMCT_BROKER_POLL_S": str(settings.broker_poll_s),
            "DATABASE_URL": settings.resolved_database_url, "BROKER_URL": settings.resolved_broker_url,
            "ARTIFACT_STORE": settings.resolved_artifact_store}
+    # The recovery timings (test_recovery.py shortens them so a crash heals in seconds).
+    for name in ("lease_s", "cancel_grace_s", "reap_interval_s", "requeue_after_s", "checkpoint_every_steps"):
+        env[f"AMCT_{name.upper()}"] = str(getattr(settings, name))
     return env
 
 
 class Worker:
     """A real `celery worker` subprocess; its log is a file the tests can read."""
 
-    def __init__(self, settings: Settings, log_path: Path, devices=("cpu",)) -> None:
+    def __init__(self, settings: Settings, log_path: Path, devices=("cpu",), beat: bool = False) -> None:
         from service.cli import worker_command
 
         self.log_path = log_path
         env = dict(os.environ, **settings_env(settings), PYTHONPATH=str(ROOT), OMP_NUM_THREADS="2")
-        cmd = worker_command(settings, list(devices), beat=False)
+        cmd = worker_command(settings, list(devices), beat=beat)  # beat: the reaper's schedule too
         cmd += ["-n", f"test-{uuid.uuid4().hex[:6]}@%h", "--without-heartbeat"]
         self.log = open(log_path, "wb")  # noqa: SIM115 - open for the worker's whole life
         self.proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT,
@@ -118,9 +121,20 @@ class Api:
         return self.client.post("/v1/jobs", json=body, headers=headers or {})
 
 
-def open_api(settings: Settings):
+def open_api(settings: Settings, scopes: tuple[str, ...] = ("admin",)):
+    """A TestClient over a fresh app; once entered (`with`), it sends an API key of `settings.project`
+    with `scopes` (none in open mode)."""
     from fastapi.testclient import TestClient
 
+    from service import auth
     from service.app import create_app
 
-    return TestClient(create_app(settings), raise_server_exceptions=False)
+    class KeyedClient(TestClient):
+        def __enter__(self):
+            client = super().__enter__()  # runs the lifespan: migrations, the project row
+            if settings.auth == "keys":
+                _key_id, secret = auth.create_key(self.app.state.sessions, settings.project, scopes, "tests")
+                client.headers["Authorization"] = f"Bearer {secret}"
+            return client
+
+    return KeyedClient(create_app(settings), raise_server_exceptions=False)

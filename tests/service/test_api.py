@@ -64,6 +64,13 @@ def test_cfg_upload_says_which_job_kinds_accept_it(api):
     assert not summary["quant_retrain"]["ok"] and summary["quant_retrain"]["line"] == 1
 
 
+def test_cfg_content_is_the_uploaded_text(api):
+    config = api.upload_config(PRUNE_CFG).json()
+    response = api.client.get(f"/v1/configs/{config['id']}/content")
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
+    assert response.content == PRUNE_CFG and response.headers["etag"] == f'"{config["sha256"]}"'
+
+
 def test_unknown_cfg_kind_is_422_naming_kind(api):
     assert_problem(api.upload_config(QUANT_CFG, kind="ptq"), 422, "kind")
 

@@ -52,6 +52,8 @@ def server(tmp_path):
 
     try:
         wait_until(up, 90, interval=0.2, what="the server answers /readyz")
+        # The first start wrote the local admin key for local clients (mode 0600).
+        client.headers["Authorization"] = f"Bearer {(tmp_path / 'data' / 'api-key').read_text().strip()}"
         yield client, tmp_path / "data"
     finally:
         client.close()
