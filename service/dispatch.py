@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+from amqp.exceptions import ChannelError
 from celery import Celery
 
 log = logging.getLogger(__name__)
@@ -27,6 +28,21 @@ class Dispatcher:
             log.exception("could not enqueue job %s on %s", job_id, queue)
             return False
         return True
+
+    def pending_messages(self, queue: str) -> int | None:
+        """Messages waiting in the broker queue (not those a worker holds), or None when it cannot tell."""
+        try:
+            with self.celery.connection_for_write() as conn:
+                conn.ensure_connection(max_retries=1, timeout=2)
+                return conn.default_channel.queue_declare(queue=queue, passive=True).message_count
+        except ChannelError as e:
+            if str(e.reply_code) == "404":  # Redis drops the key of an empty list: no queue is an empty queue
+                return 0
+            log.warning("could not read the depth of queue %s: %s", queue, e)
+            return None
+        except Exception:
+            log.warning("could not read the depth of queue %s", queue, exc_info=True)
+            return None
 
     def ping(self) -> None:
         """Raise when the broker cannot be reached (readiness)."""

@@ -8,6 +8,7 @@ container per job) wraps the same command line.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import resource
 import signal
@@ -32,6 +33,8 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 MEMORY_ENV = "AMCT_CHILD_MEMORY_BYTES"
+PARENT_ENV = "AMCT_CHILD_PARENT_PID"
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 def limit_self() -> None:
@@ -43,6 +46,24 @@ def limit_self() -> None:
     if memory:
         resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    _die_with_parent()
+
+
+def _die_with_parent() -> None:
+    """Linux: the kernel SIGKILLs this child when the process that started it dies.
+
+    The child runs in its own session (so a cancel can kill its whole group), which also means a
+    SIGKILLed or OOM-killed worker would leave it running: an orphan that keeps training, holding a
+    GPU the job's next attempt needs. (The spawning thread waits for the child, so it outlives it.)
+    """
+    parent = os.environ.get(PARENT_ENV)
+    if not parent or not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        return
+    if os.getppid() != int(parent):  # the parent died before the line above: nobody waits for us
+        os._exit(1)
 
 
 def python_command(module: str, args: Sequence[str]) -> list[str]:
@@ -51,7 +72,7 @@ def python_command(module: str, args: Sequence[str]) -> list[str]:
 
 def popen(module: str, args: Sequence[str], cwd: str | os.PathLike, memory_bytes: int | None = None,
           env: dict[str, str] | None = None, **kwargs) -> subprocess.Popen:
-    extra = dict(env or {})
+    extra = dict(env or {}, **{PARENT_ENV: str(os.getpid())})
     if memory_bytes:
         extra[MEMORY_ENV] = str(memory_bytes)
     # A new session: its own process group, so a cancel or time-out kills it and all it started.

@@ -1,12 +1,20 @@
-"""The reaper: running jobs whose worker vanished (lease expired) go back to the queue or fail.
+"""The reaper: jobs that lost their worker or their message get going again.
 
 Redis only re-delivers a dead worker's message after the visibility timeout (hours, spec §2b);
-the lease catches it within `lease_s`. Runs every minute from celery beat (`worker.tasks.reap`).
+the lease catches it within `lease_s`: a running job whose lease expired goes back to the queue
+(its next attempt resumes from the last checkpoint), or fails after `max_attempts`, or becomes
+`cancelled` when a cancel was pending. A queued job nobody claimed for `requeue_after_s` is sent
+again: its message may never have reached the broker (the API could not enqueue) or may have been
+lost with it (a Redis restart without persistence). A duplicate message is harmless: the claim
+lets one delivery run the job and turns the others into no-ops. Runs every `reap_interval_s` from
+celery beat (`worker.tasks.reap`).
 """
 
 from __future__ import annotations
 
-from sqlalchemy import select
+from datetime import timedelta
+
+from sqlalchemy import func, select, update
 
 from service.db import jobstate
 from service.db.models import Job
@@ -17,13 +25,19 @@ from service.settings import Settings
 
 def reap_once(settings: Settings, dispatcher: Dispatcher) -> dict:
     sessions = session_factory(settings.resolved_database_url)
-    requeued, failed = [], []
+    requeued, failed, cancelled = [], [], []
     with sessions.begin() as session:
         for job_id in jobstate.expired_running_jobs(session):
-            attempt, max_attempts, queue = session.execute(
-                select(Job.attempt, Job.max_attempts, Job.queue).where(Job.id == job_id)).one()
+            attempt, max_attempts, queue, cancel = session.execute(
+                select(Job.attempt, Job.max_attempts, Job.queue, Job.cancel_requested_at).where(Job.id == job_id)
+            ).one()
             lease_over = Job.lease_expires_at < jobstate.utcnow()
-            if attempt >= max_attempts:
+            if cancel is not None:  # the claim would refuse it: queued forever otherwise
+                if jobstate.transition(session, job_id, jobstate.RUNNING, jobstate.CANCELLED, extra_where=lease_over,
+                                       values={"phase": None},
+                                       event={"reason": "cancel requested", "stopped_by": "worker lost"}):
+                    cancelled.append(job_id)
+            elif attempt >= max_attempts:
                 if jobstate.transition(session, job_id, jobstate.RUNNING, jobstate.FAILED, extra_where=lease_over,
                                        values={"error_type": "crashed",
                                                "error_detail": f"the worker was lost {attempt} times"}):
@@ -32,6 +46,38 @@ def reap_once(settings: Settings, dispatcher: Dispatcher) -> dict:
                                      values={"lease_owner": None, "lease_expires_at": None},
                                      event={"reason": "worker lost (lease expired)"}):
                 requeued.append((job_id, queue))
-    for job_id, queue in requeued:  # after the commit, as at submit
+        resent = _stale_queued(session, settings.requeue_after_s, dispatcher)
+    for job_id, queue in requeued + resent:  # after the commit, as at submit
         dispatcher.enqueue(job_id, queue)
-    return {"requeued": [j for j, _ in requeued], "failed": failed}
+    return {"requeued": [j for j, _ in requeued], "failed": failed, "cancelled": cancelled,
+            "resent": [j for j, _ in resent]}
+
+
+def _stale_queued(session, after_s: float, dispatcher: Dispatcher) -> list[tuple[str, str]]:
+    """Queued jobs untouched for `after_s` whose message is missing from the broker.
+
+    A long queue is not a lost message: re-sending every waiting job each period would pile up
+    duplicates behind a busy worker. So per queue, only as many jobs as the broker lacks messages
+    for (queued rows minus messages waiting) are re-sent, oldest first; all of them when the broker
+    cannot tell its depth. Their updated_at is bumped, so each is re-sent at most once per period.
+    """
+    now = jobstate.utcnow()
+    stale = session.execute(select(Job.id, Job.queue).where(
+        Job.status == jobstate.QUEUED, Job.updated_at < now - timedelta(seconds=after_s))
+        .order_by(Job.created_at)).all()
+    chosen: list[tuple[str, str]] = []
+    for queue in sorted({q for _, q in stale}):
+        waiting = dispatcher.pending_messages(queue)
+        candidates = [(j, q) for j, q in stale if q == queue]
+        if waiting is not None:
+            queued = session.scalar(select(func.count()).where(Job.status == jobstate.QUEUED, Job.queue == queue))
+            candidates = candidates[:max(0, queued - waiting)]
+        chosen += candidates
+    if chosen:
+        session.execute(update(Job).where(Job.id.in_([j for j, _ in chosen]), Job.status == jobstate.QUEUED)
+                        .values(updated_at=now))
+    for job_id, _ in chosen:
+        jobstate.add_event(session, job_id, "log",
+                           {"message": f"re-sent to the queue: not claimed for {after_s:g} s and its message "
+                                       "is missing from the broker"})
+    return chosen

@@ -69,7 +69,48 @@ def make_loader(
     return DataLoader(dataset, sampler=batches, batch_size=None)
 
 
-def _make_optimizer(name: str, params: Iterable[nn.Parameter], lr: float) -> torch.optim.Optimizer:
+class ResumableLoader:
+    """A loader that can replay its shuffle order from a checkpoint (for ``train_epochs(start_step=...)``).
+
+    It remembers the state of the loader's shuffle generator at the start of every pass (the
+    sampler draws a pass's permutation lazily, at its first batch); a checkpoint stores ``state()``,
+    and ``restore(state, step)`` in a new process puts the generator where the pass of the next
+    step begins. Works for ``make_loader`` loaders and any DataLoader whose (batch) sampler wraps a
+    ``RandomSampler`` with its own generator; without one (no shuffle) there is nothing to replay.
+    """
+
+    def __init__(self, loader: DataLoader) -> None:
+        self.loader = loader
+        inner = getattr(loader.sampler, "sampler", loader.sampler)
+        self.generator: torch.Generator | None = getattr(inner, "generator", None)
+        self._pass_start: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self):
+        self._pass_start = self.generator.get_state() if self.generator is not None else None
+        yield from self.loader
+
+    def state(self) -> torch.Tensor | None:
+        """The shuffle state the current pass began with."""
+        return self._pass_start
+
+    def restore(self, state: torch.Tensor | None, step: int) -> None:
+        """Resume after ``step`` global steps, from the ``state()`` saved right after that step."""
+        if self.generator is None or state is None:
+            return
+        self.generator.set_state(state)
+        if step and step % len(self.loader) == 0:
+            # That pass had ended: draw its indices again (no data is loaded) to reach the next pass.
+            # (Replaying beats saving the state after the last batch: the sampler still draws once more
+            # when the pass ends.)
+            for _ in self.loader.sampler:
+                pass
+
+
+def make_optimizer(name: str, params: Iterable[nn.Parameter], lr: float) -> torch.optim.Optimizer:
+    """The optimizer ``train_epochs`` builds from a name (a caller that checkpoints builds it first)."""
     name = name.lower()
     if name == "adam":
         return torch.optim.Adam(params, lr=lr)
@@ -88,6 +129,7 @@ def train_epochs(
     optimizer: str | torch.optim.Optimizer = "adam",
     progress: ProgressFn | None = None,
     set_mode: bool = True,
+    start_step: int = 0,
 ) -> list[float]:
     """Train ``model`` with cross-entropy for ``epochs`` passes over ``loader``; return per-step losses.
 
@@ -95,33 +137,45 @@ def train_epochs(
     is ignored). ``progress`` is called after every step with ``{epoch, step, total_steps, loss}``
     (``epoch`` counts from 0, ``step`` is global from 1). ``set_mode=False`` leaves train/eval mode
     alone, for graph modules whose mode is switched another way (e.g. torchao PT2E models).
+
+    ``start_step`` resumes a run that stopped after that many steps: the caller has restored the
+    model, the optimizer and the loader's shuffle state as they were at the start of the epoch the
+    step falls in; finished epochs are not iterated, and the first batches of the partial epoch are
+    drawn and skipped, so every later step sees the batch it would have seen. Only the new steps'
+    losses are returned; ``step`` in ``progress`` stays global.
     """
     if epochs < 0:
         raise ValueError(f"epochs must be >= 0, got {epochs}")
     if isinstance(optimizer, str):
-        opt = _make_optimizer(optimizer, [p for p in model.parameters() if p.requires_grad], lr)
+        opt = make_optimizer(optimizer, [p for p in model.parameters() if p.requires_grad], lr)
     else:
         opt = optimizer
     try:
         steps_per_epoch = len(loader)  # type: ignore[arg-type]
     except TypeError:
         steps_per_epoch = 0
+    if start_step < 0 or (start_step and not steps_per_epoch):
+        raise ValueError(f"start_step={start_step} needs a loader with a length and must be >= 0")
     total_steps = steps_per_epoch * epochs if steps_per_epoch else None
     loss_fn = nn.CrossEntropyLoss()
     if set_mode:
         model.train()
     losses: list[float] = []
-    for epoch in range(epochs):
-        for xb, yb in loader:
+    first_epoch, skip = divmod(start_step, steps_per_epoch) if start_step else (0, 0)
+    for epoch in range(first_epoch, epochs):
+        for index, (xb, yb) in enumerate(loader):
+            if epoch == first_epoch and index < skip:
+                continue
             opt.zero_grad(set_to_none=True)
             loss = loss_fn(model(xb), yb)
             loss.backward()
             opt.step()
             losses.append(float(loss.detach()))
             if progress is not None:
-                step = len(losses)
+                step = start_step + len(losses)
                 progress({"epoch": epoch, "step": step, "total_steps": total_steps, "loss": losses[-1]})
     return losses
+
 
 
 @torch.no_grad()

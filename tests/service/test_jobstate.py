@@ -7,7 +7,7 @@ from datetime import timedelta
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 
 from service.db import jobstate, migrate
 from service.db.models import Base, Config, Dataset, Job, JobEvent, Model, Project, utcnow
@@ -131,12 +131,18 @@ def test_cancel_of_a_running_job_flags_it_for_its_worker(sessions, job_id):
 
 
 class RecordingDispatcher:
-    def __init__(self) -> None:
+    """The broker edge: records what was sent; `waiting` is what the broker says its queues hold."""
+
+    def __init__(self, waiting: dict[str, int] | None = None) -> None:
         self.sent: list[tuple[str, str]] = []
+        self.waiting = waiting
 
     def enqueue(self, job_id: str, queue: str) -> bool:
         self.sent.append((job_id, queue))
         return True
+
+    def pending_messages(self, queue: str) -> int | None:
+        return None if self.waiting is None else self.waiting.get(queue, 0)
 
 
 def test_reaper_requeues_a_job_whose_worker_vanished(db_url, sessions, job_id, tmp_path):
@@ -166,3 +172,64 @@ def test_reaper_fails_a_job_that_lost_its_worker_too_often(db_url, sessions, job
     with sessions() as s:
         job = s.get(Job, job_id)
     assert (job.status, job.error_type) == ("failed", "crashed")
+
+
+def test_reaper_resends_a_queued_job_nobody_claimed_once_per_period(db_url, sessions, job_id, tmp_path):
+    """The API committed the row but the message never reached (or was lost by) the broker."""
+    from worker.reaper import reap_once
+
+    settings = make_settings(tmp_path, database_url=db_url, requeue_after_s=60)
+    with sessions.begin() as s:
+        s.execute(update(Job).where(Job.id == job_id).values(updated_at=utcnow() - timedelta(seconds=61)))
+    dispatcher = RecordingDispatcher()
+    assert job_id in reap_once(settings, dispatcher)["resent"] and (job_id, "q") in dispatcher.sent
+    # Sent again only after another full period: a job waiting behind others gets few duplicates.
+    assert job_id not in reap_once(settings, dispatcher)["resent"]
+    assert dispatcher.sent.count((job_id, "q")) == 1
+    with sessions() as s:
+        job = s.get(Job, job_id)
+        logs = s.scalars(select(JobEvent).where(JobEvent.job_id == job_id, JobEvent.type == "log")).all()
+    assert job.status == "queued"
+    assert [e.payload["message"] for e in logs] == [
+        "re-sent to the queue: not claimed for 60 s and its message is missing from the broker"]
+
+
+def test_reaper_does_not_resend_a_job_whose_message_still_waits(db_url, sessions, job_id, tmp_path):
+    """A long queue is not a lost message: no duplicates pile up behind a busy worker."""
+    from worker.reaper import reap_once
+
+    settings = make_settings(tmp_path, database_url=db_url, requeue_after_s=60)
+    with sessions.begin() as s:
+        s.execute(update(Job).where(Job.id == job_id).values(updated_at=utcnow() - timedelta(seconds=61)))
+        queued = s.scalar(select(func.count()).where(Job.status == "queued", Job.queue == "q"))
+    dispatcher = RecordingDispatcher(waiting={"q": queued})  # every queued row has its message
+    assert reap_once(settings, dispatcher)["resent"] == [] and dispatcher.sent == []
+    dispatcher.waiting = {"q": queued - 1}  # the broker lost one (a restart without persistence)
+    assert len(reap_once(settings, dispatcher)["resent"]) == 1
+
+
+def test_reaper_cancels_a_job_that_lost_its_worker_while_cancelling(db_url, sessions, job_id, tmp_path):
+    """Back to the queue it would stay queued forever: the claim refuses a job with a pending cancel."""
+    from worker.reaper import reap_once
+
+    with sessions.begin() as s:
+        jobstate.claim_job(s, job_id, "worker-a", lease_s=60)
+        jobstate.request_cancel(s, job_id)
+        s.execute(update(Job).where(Job.id == job_id).values(lease_expires_at=utcnow() - timedelta(seconds=1)))
+    dispatcher = RecordingDispatcher()
+    result = reap_once(make_settings(tmp_path, database_url=db_url), dispatcher)
+    assert job_id in result["cancelled"] and dispatcher.sent == []
+    with sessions() as s:
+        assert s.get(Job, job_id).status == "cancelled"
+
+
+def test_the_api_process_reaps_on_its_own(db_url, sessions, job_id, tmp_path):
+    """A worker's beat-scheduled reap waits behind the job it runs; the API's reaper loop does not."""
+    from tests.service.support import open_api, wait_until
+
+    with sessions.begin() as s:
+        jobstate.claim_job(s, job_id, "worker-a", lease_s=60)
+        s.execute(update(Job).where(Job.id == job_id).values(lease_expires_at=utcnow() - timedelta(seconds=1)))
+    settings = make_settings(tmp_path, database_url=db_url, reap_interval_s=0.2)
+    with open_api(settings):  # the lifespan starts the loop; nothing else runs here
+        wait_until(lambda: _states(sessions, job_id)[-1][1] == "queued", 10, what="the API reaped the job")

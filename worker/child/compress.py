@@ -15,7 +15,7 @@ import warnings
 from pathlib import Path
 
 from service.sandbox import limit_self
-from worker.child.protocol import ERROR_FILE, RESULT_FILE, SPEC_FILE, emit
+from worker.child.protocol import CANCELLED_EXIT, ERROR_FILE, RESULT_FILE, SPEC_FILE, emit
 
 # Share of overall progress each stage ends at; training fills the span between.
 TRAIN_START, TRAIN_END = 0.1, 0.8
@@ -80,8 +80,15 @@ def run(workdir: Path, spec: dict) -> dict:
     from amct_engine.export.save import export_onnx
     from service.datasets import load_arrays
     from worker.child import kinds, report
+    from worker.child.checkpoints import Checkpoints
 
-    emit("phase", phase="preparing", progress=0.02)
+    checkpoints = Checkpoints(workdir, spec["kind"], spec.get("checkpoint_every_steps"))
+
+    def phase(name: str, **extra) -> None:
+        checkpoints.check_cancel()  # every stage boundary is a cheap place to stop
+        emit("phase", phase=name, **extra)
+
+    phase("preparing", progress=0.02)
     torch.manual_seed(spec["params"]["seed"])
     device = _device(spec["device"])
     arrays = load_arrays(spec["dataset"], spec["dataset_format"])
@@ -95,7 +102,7 @@ def run(workdir: Path, spec: dict) -> dict:
     example = train_x[: max(1, min(batch, len(train_x)))]
     (workdir / "out").mkdir(exist_ok=True)
 
-    emit("phase", phase="baseline", progress=0.05)
+    phase("baseline", progress=0.05)
     original = torch.jit.load(spec["model"], map_location="cpu").eval()
     fp32_onnx = str(workdir / "out" / "fp32.onnx")
     export_onnx(original, fp32_onnx, (example,), **kinds.IO_NAMES)
@@ -105,11 +112,11 @@ def run(workdir: Path, spec: dict) -> dict:
         workdir=workdir, model_path=spec["model"], cfg_path=spec["cfg"], example=example, train_x=train_x,
         train_y=train_y if train_y is not None else torch.zeros(len(train_x), dtype=torch.int64),
         params=spec["params"], device=device, on_step=_progress_fn(spec["params"]["epochs"]),
-        phase=lambda name: emit("phase", phase=name),
+        phase=phase, checkpoints=checkpoints,
     )
     model = kinds.RUNNERS[spec["kind"]](ctx)
 
-    emit("phase", phase="verifying", progress=0.9)
+    phase("verifying", progress=0.9)
     pytorch_accuracy = evaluate_accuracy(model, eval_x, eval_y) if eval_y is not None else None
     onnx_files = {"fp32": fp32_onnx, "deploy": ctx.files["deploy"]}
     if "fake_quant" in ctx.files and ctx.files["fake_quant"] != ctx.files["deploy"]:
@@ -119,7 +126,10 @@ def run(workdir: Path, spec: dict) -> dict:
     report_path = workdir / "out" / "report.json"
     report_path.write_text(json.dumps(result_report, indent=2))
     files = {**ctx.files, "fp32_onnx": fp32_onnx, "report": str(report_path)}
-    return {"metrics": summary_metrics(result_report),
+    metrics = summary_metrics(result_report)
+    if checkpoints.resumed_from is not None:
+        metrics["resumed_from"] = checkpoints.resumed_from
+    return {"metrics": metrics,
             "artifacts": [{"kind": kind, "path": path, "media_type": MEDIA_TYPES.get(Path(path).suffix,
                                                                                     "application/octet-stream")}
                           for kind, path in sorted(files.items())]}
@@ -161,8 +171,13 @@ def main(argv: list[str]) -> int:
     _relay_engine_warnings()
     workdir = Path(argv[0]).resolve()
     spec = json.loads((workdir / SPEC_FILE).read_text())
+    from worker.child.checkpoints import Cancelled
+
     try:
         result = run(workdir, spec)
+    except Cancelled:
+        emit("log", level="info", message="the engine stopped on a cancel request")
+        return CANCELLED_EXIT
     except Exception as e:
         from worker.child.engine_api import EngineUnavailable
 

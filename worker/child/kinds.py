@@ -7,6 +7,7 @@ wrote, keyed by artifact kind. Nothing here knows about Celery, HTTP or the data
 from __future__ import annotations
 
 import inspect
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,7 +15,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from amct_engine.data.training import make_loader, train_epochs
+from amct_engine.data.training import ResumableLoader, make_loader, make_optimizer, train_epochs
+from worker.child.checkpoints import Checkpoints
 from worker.child.engine_api import resolve
 
 IO_NAMES = {"input_names": ["input"], "output_names": ["output"],
@@ -33,6 +35,7 @@ class JobContext:
     device: torch.device
     on_step: Callable[[dict], None]
     phase: Callable[[str], None]
+    checkpoints: Checkpoints
     files: dict[str, str] = field(default_factory=dict)
 
     def path(self, name: str) -> str:
@@ -40,16 +43,19 @@ class JobContext:
 
 
 class DeviceLoader:
-    """Moves each batch to the job's device; keeps len() so train_epochs can report total steps."""
+    """Moves each batch to the job's device; keeps len() so train_epochs can report total steps.
+
+    `shuffle` replays the data order from a checkpoint (ResumableLoader).
+    """
 
     def __init__(self, loader, device: torch.device) -> None:
-        self.loader, self.device = loader, device
+        self.shuffle, self.device = ResumableLoader(loader), device
 
     def __len__(self) -> int:
-        return len(self.loader)
+        return len(self.shuffle)
 
     def __iter__(self):
-        for xb, yb in self.loader:
+        for xb, yb in self.shuffle:
             yield xb.to(self.device), yb.to(self.device)
 
 
@@ -60,8 +66,17 @@ def _loader(ctx: JobContext):
 def train(ctx: JobContext, model: nn.Module) -> nn.Module:
     ctx.phase("training")
     model.to(ctx.device)
-    train_epochs(model, DeviceLoader(_loader(ctx), ctx.device), ctx.params["epochs"], ctx.params["lr"],
-                 progress=ctx.on_step)
+    loader = DeviceLoader(_loader(ctx), ctx.device)
+    optimizer = make_optimizer("adam", [p for p in model.parameters() if p.requires_grad], ctx.params["lr"])
+    start_step = ctx.checkpoints.restore_training(model, optimizer, loader)
+    after_step = ctx.checkpoints.training_hook(model, optimizer, loader)
+
+    def on_step(event: dict) -> None:
+        ctx.on_step(event)
+        after_step(event)
+
+    train_epochs(model, loader, ctx.params["epochs"], ctx.params["lr"], optimizer=optimizer, progress=on_step,
+                 start_step=start_step)
     model.cpu()
     torch.save(model.state_dict(), ctx.path("checkpoint.pt"))
     ctx.files["checkpoint"] = ctx.path("checkpoint.pt")
@@ -127,13 +142,9 @@ def distill(ctx: JobContext) -> nn.Module:
     resolve("create_distill_config")(config, ctx.model_path, ctx.example, ctx.cfg_path)
     student = resolve("create_distill_model")(config, ctx.model_path, ctx.example)
     ctx.phase("distilling")
-    run = resolve("distill")
-    kwargs = {"epochs": ctx.params["epochs"], "lr": ctx.params["lr"]}
-    if "progress" in inspect.signature(run).parameters:
-        kwargs["progress"] = ctx.on_step
     # The teacher is the original model file: the engine captures it with its layer names.
     loader = DeviceLoader(_loader(ctx), ctx.device)
-    student = run(ctx.model_path, student.to(ctx.device), config, loader, **kwargs).cpu()
+    student = _distill_groups(ctx, student.to(ctx.device), config, loader).cpu()
     torch.save(student.state_dict(), ctx.path("checkpoint.pt"))
     ctx.files["checkpoint"] = ctx.path("checkpoint.pt")
     student.eval()
@@ -142,6 +153,40 @@ def distill(ctx: JobContext) -> nn.Module:
                                                  **_export_options(ctx)))
     ctx.files.update(config=config, record=record)
     return student
+
+
+def _distill_groups(ctx: JobContext, student: nn.Module, config: str, loader: DeviceLoader) -> nn.Module:
+    """amct.distill over the groups not trained yet, with a checkpoint after each group.
+
+    The engine trains group after group with a fresh optimizer each, so a finished group is a
+    complete resume point: a resumed attempt loads the student and distills the remaining groups
+    (a copy of the config listing only those). The data order of the resumed groups repeats with the
+    seed but is not the uninterrupted run's when the teacher is not dumped (`data_dump: false`).
+    """
+    run = resolve("distill")
+    kwargs = {"epochs": ctx.params["epochs"], "lr": ctx.params["lr"]}
+    if "progress" not in inspect.signature(run).parameters:  # no progress, no group boundaries
+        return run(ctx.model_path, student, config, loader, **kwargs)
+    with open(config) as f:
+        body = json.load(f)
+    groups = body["distill_group"]
+    per_group = ctx.params["epochs"] * len(loader)
+    done = ctx.checkpoints.restore_distill(student, len(groups), per_group)
+    if done == len(groups):  # the crash came after the last group: nothing left to train
+        return student.eval()
+    if done:
+        config = ctx.path("distill_config.resume.json")
+        with open(config, "w") as f:
+            json.dump({**body, "distill_group": groups[done:]}, f)
+
+    def on_step(event: dict) -> None:
+        step = done * per_group + event["step"]  # the engine counts this call's steps from 1
+        ctx.on_step({**event, "group": done + event["group"], "step": step, "total_steps": len(groups) * per_group})
+        ctx.checkpoints.check_cancel()
+        if step % per_group == 0:
+            ctx.checkpoints.save_distill(student, step // per_group, step, len(groups), per_group)
+
+    return run(ctx.model_path, student, config, loader, progress=on_step, **kwargs)
 
 
 RUNNERS: dict[str, Callable[[JobContext], nn.Module]] = {

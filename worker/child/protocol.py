@@ -2,6 +2,14 @@
 
 `progress`, `phase`, `metric` and `log` lines stream while it runs; at the end it writes
 `result.json` (`metrics`, `artifacts` [{kind, path, media_type}]) or `error.json` (`type`, `detail`).
+
+Recovery and cancel (docs/service.md, "Crashes, resume and cancel"):
+- `checkpoint` {file, epoch, step[, group]}: a training checkpoint was written to `ckpt/<file>`; the
+  worker uploads it and records it against the job. `epoch`/`step` count what is finished.
+- `resumed` {epoch, step[, group]}: this attempt started from `resume.pt` (the job's last checkpoint)
+  instead of from the start.
+- The worker asks the child to stop by creating the file `cancel` in the job folder; the child
+  checks it every training step and at every phase change, and exits with CANCELLED_EXIT.
 """
 
 from __future__ import annotations
@@ -13,6 +21,11 @@ from typing import Any
 RESULT_FILE = "result.json"
 ERROR_FILE = "error.json"
 SPEC_FILE = "spec.json"
+CANCEL_FILE = "cancel"
+CHECKPOINT_DIR = "ckpt"
+RESUME_FILE = "resume.pt"
+CANCELLED_EXIT = 3  # the child stopped itself on a cancel request (not a crash)
+TYPES = ("progress", "phase", "metric", "log", "checkpoint", "resumed")
 
 
 def emit(type_: str, **payload: Any) -> None:
@@ -29,6 +42,6 @@ def parse_line(line: str) -> dict | None:
         message = json.loads(line)
     except ValueError:
         return None
-    if not isinstance(message, dict) or message.get("type") not in ("progress", "phase", "metric", "log"):
+    if not isinstance(message, dict) or message.get("type") not in TYPES:
         return None
     return message
