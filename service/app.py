@@ -2,19 +2,39 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from sqlalchemy import select
 
-from service import problems
+from service import auth, metrics, problems
 from service.db import migrate
 from service.db.models import Project
 from service.db.session import session_factory
 from service.dispatch import Dispatcher
-from service.routes import artifacts, configs, datasets, events, health, jobs, models
+from service.routes import artifacts, configs, datasets, events, health, jobs, keys, models, ui
+from service.routes import metrics as metrics_route
 from service.settings import Settings
 from service.storage import open_store
+
+log = logging.getLogger("amct.api")
+
+
+async def reap_forever(settings: Settings, dispatcher: Dispatcher) -> None:
+    """Every reap_interval_s, run the reaper (worker/reaper.py) in a thread; an error is logged, not fatal."""
+    from worker.reaper import reap_once
+
+    while True:
+        await asyncio.sleep(settings.reap_interval_s)
+        try:
+            result = await asyncio.to_thread(reap_once, settings, dispatcher)
+            if any(result.values()):
+                log.info("reaper: %s", result)
+        except Exception:
+            log.exception("reaper run failed; trying again in %s s", settings.reap_interval_s)
 
 
 def ensure_project(sessions, project: str) -> None:
@@ -34,7 +54,16 @@ def create_app(settings: Settings | None = None, run_migrations: bool = True) ->
         if run_migrations:
             migrate.upgrade(settings.resolved_database_url)
         ensure_project(app.state.sessions, settings.project)
+        auth.warn_if_open(settings)
+        if settings.auth == "keys" and settings.database_url is None:
+            # The embedded mode: the first start makes the local admin key (printed once, saved 0600).
+            auth.bootstrap_local_key(settings, app.state.sessions)
+        reaper = asyncio.create_task(reap_forever(settings, app.state.dispatcher)) if settings.reap_in_api else None
         yield
+        if reaper is not None:
+            reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reaper
 
     app = FastAPI(title="AMCT compression service", version="0.1.0", lifespan=lifespan,
                   description="Upload a TorchScript model, a .cfg and a dataset; submit a compression job; "
@@ -46,7 +75,10 @@ def create_app(settings: Settings | None = None, run_migrations: bool = True) ->
     app.state.sessions = session_factory(settings.resolved_database_url)
     app.state.store = open_store(settings.resolved_artifact_store, settings.s3_endpoint_url)
     app.state.dispatcher = Dispatcher(make_celery(settings))
+    app.state.metrics, latency = metrics.make_registry(app.state.sessions, settings)
+    app.add_middleware(metrics.HttpMetricsMiddleware, latency=latency)
     problems.install(app)
-    for module in (health, models, configs, datasets, jobs, events, artifacts):
+    for module in (health, models, configs, datasets, jobs, events, artifacts, keys, metrics_route):
         app.include_router(module.router)
+    ui.mount(app)  # the dashboard at /ui, and / redirects there
     return app

@@ -1,24 +1,41 @@
-"""`amct serve` / `python -m service serve`: the API plus an embedded worker, with no server to install.
+"""`amct`: the service (`serve`, `worker`, `migrate`), the engine on this machine (`compress`,
+`distill-config`), a client of a running service (`jobs …`) and its keys (`admin …`).
 
-With no DATABASE_URL, BROKER_URL or ARTIFACT_STORE, everything lives under --data-dir: SQLite,
-kombu's filesystem transport and the local store. Set them and the same command serves from
-PostgreSQL, Redis and S3 (then run workers with `python -m service worker` on each node).
+`amct serve` with no DATABASE_URL, BROKER_URL or ARTIFACT_STORE keeps everything under --data-dir:
+SQLite, kombu's filesystem transport and the local store. Set them and the same command serves
+from PostgreSQL, Redis and S3 (then run workers with `amct worker` on each node).
 """
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Annotated
 
+import typer
+from rich.table import Table
+
+from service.cli_common import console, fail, parse_shape, progress_view
+from service.cli_jobs import DeployFormat, Device, Kind, jobs_app
 from service.settings import DEVICES, Settings
 
 log = logging.getLogger("amct.serve")
+app = typer.Typer(name="amct", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+                  help="AMCT compression: the service, the engine on this machine, and a client of the service.")
+app.add_typer(jobs_app, name="jobs")
+try:  # the API-key admin commands (service/admin_cli.py)
+    from service.admin_cli import admin_app
+except ImportError:  # pragma: no cover - only while that module is absent
+    admin_app = None
+if admin_app is not None:
+    app.add_typer(admin_app, name="admin")
 
+
+# -- the service ---------------------------------------------------------------------------------------
 
 def worker_command(settings: Settings, devices: list[str], beat: bool, concurrency: int = 1) -> list[str]:
     queues = ",".join(settings.queue_for(d) for d in devices)
@@ -37,21 +54,28 @@ def start_worker(settings: Settings, devices: list[str], beat: bool) -> subproce
     return subprocess.Popen(worker_command(settings, devices, beat), env=env)
 
 
-def serve(args: argparse.Namespace) -> int:
+@app.command()
+def serve(host: str = "127.0.0.1", port: int = 8000,
+          data_dir: Annotated[Path, typer.Option(envvar="AMCT_DATA_DIR")] = Path("var"),
+          no_worker: Annotated[bool, typer.Option("--no-worker", help="run the API only")] = False) -> None:
+    """API + dashboard (/ui) + embedded worker (SQLite, no broker server) unless configured otherwise."""
     import uvicorn
 
     from service.app import create_app
     from service.db import migrate
 
-    os.environ["AMCT_DATA_DIR"] = str(Path(args.data_dir).resolve())
+    logging.basicConfig(level=logging.INFO)
+    os.environ["AMCT_DATA_DIR"] = str(data_dir.resolve())
     settings = Settings()
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     # Migrate before the worker starts, so neither races the other on an empty database.
     migrate.upgrade(settings.resolved_database_url)
-    worker = None if args.no_worker else start_worker(settings, list(DEVICES), beat=True)
+    worker = None if no_worker else start_worker(settings, list(DEVICES), beat=True)
+    # uvicorn shuts down on SIGTERM, then re-raises it to the handler it found: with the default one the
+    # process would die there, before the `finally` below stops the worker. Exit normally instead.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
-        uvicorn.run(create_app(settings, run_migrations=False), host=args.host, port=args.port,
-                    log_level="info")
+        uvicorn.run(create_app(settings, run_migrations=False), host=host, port=port, log_level="info")
     finally:
         if worker is not None:
             worker.send_signal(signal.SIGTERM)
@@ -59,38 +83,99 @@ def serve(args: argparse.Namespace) -> int:
                 worker.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 worker.kill()
-    return 0
 
 
-def run_worker(args: argparse.Namespace) -> int:
+@app.command()
+def worker(devices: Annotated[str, typer.Option(help="comma-separated: cpu,cuda,npu")] = "cpu",
+           concurrency: Annotated[int, typer.Option(help="one per accelerator")] = 1,
+           beat: Annotated[bool, typer.Option("--beat", help="also run the reaper schedule (one per "
+                                                             "deployment)")] = False) -> None:
+    """A Celery worker for the given device queues."""
+    logging.basicConfig(level=logging.INFO)
     settings = Settings()
-    devices = args.devices.split(",")
-    os.execv(sys.executable, worker_command(settings, devices, beat=args.beat, concurrency=args.concurrency))
+    os.execv(sys.executable, worker_command(settings, devices.split(","), beat=beat, concurrency=concurrency))
 
 
-def run_migrate(_args: argparse.Namespace) -> int:
-    from service.db import migrate
+@app.command()
+def migrate() -> None:
+    """Upgrade the database to the newest schema."""
+    from service.db import migrate as db_migrate
 
-    migrate.upgrade(Settings().resolved_database_url)
-    return 0
+    logging.basicConfig(level=logging.INFO)
+    db_migrate.upgrade(Settings().resolved_database_url)
+
+
+# -- the engine on this machine ---------------------------------------------------------------------------
+
+@app.command()
+def compress(model: Annotated[Path, typer.Option(exists=True, dir_okay=False, help="TorchScript file")],
+             cfg: Annotated[Path, typer.Option(exists=True, dir_okay=False, help="AMCT .cfg")],
+             data: Annotated[Path, typer.Option(exists=True, dir_okay=False, help=".npz or .safetensors with "
+                                                                                 "`inputs` (and `labels`)")],
+             out: Annotated[Path, typer.Option(help="folder for the ONNX models, record, report.json")],
+             kind: Annotated[Kind, typer.Option()] = Kind.compressed_retrain,
+             input_shape: Annotated[str | None, typer.Option(help="e.g. 1,1,28,28; default: from the data")] = None,
+             epochs: int = 1, batch_size: int = 64, lr: float = 1e-3,
+             eval_fraction: Annotated[float, typer.Option(help="held-out share for the report")] = 0.1,
+             seed: int = 0, device: Annotated[Device, typer.Option()] = Device.cpu,
+             deploy_format: Annotated[DeployFormat, typer.Option()] = DeployFormat.onnx) -> None:
+    """Compress a model here, no server: the engine a worker runs, with a progress bar and a summary table."""
+    from service.local_compress import LocalJobError
+    from service.local_compress import compress as run_local
+    from service.report_view import summary_table
+
+    shape = [int(d) for d in parse_shape(input_shape, data).split(",")]
+    params = {"epochs": epochs, "batch_size": batch_size, "lr": lr, "eval_fraction": eval_fraction, "seed": seed,
+              "deploy_format": deploy_format.value}
+    with progress_view() as (bar, show):
+        try:
+            result = run_local(model, cfg, data, kind.value, out, shape, params, device.value, on_message=show)
+        except LocalJobError as e:
+            raise fail(f"{e.type}: {e.detail}") from None
+        bar.update(bar.task_ids[0], completed=1.0, description="done")
+    console.print(summary_table(result["report"], title=f"{kind.value}: {model.name} → {out}"))
+    files = Table("artifact", "file", "bytes")
+    for artifact, path in sorted(result["files"].items()):
+        files.add_row(artifact, str(path), f"{path.stat().st_size:,}")
+    console.print(files)
+
+
+@app.command("distill-config")
+def distill_config(model: Annotated[Path, typer.Option(exists=True, dir_okay=False, help="TorchScript file")],
+                   out: Annotated[Path, typer.Option(help="the JSON distill config to write")],
+                   cfg: Annotated[Path | None, typer.Option(exists=True, dir_okay=False,
+                                                            help="AMCT distill .cfg (optional)")] = None,
+                   input_shape: Annotated[str | None, typer.Option(help="e.g. 1,1,28,28")] = None,
+                   data: Annotated[Path | None, typer.Option(exists=True, dir_okay=False,
+                                                             help="read the input shape from this dataset")] = None,
+                   ) -> None:
+    """AMCT's create_distill_config: find the distillable layers and groups, write the JSON config."""
+    from amct_engine.config.errors import ConfigError
+    from service.local_compress import distill_config as make_config
+
+    shape = [int(d) for d in parse_shape(input_shape, data).split(",")]
+    try:
+        config = make_config(model, out, shape, cfg)
+    except ConfigError as e:
+        raise fail(str(e)) from None
+    console.print(f"wrote {out}: {len(config['distill_group'])} distill groups")
+    groups = Table("group", "layers")
+    for i, group in enumerate(config["distill_group"]):
+        groups.add_row(str(i), " → ".join(group))
+    console.print(groups)
+    layers = Table("layer", "activations", "weights")
+    for name, spec in config.items():
+        if isinstance(spec, dict) and spec.get("quant_enable"):
+            data_cfg, weight_cfg = spec.get("distill_data_config", {}), spec.get("distill_weight_config", {})
+            layers.add_row(name, f"{data_cfg.get('algo', '')} {data_cfg.get('dst_type', '')}",
+                           f"{weight_cfg.get('algo', '')} {weight_cfg.get('dst_type', '')}")
+    console.print(layers)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="amct", description="AMCT compression service")
-    sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("serve", help="API + embedded worker (SQLite, no broker server) unless configured")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--data-dir", default=os.environ.get("AMCT_DATA_DIR", "var"))
-    p.add_argument("--no-worker", action="store_true", help="run the API only")
-    p.set_defaults(fn=serve)
-    w = sub.add_parser("worker", help="a Celery worker for the given device queues")
-    w.add_argument("--devices", default="cpu", help="comma-separated: cpu,cuda,npu")
-    w.add_argument("--concurrency", type=int, default=1, help="one per accelerator")
-    w.add_argument("--beat", action="store_true", help="also run the reaper schedule (one per deployment)")
-    w.set_defaults(fn=run_worker)
-    m = sub.add_parser("migrate", help="upgrade the database to the newest schema")
-    m.set_defaults(fn=run_migrate)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO)
-    return args.fn(args)
+    """The `amct` entry point (and `python -m service`); returns the exit status."""
+    try:
+        app(args=argv, prog_name="amct")
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    return 0

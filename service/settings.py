@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from functools import cached_property
 from pathlib import Path
+from typing import Literal
 
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEVICES = ("cpu", "cuda", "npu")
@@ -33,7 +34,14 @@ class Settings(BaseSettings):
 
     # Queue names are `<queue_prefix>.<device>`: tests give each run its own prefix.
     queue_prefix: str = "amct.jobs"
+    # The local project: the embedded mode's first start makes its admin key; `open` auth acts as it.
     project: str = "default"
+    # `keys`: every /v1 request needs `Authorization: Bearer <key>`. `open`: no authentication, loopback
+    # clients only, every request acts as `project` with all scopes (local development; warned at start).
+    auth: Literal["keys", "open"] = "keys"
+    # Quota: queued + running jobs per project; one more is refused with 429 and Retry-After.
+    max_active_jobs: int = Field(default=20, ge=1)
+    quota_retry_after_s: int = Field(default=30, ge=1)
 
     max_model_bytes: int = 512 * MiB
     max_config_bytes: int = 1 * MiB
@@ -51,8 +59,31 @@ class Settings(BaseSettings):
     job_time_limit_s: int = 24 * 3600
     # Redis re-delivers unacked messages after this; it must outlive the longest job (spec §2a).
     visibility_timeout_s: int = 26 * 3600
+    # Recovery (docs/service.md): training checkpoints at every epoch end and every N steps (0: epochs
+    # only); a cancelled job's engine gets cancel_grace_s to stop by itself before it is killed; the
+    # reaper runs every reap_interval_s and re-sends a queued job nobody claimed for requeue_after_s
+    # (its message may have been lost with a broker restart; a duplicate is a no-op).
+    checkpoint_every_steps: int = Field(default=500, ge=0)
+    cancel_grace_s: float = 30.0
+    reap_interval_s: float = 30.0
+    requeue_after_s: float = 600.0
+    # The API process reaps too: a worker's beat-scheduled reap waits behind the job that worker runs
+    # (one process per device), the API never does. Reaps are idempotent, so several may run.
+    reap_in_api: bool = True
     broker_poll_s: float = 0.1
     sse_poll_s: float = 0.25
+
+    @model_validator(mode="after")
+    def _recovery_timings_hold_together(self) -> Settings:
+        # Past the visibility timeout Redis hands a running job's message out again: it must outlive
+        # Celery's hard limit (job_time_limit_s + 600). A lease shorter than two heartbeats expires
+        # under a live worker.
+        if self.visibility_timeout_s <= self.job_time_limit_s + 600:
+            raise ValueError(f"visibility_timeout_s ({self.visibility_timeout_s}) must exceed job_time_limit_s + 600 "
+                             f"({self.job_time_limit_s + 600}), or Redis re-delivers jobs that are still running")
+        if self.lease_s < 2 * self.heartbeat_s:
+            raise ValueError(f"lease_s ({self.lease_s}) must be at least 2 x heartbeat_s ({self.heartbeat_s})")
+        return self
 
     @cached_property
     def resolved_database_url(self) -> str:

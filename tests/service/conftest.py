@@ -75,6 +75,16 @@ def redis_url():
 
 # -- processes ------------------------------------------------------------------------------------------
 
+@pytest.fixture(scope="session")
+def live_server(tmp_path_factory):
+    """One real `python -m service serve` (embedded: SQLite, filesystem queue, a Celery worker) per session,
+    shared by the CLI and browser tests; its first start wrote the admin key to `<data_dir>/api-key`."""
+    from tests.service.live_server import LiveServer
+
+    server = LiveServer(tmp_path_factory.mktemp("live-server"))
+    yield server
+    server.stop()
+
 # -- the API in process, on each database -----------------------------------------------------------
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])

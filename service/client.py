@@ -1,0 +1,183 @@
+"""A Python client for the service's REST API: what the `amct jobs …` commands and platforms use.
+
+Only httpx (and httpx-sse for the event stream): no torch, no amct_engine, so it installs on any
+machine that drives the service. Every error comes back as `ApiError` carrying the problem+json
+body (`detail`, `field`).
+
+    client = AmctClient("http://127.0.0.1:8000", api_key="amct_…")
+    model = client.upload_model("cnn.pt", input_shape="1,1,28,28")
+    job = client.submit("quant_retrain", model["id"], cfg["id"], data["id"], epochs=1)
+    for event in client.events(job["id"]):
+        print(event["type"], event.get("progress"))
+    client.download_artifact(job["id"], "deploy", "out/")
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+from httpx_sse import connect_sse
+
+TERMINAL = ("succeeded", "failed", "cancelled")
+
+
+class ApiError(RuntimeError):
+    """A non-2xx answer; `problem` is the RFC 9457 body (or a stand-in built from the status)."""
+
+    def __init__(self, status: int, problem: dict[str, Any]) -> None:
+        self.status, self.problem = status, problem
+        self.field = problem.get("field")
+        where = f" [{self.field}]" if self.field else ""
+        super().__init__(f"{status} {problem.get('title', '')}: {problem.get('detail', '')}{where}".strip())
+
+
+class AmctClient:
+    def __init__(self, base_url: str, api_key: str | None = None, timeout: float = 60.0,
+                 transport: httpx.BaseTransport | None = None) -> None:
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.http = httpx.Client(base_url=base_url.rstrip("/"), headers=headers, timeout=timeout,
+                                 transport=transport)
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self) -> AmctClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- plumbing ----------------------------------------------------------------------------------
+    def _request(self, method: str, path: str, **kwargs) -> httpx.Response:
+        response = self.http.request(method, path, **kwargs)
+        if response.status_code >= 400:
+            raise ApiError(response.status_code, _problem(response))
+        return response
+
+    def _json(self, method: str, path: str, **kwargs) -> Any:
+        return self._request(method, path, **kwargs).json()
+
+    def _upload(self, path: str, file: str | Path, **fields: str | None) -> dict:
+        file = Path(file)
+        with file.open("rb") as f:
+            return self._json("POST", path, files={"file": (file.name, f)},
+                              data={k: v for k, v in fields.items() if v is not None})
+
+    # -- resources ---------------------------------------------------------------------------------
+    def me(self) -> dict:
+        return self._json("GET", "/v1/me")
+
+    def upload_model(self, file: str | Path, input_shape: str, name: str | None = None,
+                     input_dtype: str | None = None) -> dict:
+        return self._upload("/v1/models", file, input_shape=input_shape, name=name, input_dtype=input_dtype)
+
+    def upload_config(self, file: str | Path, kind: str = "retrain", name: str | None = None) -> dict:
+        return self._upload("/v1/configs", file, kind=kind, name=name)
+
+    def upload_dataset(self, file: str | Path, name: str | None = None) -> dict:
+        return self._upload("/v1/datasets", file, name=name)
+
+    def submit(self, kind: str, model_id: str, config_id: str, dataset_id: str,
+               idempotency_key: str | None = None, **params: Any) -> dict:
+        """`params`: epochs, batch_size, lr, device, eval_fraction, seed, deploy_format (see /docs)."""
+        body = {"kind": kind, "model_id": model_id, "config_id": config_id, "dataset_id": dataset_id,
+                **{k: v for k, v in params.items() if v is not None}}
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+        return self._json("POST", "/v1/jobs", json=body, headers=headers)
+
+    def list(self, status: list[str] | None = None, kind: list[str] | None = None, limit: int = 50,
+             cursor: str | None = None) -> dict:
+        """One page, newest first: `{items, next_cursor}`."""
+        params = {"status": status or [], "kind": kind or [], "limit": limit}
+        if cursor:
+            params["cursor"] = cursor
+        return self._json("GET", "/v1/jobs", params=params)
+
+    def get(self, job_id: str) -> dict:
+        return self._json("GET", f"/v1/jobs/{job_id}")
+
+    def cancel(self, job_id: str) -> dict:
+        return self._json("POST", f"/v1/jobs/{job_id}/cancel")
+
+    def artifacts(self, job_id: str) -> list[dict]:
+        return self._json("GET", f"/v1/jobs/{job_id}/artifacts")["items"]
+
+    def artifact_bytes(self, artifact: dict) -> bytes:
+        return self._request("GET", artifact["content_url"]).content
+
+    def download(self, artifact: dict, dest: str | Path) -> Path:
+        """Stream one artifact to `dest` (a folder: the artifact's filename inside it)."""
+        dest = Path(dest)
+        if dest.is_dir():
+            dest = dest / artifact["filename"]
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        with self.http.stream("GET", artifact["content_url"]) as response:
+            if response.status_code >= 400:
+                response.read()
+                raise ApiError(response.status_code, _problem(response))
+            with dest.open("wb") as f:
+                for chunk in response.iter_bytes():
+                    f.write(chunk)
+        return dest
+
+    def download_artifacts(self, job_id: str, dest: str | Path, kinds: list[str] | None = None) -> list[Path]:
+        """Every artifact of the job (or those of `kinds`) into the folder `dest`."""
+        Path(dest).mkdir(parents=True, exist_ok=True)
+        chosen = [a for a in self.artifacts(job_id) if not kinds or a["kind"] in kinds]
+        if kinds and not chosen:
+            raise ApiError(404, {"title": "Not Found", "field": "kind",
+                                 "detail": f"job {job_id} has no artifact of kind {', '.join(kinds)}"})
+        names = [a["filename"] for a in chosen]
+        # Two artifacts may share a filename: those get their kind as a prefix.
+        return [self.download(a, Path(dest) / (a["filename"] if names.count(a["filename"]) == 1
+                                               else f"{a['kind']}-{a['filename']}")) for a in chosen]
+
+    def report(self, job_id: str) -> dict | None:
+        """The job's report.json, or None before the job has one."""
+        report = next((a for a in self.artifacts(job_id) if a["kind"] == "report"), None)
+        return None if report is None else self._request("GET", report["content_url"]).json()
+
+    # -- progress ----------------------------------------------------------------------------------
+    def events(self, job_id: str, after: int = 0, reconnects: int = 5) -> Iterator[dict]:
+        """The job's events (SSE) until the job ends; reconnects with Last-Event-ID if the stream drops."""
+        last, failures = after, 0
+        while True:
+            try:
+                headers = {"Last-Event-ID": str(last)} if last else {}
+                with connect_sse(self.http, "GET", f"/v1/jobs/{job_id}/events", headers=headers,
+                                 timeout=httpx.Timeout(self.http.timeout.connect, read=None)) as source:
+                    if source.response.status_code >= 400:
+                        source.response.read()
+                        raise ApiError(source.response.status_code, _problem(source.response))
+                    for sse in source.iter_sse():
+                        if not sse.data:
+                            continue
+                        event = sse.json()
+                        last, failures = int(sse.id or event.get("seq", last)), 0
+                        yield event
+                return  # the server ends the stream once the job is finished and drained
+            except httpx.TransportError:
+                failures += 1
+                if failures > reconnects:
+                    raise
+                time.sleep(min(2.0 * failures, 10.0))
+
+    def wait(self, job_id: str) -> dict:
+        """Follow the events to the end; returns the finished job."""
+        for _ in self.events(job_id):
+            pass
+        return self.get(job_id)
+
+
+def _problem(response: httpx.Response) -> dict:
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if isinstance(body, dict):
+        return body
+    return {"title": response.reason_phrase, "status": response.status_code, "detail": response.text[:500]}

@@ -1,0 +1,59 @@
+"""report.json as the before/after rows a person reads: size, parameters, accuracy or agreement, latency.
+
+The CLI prints these rows as a table; the dashboard (service/ui/job.js) shows the same rows in HTML.
+"""
+
+from __future__ import annotations
+
+from rich.table import Table
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+def _ratio(before: float, after: float) -> str:
+    return f"{after / before:.2f}×" if before else "–"
+
+
+def report_rows(report: dict) -> list[tuple[str, str, str, str]]:
+    """(what, before, after, change) for the FP32 model against the deploy model."""
+    rows = []
+    size = report["onnx_size_bytes"]
+    rows.append(("ONNX size", _bytes(size["fp32"]), _bytes(size["deploy"]), _ratio(size["fp32"], size["deploy"])))
+    params = report["parameters"]
+    rows.append(("parameters", f"{params['original']:,}", f"{params['deploy']['total']:,}",
+                 _ratio(params["original"], params["deploy"]["total"])))
+    rows.append(("nonzero weights", f"{params['fp32']['nonzero']:,}", f"{params['deploy']['nonzero']:,}",
+                 _ratio(params["fp32"]["nonzero"], params["deploy"]["nonzero"])))
+    samples = report["eval"]["samples"]
+    if "accuracy" in report:
+        acc = report["accuracy"]
+        rows.append((f"accuracy ({report['eval']['split']}, {samples} samples)", f"{acc['fp32']:.4f}",
+                     f"{acc['deploy']:.4f}", f"{(acc['deploy'] - acc['fp32']) * 100:+.2f} pts"))
+    agreement = report["agreement_with_original"]["deploy"]
+    if "top1_agreement" in agreement:
+        rows.append(("top-1 agreement with FP32", "1.0000", f"{agreement['top1_agreement']:.4f}", ""))
+    rows.append(("output cosine with FP32", "1.0000", f"{agreement['mean_cosine']:.4f}", ""))
+    latency = report["latency_ms"]
+    rows.append((f"latency, median (batch {latency['fp32']['batch']})", f"{latency['fp32']['median']:.3f} ms",
+                 f"{latency['deploy']['median']:.3f} ms", f"speed-up {latency['speedup']:.2f}×"))
+    formats = report.get("formats", {})
+    if formats:
+        rows.append(("format", formats.get("fp32", "onnx"), formats.get("deploy", "onnx"), ""))
+    return rows
+
+
+def summary_table(report: dict, title: str | None = None) -> Table:
+    table = Table(title=title or f"{report.get('kind', 'compression')}: FP32 → deploy", title_justify="left")
+    table.add_column("")
+    table.add_column("before (FP32)", justify="right")
+    table.add_column("after (deploy)", justify="right")
+    table.add_column("change", justify="right")
+    for row in report_rows(report):
+        table.add_row(*row)
+    return table

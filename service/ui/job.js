@@ -1,0 +1,193 @@
+// #/jobs/<id> : one job — phase timeline, live loss curve, before/after report, frozen config,
+// artifacts with downloads, the engine's log lines and a cancel button.
+
+import { download, getJson, postJson, request, streamEvents } from "./api.js";
+import { lossChart } from "./chart.js";
+import { TERMINAL, bytes, duration, elapsed, h, number, progressBar, statusChip, when } from "./dom.js";
+import { applyEvent, modelName } from "./jobs.js";
+
+const ratio = (before, after) => (before ? `${(after / before).toFixed(2)}×` : "–");
+
+// The rows service/report_view.py prints in the CLI: FP32 model against the deploy model.
+export function reportRows(r) {
+  const rows = [
+    ["ONNX size", bytes(r.onnx_size_bytes.fp32), bytes(r.onnx_size_bytes.deploy),
+     ratio(r.onnx_size_bytes.fp32, r.onnx_size_bytes.deploy)],
+    ["parameters", number(r.parameters.original), number(r.parameters.deploy.total),
+     ratio(r.parameters.original, r.parameters.deploy.total)],
+    ["nonzero weights", number(r.parameters.fp32.nonzero), number(r.parameters.deploy.nonzero),
+     ratio(r.parameters.fp32.nonzero, r.parameters.deploy.nonzero)],
+  ];
+  if (r.accuracy) {
+    const drop = ((r.accuracy.deploy - r.accuracy.fp32) * 100).toFixed(2);
+    rows.push([`accuracy (${r.eval.split}, ${r.eval.samples} samples)`, r.accuracy.fp32.toFixed(4),
+               r.accuracy.deploy.toFixed(4), `${drop >= 0 ? "+" : ""}${drop} pts`]);
+  }
+  const agree = r.agreement_with_original.deploy;
+  if (agree.top1_agreement !== undefined) {
+    rows.push(["top-1 agreement with FP32", "1.0000", agree.top1_agreement.toFixed(4), ""]);
+  }
+  rows.push(["output cosine with FP32", "1.0000", agree.mean_cosine.toFixed(4), ""]);
+  const lat = r.latency_ms;
+  rows.push([`latency, median (batch ${lat.fp32.batch})`, `${lat.fp32.median.toFixed(3)} ms`,
+             `${lat.deploy.median.toFixed(3)} ms`, `speed-up ${lat.speedup.toFixed(2)}×`]);
+  if (r.formats) rows.push(["format", r.formats.fp32 || "onnx", r.formats.deploy || "onnx", ""]);
+  return rows;
+}
+
+function card(title, ...children) {
+  return h("section", { class: "card" }, h("h2", {}, title), ...children);
+}
+
+function keyValues(pairs) {
+  return h("dl", { class: "kv" }, pairs.filter(([, v]) => v !== undefined && v !== null && v !== "")
+    .map(([k, v]) => [h("dt", {}, k), h("dd", {}, v)]));
+}
+
+export function jobView(id) {
+  const ctl = new AbortController();
+  const chart = lossChart();
+  const bar = progressBar(0);
+  const el = {
+    title: h("h1", {}, `Job ${id.slice(0, 8)}`), status: h("span"), facts: h("div"), error: h("div"),
+    timeline: h("ol", { id: "timeline", class: "timeline" }),
+    report: h("div", { id: "report" }, h("p", { class: "muted" }, "The report appears when the job succeeds.")),
+    config: h("div", { id: "frozen-config" }), artifacts: h("div", { id: "artifacts" }),
+    log: h("ul", { id: "log", class: "log" }, h("li", { class: "muted empty" }, "No log lines.")),
+  };
+  const cancel = h("button", { id: "cancel", class: "danger", onclick: onCancel }, "Cancel job");
+  const node = h("div", { class: "job-page" },
+    h("p", {}, h("a", { href: "#/" }, "← all jobs")),
+    h("section", { class: "card head" }, h("div", { class: "title" }, el.title, el.status, cancel), bar, el.facts,
+      el.error),
+    h("div", { class: "grid" }, card("Phases", el.timeline), card("Training loss", chart)),
+    card("Before / after", el.report),
+    h("div", { class: "grid" }, card("Frozen config", el.config), card("Artifacts", el.artifacts)),
+    card("Log", el.log));
+  const phases = [];
+  let job = null;
+  let finished = false;
+
+  function paint() {
+    el.status.replaceChildren(statusChip(job.status));
+    bar.update(job.progress, job.status);
+    cancel.disabled = TERMINAL.has(job.status);
+    el.facts.replaceChildren(keyValues([
+      ["kind", job.kind], ["device", job.device], ["phase", job.phase], ["attempt", job.attempt],
+      ["created", when(job.created_at)], ["started", job.started_at && when(job.started_at)],
+      ["finished", job.finished_at && when(job.finished_at)], ["elapsed", duration(elapsed(job))],
+    ]));
+    el.error.replaceChildren(job.error ? h("p", { class: "error-box" }, `${job.error.type}: ${job.error.detail || ""}`)
+      : job.cancel_requested && !TERMINAL.has(job.status) ? h("p", { class: "muted" }, "cancel requested…") : "");
+  }
+
+  function paintTimeline() {
+    const now = Date.now();
+    el.timeline.replaceChildren(...phases.map((p, i) => {
+      const end = i + 1 < phases.length ? Date.parse(phases[i + 1].ts) : TERMINAL.has(job?.status) ? null : now;
+      const live = i === phases.length - 1 && end !== null;
+      return h("li", { class: live ? "current" : "", "data-phase": p.name },
+        h("span", { class: "name" }, p.name), h("span", { class: "at" }, when(p.ts)),
+        h("span", { class: "took" }, end === null ? "" : duration((end - Date.parse(p.ts)) / 1000)));
+    }));
+  }
+
+  function onEvent(ev) {
+    // A lost worker shows as `queued (requeued)` then `running (reclaimed)`.
+    if (ev.type === "state") {
+      const name = ["requeued", "reclaimed"].includes(ev.edge) ? `${ev.status} (${ev.edge})` : ev.status;
+      phases.push({ name, ts: ev.ts });
+    } else if (ev.type === "phase") {
+      phases.push({ name: ev.phase, ts: ev.ts });
+    } else if (ev.type === "progress") {
+      chart.add(ev);
+    } else if (ev.type === "log") {
+      el.log.querySelector(".empty")?.remove();
+      el.log.append(h("li", { class: ev.level || "info" }, h("time", {}, when(ev.ts)), ev.message));
+    }
+    if (job) {
+      applyEvent(job, ev);
+      paint();
+    }
+    paintTimeline();
+    if (ev.type === "state" && TERMINAL.has(ev.status)) finish();
+  }
+
+  async function finish() {
+    if (finished) return;
+    finished = true;
+    job = await getJson(`/v1/jobs/${id}`);
+    paint();
+    paintTimeline();
+    await loadArtifacts();
+  }
+
+  async function loadArtifacts() {
+    const { items } = await getJson(`/v1/jobs/${id}/artifacts`);
+    el.artifacts.replaceChildren(items.length ? h("table", { class: "artifacts" },
+      h("thead", {}, h("tr", {}, ["kind", "file", "size", "sha256", ""].map((t) => h("th", {}, t)))),
+      h("tbody", {}, items.map((a) => h("tr", { "data-kind": a.kind },
+        h("td", {}, a.kind), h("td", { class: "mono" }, a.filename), h("td", { class: "num" }, bytes(a.size_bytes)),
+        h("td", { class: "mono", title: a.sha256 }, a.sha256.slice(0, 12)),
+        h("td", {}, h("button", { "data-kind": a.kind, onclick: () => download(a) }, "Download")))))) :
+      h("p", { class: "muted" }, "No artifacts."));
+    const report = items.find((a) => a.kind === "report");
+    if (report) showReport(await (await request("GET", report.content_url)).json());
+    const engineConfig = items.find((a) => a.kind === "config");
+    if (engineConfig) {
+      const text = await (await request("GET", engineConfig.content_url)).text();
+      el.config.append(h("details", {}, h("summary", {}, `engine config (${engineConfig.filename})`), h("pre", {}, text)));
+    }
+  }
+
+  function showReport(r) {
+    el.report.replaceChildren(h("table", { id: "report-table", class: "report" },
+      h("thead", {}, h("tr", {}, ["", "before (FP32)", "after (deploy)", "change"].map((t) => h("th", {}, t)))),
+      h("tbody", {}, reportRows(r).map((row) => h("tr", {}, row.map((c, i) => h(i ? "td" : "th", { class: i ? "num" : "" }, c)))))));
+  }
+
+  async function showConfig() {
+    const [config, dataset] = await Promise.all([getJson(`/v1/configs/${job.config_id}`).catch(() => null),
+                                                 getJson(`/v1/datasets/${job.dataset_id}`).catch(() => null)]);
+    const model = await getJson(`/v1/models/${job.model_id}`).catch(() => null);
+    el.config.prepend(
+      keyValues([
+        ["model", model && `${model.name} · input ${model.input_shape.join("×")} ${model.input_dtype}`],
+        ["cfg", config && `${config.name} (${config.kind}) · sha256 ${config.sha256.slice(0, 12)}`],
+        ["dataset", dataset && `${dataset.name} · ${dataset.description.samples} samples`],
+        ...Object.entries(job.params).map(([k, v]) => [k, String(v)]),
+      ]));
+    if (config) {
+      const text = await (await request("GET", `/v1/configs/${config.id}/content`)).text();
+      el.config.querySelector("#cfg-text")?.remove();
+      el.config.append(h("details", { id: "cfg-text", open: "" }, h("summary", {}, config.name), h("pre", {}, text)));
+    }
+  }
+
+  async function onCancel() {
+    cancel.disabled = true;
+    try {
+      job = await postJson(`/v1/jobs/${id}/cancel`);
+      paint();
+    } catch (err) {
+      el.error.replaceChildren(h("p", { class: "error-box" }, err.message));
+    }
+  }
+
+  (async () => {
+    try {
+      job = await getJson(`/v1/jobs/${id}`);
+    } catch (err) {
+      el.error.replaceChildren(h("p", { class: "error-box" }, err.message));
+      return;
+    }
+    modelName(job.model_id).then((name) => { el.title.textContent = `${name} · ${job.kind}`; });
+    paint();
+    showConfig();
+    // From seq 0: the stream replays the job's history (timeline, loss so far), then follows it live.
+    streamEvents(`/v1/jobs/${id}/events`, onEvent, { signal: ctl.signal }).catch(() => {})
+      .finally(() => { if (!ctl.signal.aborted) finish(); });
+  })();
+  const tick = setInterval(() => { if (job && job.status === "running") { paint(); paintTimeline(); } }, 1000);
+  return { node, stop() { ctl.abort(); clearInterval(tick); } };
+}

@@ -1,0 +1,223 @@
+// #/ : the jobs table, live from each active job's event stream, and the form that submits a job.
+
+import { getJson, postForm, postJson, streamEvents } from "./api.js";
+import { TERMINAL, duration, elapsed, h, progressBar, statusChip, when } from "./dom.js";
+
+const REFRESH_MS = 4000; // new jobs from other clients appear within this
+// Browsers open about 6 HTTP/1.1 connections per host; each stream holds one, so keep some free.
+const MAX_STREAMS = 4;
+const KINDS = ["compressed_retrain", "quant_retrain", "prune_retrain", "distill"];
+const modelNames = new Map(); // model id -> Promise<name>
+
+export function modelName(id) {
+  if (!modelNames.has(id)) {
+    modelNames.set(id, getJson(`/v1/models/${id}`).then((m) => m.name).catch(() => id.slice(0, 8)));
+  }
+  return modelNames.get(id);
+}
+
+// Fold one event into a job object as GET /v1/jobs/{id} would show it after that event.
+export function applyEvent(job, ev) {
+  if (ev.type === "state") {
+    job.status = ev.status;
+    if (ev.status === "running" && !job.started_at) job.started_at = ev.ts;
+    if (TERMINAL.has(ev.status)) {
+      job.finished_at = job.finished_at || ev.ts;
+      job.phase = null;
+      if (ev.status === "succeeded") job.progress = 1;
+    }
+  } else if (ev.type === "phase") {
+    job.phase = ev.phase;
+    if (typeof ev.progress === "number") job.progress = ev.progress;
+  } else if (ev.type === "progress" && typeof ev.progress === "number") {
+    job.progress = ev.progress;
+  }
+}
+
+function jobRow(job) {
+  const bar = progressBar(job.progress);
+  const cells = { status: h("td"), model: h("td"), phase: h("td", { class: "phase" }),
+                  elapsed: h("td", { class: "num" }) };
+  const tr = h("tr", { "data-job-id": job.id, class: "clickable", onclick: () => { location.hash = `#/jobs/${job.id}`; } },
+    h("td", {}, h("a", { href: `#/jobs/${job.id}`, class: "mono" }, job.id.slice(0, 8))),
+    cells.status, h("td", {}, job.kind), cells.model, h("td", {}, job.device), h("td", { class: "progress-cell" }, bar),
+    cells.phase, cells.elapsed, h("td", { class: "num" }, when(job.created_at)));
+  modelName(job.model_id).then((name) => { cells.model.textContent = name; });
+  const row = { job, tr, cells, bar };
+  paint(row);
+  return row;
+}
+
+function paint(row) {
+  const job = row.job;
+  row.tr.dataset.status = job.status;
+  row.cells.status.replaceChildren(statusChip(job.status));
+  row.bar.update(job.progress, job.status);
+  row.cells.phase.textContent = job.phase || (job.error ? job.error.type : "");
+  row.cells.elapsed.textContent = duration(elapsed(job));
+}
+
+export function jobsView() {
+  const rows = new Map(); // job id -> row
+  const streams = new Map(); // job id -> AbortController
+  const tbody = h("tbody");
+  const empty = h("p", { class: "muted", id: "jobs-empty" }, "No jobs yet: submit one with the form.");
+  const head = ["Job", "Status", "Kind", "Model", "Device", "Progress", "Phase", "Elapsed", "Created"];
+  const table = h("table", { id: "jobs", class: "jobs" }, h("thead", {}, h("tr", {}, head.map((t) => h("th", {}, t)))),
+                  tbody);
+  const node = h("div", { class: "layout" },
+    h("section", { class: "card grow" }, h("h2", {}, "Jobs"), table, empty),
+    submitForm((job) => { upsert(job); follow(job.id); order([job.id, ...rows.keys()]); }));
+
+  function upsert(job) {
+    const row = rows.get(job.id);
+    if (!row) {
+      rows.set(job.id, jobRow(job));
+      return;
+    }
+    // A list snapshot may be older than the last streamed event: progress within one attempt only grows.
+    if (streams.has(job.id) && row.job.status === job.status && row.job.attempt === job.attempt) {
+      job.progress = Math.max(job.progress, row.job.progress);
+    }
+    row.job = job;
+    paint(row);
+  }
+
+  function order(ids) {
+    tbody.replaceChildren(...[...new Set(ids)].map((id) => rows.get(id)?.tr).filter(Boolean));
+    empty.hidden = rows.size > 0;
+  }
+
+  function follow(id) {
+    if (streams.has(id) || streams.size >= MAX_STREAMS) return;
+    const ctl = new AbortController();
+    streams.set(id, ctl);
+    streamEvents(`/v1/jobs/${id}/events`, (ev) => {
+      const row = rows.get(id);
+      if (!row) return;
+      applyEvent(row.job, ev);
+      paint(row);
+    }, { signal: ctl.signal })
+      .catch(() => {})
+      .finally(async () => {
+        streams.delete(id);
+        if (ctl.signal.aborted) return;
+        try { upsert(await getJson(`/v1/jobs/${id}`)); } catch { /* the next refresh retries */ }
+      });
+  }
+
+  async function refresh() {
+    try {
+      const page = await getJson("/v1/jobs?limit=50");
+      for (const job of page.items) upsert(job);
+      order(page.items.map((j) => j.id));
+      for (const job of page.items) if (!TERMINAL.has(job.status)) follow(job.id);
+    } catch {
+      // shown by the banner (401) or retried at the next tick
+    }
+  }
+
+  refresh();
+  const timers = [setInterval(refresh, REFRESH_MS),
+                  setInterval(() => rows.forEach((row) => { if (row.job.status === "running") paint(row); }), 1000)];
+  return {
+    node,
+    stop() {
+      timers.forEach(clearInterval);
+      streams.forEach((ctl) => ctl.abort());
+    },
+  };
+}
+
+// -- the submit form ------------------------------------------------------------------------------------
+
+function field(label, input, hint) {
+  return h("label", { class: "field" }, h("span", {}, label), input, hint ? h("small", {}, hint) : null);
+}
+
+function select(name, options, value) {
+  return h("select", { name }, options.map((o) => h("option", { value: o, selected: o === value }, o)));
+}
+
+function randomKey() {
+  // crypto.randomUUID needs a secure context; getRandomValues works on plain http too.
+  return Array.from(crypto.getRandomValues(new Uint8Array(16)), (b) => b.toString(16).padStart(2, "0")).join("");
+}
+
+function multipart(fields) {
+  const fd = new FormData();
+  for (const [k, v] of Object.entries(fields)) if (v !== undefined && v !== null && v !== "") fd.append(k, v);
+  return fd;
+}
+
+// Which input to mark when a step's problem names a field.
+const FIELD_INPUTS = { model: { file: "model" }, cfg: { file: "cfg" }, dataset: { file: "dataset" },
+                       job: { model_id: "model", config_id: "cfg", dataset_id: "dataset" } };
+
+function submitForm(onSubmitted) {
+  const status = h("p", { class: "form-status", id: "submit-status", role: "status" });
+  const num = (name, value, attrs = {}) => h("input", { name, type: "number", value, required: true, ...attrs });
+  const form = h("form", { id: "submit-form", class: "card submit" },
+    h("h2", {}, "New job"),
+    field("Model (TorchScript)", h("input", { type: "file", name: "model", required: true })),
+    field("Input shape", h("input", { name: "input_shape", required: true, placeholder: "1,1,28,28",
+                                      pattern: "\\s*\\d+(\\s*[,x]\\s*\\d+)*\\s*" }), "batch first, e.g. 1,3,224,224"),
+    field("Config (.cfg)", h("input", { type: "file", name: "cfg", required: true })),
+    field("Dataset (.npz / .safetensors)", h("input", { type: "file", name: "dataset", required: true }),
+          "arrays inputs and labels"),
+    field("Kind", select("kind", KINDS, "compressed_retrain")),
+    h("div", { class: "row" },
+      field("Epochs", num("epochs", 1, { min: 1, max: 1000 })),
+      field("Batch size", num("batch_size", 64, { min: 1 })),
+      field("Learning rate", num("lr", 0.001, { min: 0, step: "any" }))),
+    h("div", { class: "row" },
+      field("Device", select("device", ["cpu", "cuda", "npu"], "cpu")),
+      field("Held-out share", num("eval_fraction", 0.1, { min: 0, max: 0.99, step: "any" })),
+      field("Deploy format", select("deploy_format", ["onnx", "ascend"], "onnx"))),
+    h("button", { type: "submit", class: "primary" }, "Upload and submit"),
+    status);
+
+  const say = (text, kind = "info") => { status.textContent = text; status.className = `form-status ${kind}`; };
+  const input = (name) => form.elements.namedItem(name);
+
+  form.addEventListener("submit", async (e) => {
+    e.preventDefault();
+    const values = new FormData(form);
+    const button = form.querySelector("button[type=submit]");
+    form.querySelectorAll("[aria-invalid]").forEach((el) => el.removeAttribute("aria-invalid"));
+    button.disabled = true;
+    let step = "model";
+    try {
+      say("Uploading the model (the server loads and checks it)…");
+      const model = await postForm("/v1/models", multipart({ file: values.get("model"), name: values.get("model").name,
+                                                             input_shape: values.get("input_shape") }));
+      step = "cfg";
+      say("Uploading the config…");
+      const kind = values.get("kind");
+      const cfg = await postForm("/v1/configs", multipart({ file: values.get("cfg"),
+                                                            kind: kind === "distill" ? "distill" : "retrain" }));
+      step = "dataset";
+      say("Uploading the dataset…");
+      const data = await postForm("/v1/datasets", multipart({ file: values.get("dataset") }));
+      step = "job";
+      const job = await postJson("/v1/jobs", {
+        kind, model_id: model.id, config_id: cfg.id, dataset_id: data.id,
+        epochs: Number(values.get("epochs")), batch_size: Number(values.get("batch_size")),
+        lr: Number(values.get("lr")), device: values.get("device"),
+        eval_fraction: Number(values.get("eval_fraction")), deploy_format: values.get("deploy_format"),
+      }, { headers: { "Idempotency-Key": randomKey() } });
+      say(`Submitted job ${job.id.slice(0, 8)}: ${job.status}.`, "ok");
+      onSubmitted(job);
+    } catch (err) {
+      say(`${step === "job" ? "Submit" : `Upload of the ${step}`} failed: ${err.message}`, "error");
+      const target = input(FIELD_INPUTS[step]?.[err.field] || err.field || (step === "job" ? "" : step));
+      if (target instanceof HTMLElement) {
+        target.setAttribute("aria-invalid", "true");
+        target.focus();
+      }
+    } finally {
+      button.disabled = false;
+    }
+  });
+  return form;
+}

@@ -1,0 +1,141 @@
+"""The dashboard at /ui: static files of our own, and a real browser driving it against a live server.
+
+The browser test drives Debian's Chromium (`/usr/bin/chromium`, headless) with Playwright; it never
+downloads a browser. `AMCT_UPDATE_SCREENSHOTS=1` also writes the screenshots the README shows.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import httpx
+import onnx
+import pytest
+from fastapi.testclient import TestClient
+
+from tests.service.support import ROOT, make_settings, open_api
+
+CHROMIUM = Path("/usr/bin/chromium")
+DOCS_IMAGES = ROOT / "docs" / "images"
+# Records every value the jobs table's progress bars take, per job, as the page updates them.
+RECORD_PROGRESS = """() => {
+  window.__progress = {};
+  new MutationObserver((records) => {
+    for (const r of records) {
+      const id = r.target.closest("tr")?.dataset.jobId;
+      if (id) (window.__progress[id] ||= []).push(Number(r.target.getAttribute("aria-valuenow")));
+    }
+  }).observe(document.querySelector("#jobs tbody"), { subtree: true, attributes: true,
+                                                       attributeFilter: ["aria-valuenow"] });
+}"""
+
+
+def test_dashboard_files_are_public_and_hold_no_key(tmp_path):
+    with open_api(make_settings(tmp_path)) as client:
+        bare = TestClient(client.app)  # the same app, no Authorization header
+        root = bare.get("/", follow_redirects=False)
+        assert root.status_code == 307 and root.headers["location"] == "/ui/"
+        page = bare.get("/ui/")
+        assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+        assert "script-src 'self'" in page.headers["content-security-policy"]
+        key = (tmp_path / "api-key").read_text().strip()
+        for name in ("", "app.js", "api.js", "jobs.js", "job.js", "chart.js", "dom.js", "style.css"):
+            body = bare.get(f"/ui/{name}")
+            assert body.status_code == 200, name
+            assert key not in body.text and "amct_" not in body.text.replace("amct_…", "")
+        assert bare.get("/ui/app.js").headers["content-type"].startswith(("text/javascript", "application/javascript"))
+        assert bare.get("/v1/jobs").status_code == 401  # the data behind it is not public
+
+
+def _save(page, tmp_path: Path, name: str) -> None:
+    path = tmp_path / name
+    page.screenshot(path=str(path), full_page=True)
+    if os.environ.get("AMCT_UPDATE_SCREENSHOTS") == "1":
+        DOCS_IMAGES.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, DOCS_IMAGES / name)
+
+
+@pytest.fixture
+def page(tmp_path):
+    if not CHROMIUM.exists():
+        pytest.skip("Debian's chromium is not installed (/usr/bin/chromium): apt-get install chromium")
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), headless=True)
+        context = browser.new_context(viewport={"width": 1440, "height": 900}, accept_downloads=True)
+        page = context.new_page()
+        page.set_default_timeout(30_000)
+        page.errors = []
+        page.on("pageerror", lambda e: page.errors.append(str(e)))
+        yield page
+        context.close()
+        browser.close()
+
+
+@pytest.mark.slow
+def test_browser_submits_a_job_watches_it_and_downloads_the_deploy_onnx(live_server, assets, page, tmp_path):
+    page.goto(live_server.base_url)
+    assert page.url.endswith("/ui/")
+    page.locator("#banner", has_text="Paste an API key").wait_for()  # without a key the API answers 401
+    page.fill("#api-key", live_server.api_key)
+    page.click("#key-form button")
+    page.locator("#who", has_text="project default").wait_for()
+
+    page.evaluate(RECORD_PROGRESS)
+    form = page.locator("#submit-form")
+    form.locator("[name=model]").set_input_files(str(assets / "cnn.pt"))
+    form.locator("[name=input_shape]").fill("1,1,28,28")
+    form.locator("[name=cfg]").set_input_files(str(assets / "quant.cfg"))
+    form.locator("[name=dataset]").set_input_files(str(assets / "small.npz"))
+    form.locator("[name=kind]").select_option("compressed_retrain")
+    form.locator("[name=epochs]").fill("2")
+    form.locator("[name=batch_size]").fill("16")
+    form.locator("[name=eval_fraction]").fill("0.25")
+    form.locator("button[type=submit]").click()
+    page.locator("#submit-status", has_text="Submitted job").wait_for(timeout=60_000)
+    job_id = page.locator("#jobs tbody tr").first.get_attribute("data-job-id")
+    row = page.locator(f'#jobs tr[data-job-id="{job_id}"]')
+    # The screenshot for the README: the job mid-way, most often while it trains.
+    page.wait_for_function("id => Number(document.querySelector(`tr[data-job-id='${id}'] [role=progressbar]`)"
+                           ".getAttribute('aria-valuenow')) >= 15", arg=job_id, timeout=90_000)
+    _save(page, tmp_path, "dashboard.png")
+    row.locator(".status-succeeded").wait_for(timeout=90_000)
+    assert row.locator("[role=progressbar]").get_attribute("aria-valuenow") == "100"
+
+    # The bar moved with the job's events: it only grew, through values between the ends.
+    seen = page.evaluate("id => window.__progress[id] || []", job_id)
+    assert seen == sorted(seen), seen
+    assert len({v for v in seen if 0 < v < 100}) >= 3 and seen[-1] == 100, seen
+
+    row.locator("a").click()
+    page.wait_for_url(f"**/ui/#/jobs/{job_id}")
+    page.locator("#report-table tbody tr").nth(4).wait_for()
+    with httpx.Client(base_url=live_server.base_url, headers={"Authorization": f"Bearer {live_server.api_key}"}) as api:
+        artifacts = {a["kind"]: a for a in api.get(f"/v1/jobs/{job_id}/artifacts").json()["items"]}
+        report = api.get(artifacts["report"]["content_url"]).json()
+    table = page.locator("#report-table tbody tr")
+    accuracy = table.filter(has_text="accuracy").locator("td")
+    assert accuracy.nth(0).inner_text() == f"{report['accuracy']['fp32']:.4f}"
+    assert accuracy.nth(1).inner_text() == f"{report['accuracy']['deploy']:.4f}"
+    latency = table.filter(has_text="latency").locator("td")
+    assert latency.nth(1).inner_text() == f"{report['latency_ms']['deploy']['median']:.3f} ms"
+
+    points = int(page.locator("#loss-curve").get_attribute("data-points"))
+    assert points >= 2
+    assert page.locator("#loss-curve polyline").get_attribute("points").count(",") == points
+    phases = page.locator("#timeline li").evaluate_all("items => items.map(li => li.dataset.phase)")
+    assert phases[:2] == ["queued", "running"] and "training" in phases and phases[-1] == "succeeded"
+    page.locator("#frozen-config", has_text="epochs").wait_for()
+    page.locator("#cfg-text pre", has_text="arq_retrain { channel_wise: true dst_type: INT8 }").wait_for()
+    assert page.locator("#cancel").is_disabled()
+
+    with page.expect_download() as download:
+        page.click('#artifacts button[data-kind="deploy"]')
+    saved = tmp_path / "deploy.onnx"
+    download.value.save_as(saved)
+    assert saved.stat().st_size == artifacts["deploy"]["size_bytes"]
+    onnx.checker.check_model(onnx.load(saved))
+    _save(page, tmp_path, "job.png")
+    assert page.errors == []
