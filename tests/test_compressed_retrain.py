@@ -76,11 +76,17 @@ def _deploy_weights(path: str) -> dict[str, np.ndarray]:
     for node in graph.node:
         if node.op_type not in ("Conv", "Gemm", "MatMul", "ConvInteger", "MatMulInteger") or len(node.input) < 2:
             continue
-        name = node.input[1]
+        name, zero = node.input[1], node.input[3] if len(node.input) > 3 else None
         if name in producer and producer[name].op_type == "DequantizeLinear":
-            name = producer[name].input[0]
-        if name in constants and constants[name].dtype == np.int8:
-            weights[node.name.rsplit("/", 1)[0].strip("/")] = constants[name]
+            dequantize = producer[name]
+            name, zero = dequantize.input[0], dequantize.input[2] if len(dequantize.input) > 2 else None
+        if name in constants and constants[name].dtype in (np.int8, np.uint8):
+            codes = constants[name]
+            if codes.dtype == np.uint8:  # uint8 codes + 128 for onnxruntime's exact u8u8 kernels
+                zero_point = constants[zero].reshape(-1)
+                zero_point = zero_point.reshape((-1,) + (1,) * (codes.ndim - 1)) if zero_point.size > 1 else zero_point
+                codes = (codes.astype(np.int16) - zero_point.astype(np.int16)).astype(np.int8)
+            weights[node.name.rsplit("/", 1)[0].strip("/")] = codes
     return weights
 
 

@@ -102,6 +102,37 @@ def test_distill_full_cfg_overrides_reach_the_json(tmp_path):
                                                        "dst_type": "INT8"}
 
 
+def test_linear_layers_get_per_channel_weights_only_when_asked_by_an_override(tmp_path):
+    global_cw = "distill_weight_quant_config: { arq_distill: { channel_wise: true } }\n"
+    linear_cw = 'distill_override_layer_types: { layer_type: "Linear" ' \
+                "distill_weight_quant_config: { arq_distill: { channel_wise: true } } }\n"
+    found = {}
+    for name, text in (("global", global_cw), ("linear", linear_cw)):
+        cfg = tmp_path / f"{name}.cfg"
+        cfg.write_text(text)
+        data = json.loads(_config(tmp_path, ConvBnReluNet(), str(cfg)).read_text())
+        found[name] = (data["conv1"]["distill_weight_config"]["channel_wise"],
+                       data["fc"]["distill_weight_config"]["channel_wise"])
+    # A global setting is meant for convs (AMCT keeps Linear per-tensor); a Linear override is honoured.
+    assert found == {"global": (True, False), "linear": (True, True)}
+    student = amct.create_distill_model(str(tmp_path / "distill.json"), ConvBnReluNet(), INPUT)
+    assert student.fc.weight_quant.channel_wise and student.fc.weight_quant.wts_scales.numel() == 10
+
+
+def test_activation_clips_start_from_the_asymmetric_search(tmp_path):
+    teacher = _teacher()
+    student = amct.create_distill_model(str(_config(tmp_path, teacher)), teacher, INPUT)
+    with torch.no_grad():
+        student.eval()(INPUT)
+    # conv2 reads a ReLU output: all 256 codes go to [0, clip_max], none to negative values.
+    quant = student.conv2.act_quant
+    assert quant.acts_clip_min.item() == 0.0 and quant.acts_offset.item() == -128
+    assert quant.acts_clip_max.item() > 0
+    # conv1 reads the signed input: the range keeps the data's minimum instead of -clip_max.
+    first = student.conv1.act_quant
+    assert first.acts_clip_min.item() == pytest.approx(INPUT.min().item(), abs=first.acts_scale.item())
+
+
 def test_missing_cfg_raises_file_not_found(tmp_path):
     with pytest.raises(FileNotFoundError):
         amct.create_distill_config(str(tmp_path / "d.json"), ConvBnReluNet(), INPUT, str(tmp_path / "none.cfg"))
@@ -256,3 +287,20 @@ def test_groups_do_not_share_quantisers_so_a_trained_group_stays_as_it_was(tmp_p
             module.invalidate()
     with torch.no_grad():
         assert torch.equal(student(x), refrozen.eval()(x))
+
+
+def test_groups_reading_one_tensor_train_in_one_pass(tmp_path):
+    teacher = BranchesNet().eval()
+    x = torch.randn(8, 3, 8, 8)
+    config = tmp_path / "branches.json"
+    amct.create_distill_config(str(config), teacher, x)
+    assert json.loads(config.read_text())["distill_group"] == [["stem", "relu"], ["branch1"], ["branch2"]]
+    student = amct.create_distill_model(str(config), teacher, x)
+    stem_calls, events = [], []
+    student.stem.register_forward_hook(lambda *_: stem_calls.append(1))
+    loader = DataLoader(torch.randn(32, 3, 8, 8), batch_size=8)
+    amct.distill(teacher, student, str(config), loader, epochs=1, progress=events.append)
+    # Calibration, the stem group's own steps, then one partial forward per batch that serves both
+    # branch groups (one after the other would take two).
+    assert len(stem_calls) == 1 + len(loader) + len(loader)
+    assert [e["group"] for e in events] == [0] * 4 + [1, 2] * 4

@@ -212,17 +212,29 @@ def test_torchscript_file_goes_through_the_same_flow(tmp_path):
     np.testing.assert_allclose(_ort_run(paths["fake_quant"], INPUT), expected, atol=1e-4)
 
 
+def _signed_codes(codes: np.ndarray, zero_point: np.ndarray | None) -> np.ndarray:
+    """Weight codes minus their zero point (uint8 codes + 128 are stored for the exact u8u8 kernels)."""
+    if codes.dtype != np.uint8:
+        return codes
+    zero = zero_point.reshape(-1)  # one value, or one per output channel (axis 0)
+    zero = zero.reshape((-1,) + (1,) * (codes.ndim - 1)) if zero.size > 1 else zero
+    return (codes.astype(np.int16) - zero.astype(np.int16)).astype(np.int8)
+
+
 def _integer_weight_codes(model: onnx.ModelProto) -> list[np.ndarray]:
     """INT8 weight codes of every layer of a deploy model, in graph order: the weight input of a
-    ConvInteger/MatMulInteger, or the INT8 tensor a Conv's weight DequantizeLinear reads."""
+    ConvInteger/MatMulInteger, or the tensor a Conv's weight DequantizeLinear reads, less the zero point."""
     constants = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
     producers = {out: n for n in model.graph.node for out in n.output}
     codes = []
     for node in model.graph.node:
         if node.op_type in ("ConvInteger", "MatMulInteger"):
-            codes.append(constants[node.input[1]])
+            zero = constants.get(node.input[3]) if len(node.input) > 3 else None
+            codes.append(_signed_codes(constants[node.input[1]], zero))
         elif node.op_type == "Conv":
-            codes.append(constants[producers[node.input[1]].input[0]])
+            dequantize = producers[node.input[1]]
+            zero = constants.get(dequantize.input[2]) if len(dequantize.input) > 2 else None
+            codes.append(_signed_codes(constants[dequantize.input[0]], zero))
     assert all(c.dtype == np.int8 for c in codes)
     return codes
 

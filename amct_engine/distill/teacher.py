@@ -2,8 +2,8 @@
 
 `data_dump` (spec §3.1) runs the teacher once per batch for all groups and keeps the block
 inputs/outputs in a private temporary directory that is always removed (AMCT used a fixed
-`./tmp`). Both sources yield, per training step, the model inputs and the teacher's input and
-output of one group.
+`./tmp`). Both sources yield, per training step, the model inputs, the teacher's input of a stage
+(groups that read the same tensor) and the teacher's output of each of its groups.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from torch import nn
 from amct_engine.distill.blocks import group_input, run_chain
 from amct_engine.distill.sample import DistillSampleBase, model_inputs
 
-Step = tuple[tuple[torch.Tensor, ...], torch.Tensor, torch.Tensor]
+Step = tuple[tuple[torch.Tensor, ...], torch.Tensor, list[torch.Tensor]]
 
 
 def _to(inputs: tuple[torch.Tensor, ...], device: torch.device) -> tuple[torch.Tensor, ...]:
@@ -38,12 +38,12 @@ class LiveTeacher:
         return False
 
     @torch.no_grad()
-    def steps(self, epoch: int, group: int) -> Iterator[Step]:
-        modules = self.groups[group]
+    def steps(self, epoch: int, stage: list[int]) -> Iterator[Step]:
+        """One partial teacher forward per batch serves every group of the stage."""
         for batch in self.loader:
             inputs = _to(model_inputs(self.sample, batch), self.device)
-            teacher_in = group_input(self.teacher, modules[0], inputs)
-            yield inputs, teacher_in, run_chain(modules, teacher_in)
+            teacher_in = group_input(self.teacher, self.groups[stage[0]][0], inputs)
+            yield inputs, teacher_in, [run_chain(self.groups[g], teacher_in) for g in stage]
 
 
 class DumpedTeacher:
@@ -93,11 +93,12 @@ class DumpedTeacher:
                 handle.remove()
         return captured
 
-    def steps(self, epoch: int, group: int) -> Iterator[Step]:
+    def steps(self, epoch: int, stage: list[int]) -> Iterator[Step]:
         for step in range(self._counts[epoch]):
             saved = torch.load(self._path(epoch, step), weights_only=True)
-            teacher_in, teacher_out = saved["blocks"][group]
-            yield _to(tuple(saved["inputs"]), self.device), teacher_in.to(self.device), teacher_out.to(self.device)
+            teacher_in = saved["blocks"][stage[0]][0]
+            outputs = [saved["blocks"][g][1].to(self.device) for g in stage]
+            yield _to(tuple(saved["inputs"]), self.device), teacher_in.to(self.device), outputs
 
 
 def teacher_source(teacher: nn.Module, groups, loader, sample, device, epochs: int, data_dump: bool):

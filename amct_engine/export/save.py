@@ -24,6 +24,7 @@ from amct_engine.export.ascend import (
     finalize_ascend_model,
     is_ascend_model,
 )
+from amct_engine.export.dynamic_shapes import traceable_sizes
 from amct_engine.export.quant_layer import ExportQuantLayer, compute_factors, fold_batch_norm
 from amct_engine.export.requant import requant_targets
 from amct_engine.quant.retrain_layer import QuantRetrainLayer
@@ -85,7 +86,7 @@ def export_onnx(
         # The TorchScript-based exporter warns that it is legacy; see backends.py for why we use it.
         warnings.simplefilter("ignore")
         torch.onnx.export(
-            model,
+            traceable_sizes(model),
             input_data,
             path,
             dynamo=False,

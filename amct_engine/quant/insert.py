@@ -28,7 +28,10 @@ def insert_quant_layers(
     Retrain (spec §4.6) moves a following BN into the wrapper and defaults `fixed_min` to "input
     comes from a ReLU". Distillation (spec §4.1, §6) keeps the BN in place, because distill groups
     call their modules one by one, and remembers its path so saving can fold it; its `fixed_min`
-    defaults to false.
+    defaults to false. Without that ReLU detection AMCT's symmetric IFMR start spends half of the
+    codes on negative values that one-sided inputs never take (a GELU output in [-0.17, 24] gets
+    the range [-19.5, 19.4]; the clip learning, 0.1 per step, cannot recover that in one epoch),
+    so distillation starts from the asymmetric IFMR search instead.
     """
     model = cm.module
     following_bn = {chain.layer: chain.bn for chain in conv_bn_act_chains(cm) if chain.bn is not None}
@@ -44,7 +47,7 @@ def insert_quant_layers(
         share_key = (inputs.get(name), spec.act, from_relu)
         act_quant = None if distill else shared_act.get(share_key)
         if act_quant is None:
-            act_quant = make_act_quantizer(spec, config.batch_num, from_relu)
+            act_quant = make_act_quantizer(spec, config.batch_num, from_relu, asymmetric_init=distill)
             if share_key[0] is not None:
                 shared_act[share_key] = act_quant
         bn = None

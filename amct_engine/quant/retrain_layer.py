@@ -151,7 +151,9 @@ def make_weight_quantizer(spec: LayerQuantSpec, layer: nn.Module) -> nn.Module:
     return cls(bits=spec.weight.bits, channel_wise=spec.weight.channel_wise, num_channels=out_channels(layer))
 
 
-def make_act_quantizer(spec: LayerQuantSpec, batch_num: int, input_from_relu: bool) -> UlqActQuantizer:
+def make_act_quantizer(
+    spec: LayerQuantSpec, batch_num: int, input_from_relu: bool, asymmetric_init: bool = False
+) -> UlqActQuantizer:
     act = spec.act
     # spec §4.1: fixed_min defaults to true when the layer's input comes from a ReLU.
     fixed_min = input_from_relu if act.fixed_min is None else act.fixed_min
@@ -161,4 +163,5 @@ def make_act_quantizer(spec: LayerQuantSpec, batch_num: int, input_from_relu: bo
         clip_max=act.clip_max,
         clip_min=act.clip_min,
         batch_num=batch_num,
+        asymmetric_init=asymmetric_init,
     )

@@ -130,8 +130,10 @@ class UlqActQuantizer(nn.Module):
     """Learnable-clip asymmetric activation quantiser (spec §4.1).
 
     Initialisation: explicit `clip_max`/`clip_min` skip IFMR. Otherwise the first `batch_num`
-    forwards feed a symmetric IFMR observer, in train *or* eval mode (as AMCT's wrapper does), so a
-    model can be exported right after creation. Batches before the last one pass through
+    forwards feed an IFMR observer, in train *or* eval mode (as AMCT's wrapper does), so a model can
+    be exported right after creation. The search is symmetric as in AMCT (spec §4.1) unless
+    `asymmetric_init`: then it keeps the data's minimum and searches the maximum (IFMR with offset),
+    which suits one-sided inputs that no `fixed_min` covers. Batches before the last one pass through
     unquantised while the clips follow their max/min; the batch that completes the search is
     quantised with the IFMR clips. Calibration state survives `load_state_dict`: finite `_pre`
     buffers mean calibrated.
@@ -144,6 +146,7 @@ class UlqActQuantizer(nn.Module):
         clip_max: float | None = None,
         clip_min: float | None = None,
         batch_num: int = 1,
+        asymmetric_init: bool = False,
     ) -> None:
         super().__init__()
         quant_range(bits)
@@ -159,7 +162,7 @@ class UlqActQuantizer(nn.Module):
         self.register_buffer("acts_clip_min_pre", torch.tensor(float(pre_min)))
         self.register_buffer("acts_scale", torch.tensor(math.nan))
         self.register_buffer("acts_offset", torch.tensor(0, dtype=torch.int32))
-        self.observer = None if explicit else IfmrObserver(bits, batch_num, with_offset=False)
+        self.observer = None if explicit else IfmrObserver(bits, batch_num, with_offset=asymmetric_init)
         self._calibrated = explicit
         if explicit:
             self._store_factors(*self._current_factors())
@@ -214,7 +217,8 @@ class UlqActQuantizer(nn.Module):
         return False
 
     def _apply_ifmr(self, result: IfmrResult) -> None:
-        # spec §4.1: symmetric IFMR gives clip_max = Qp*s and clip_min = -2^(b-1)*s, also into _pre.
+        # spec §4.1: symmetric IFMR gives clip_max = Qp*s and clip_min = -2^(b-1)*s, also into _pre;
+        # with offset o, clip_max = (Qp - o)*s and clip_min = -(2^(b-1) + o)*s.
         cmax, cmin = _ddp_mean(result.clip_max, result.clip_min)
         self._store_clips(cmax, cmin, pre=True)
         self._calibrated = True
