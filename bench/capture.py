@@ -1,28 +1,37 @@
 """How long graph capture takes on a ResNet-50-sized model, against AMCT's way (ONNX export + load).
 
-Run: ``.venv/bin/python bench/capture.py [--repeats 3] [--no-dynamo]``. Prints the median seconds of:
-our capture from the nn.Module, our capture from a traced TorchScript file, and
-``torch.onnx.export`` (TorchScript exporter, and the dynamo exporter unless disabled) + ``onnx.load``.
+"Ours" is AMCT's first call, ``create_quant_retrain_config``: capture the model into the FX IR and
+write the config of every quantisable layer. AMCT itself starts from ONNX: ``torch.onnx.export`` then
+``onnx.load`` (the TorchScript exporter, and the dynamo exporter for an nn.Module). Both sources are
+timed: the nn.Module, and a traced TorchScript file (ours reads the file; the ONNX route exports the
+loaded ScriptModule).
+
+Run: ``.venv/bin/python bench/capture.py [--repeats 3]``; prints JSON (seconds min / median / max).
 """
 
 from __future__ import annotations
 
 import argparse
 import io
+import json
 import logging
-import statistics
+import sys
 import tempfile
-import time
 import warnings
-from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import onnx
 import torch
 from torch import nn
 
-from amct_engine.graph.analysis import distill_groups, quantizable_layers
-from amct_engine.graph.capture import capture_model
+if __package__ in (None, ""):  # run as a script: make `bench` and `amct_engine` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import amct_engine as amct  # noqa: E402
+from amct_engine.graph.analysis import distill_groups, quantizable_layers  # noqa: E402
+from amct_engine.graph.capture import capture_model  # noqa: E402
+from bench.common import error_summary, ratios, time_repeats  # noqa: E402
 
 
 class Bottleneck(nn.Module):
@@ -76,15 +85,6 @@ class ResNet50(nn.Module):
         return self.fc(torch.flatten(self.avgpool(x), 1))
 
 
-def median_seconds(fn: Callable[[], object], repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def onnx_export_and_load(model: nn.Module, x: torch.Tensor, dynamo: bool) -> onnx.ModelProto:
     buffer = io.BytesIO()
     with warnings.catch_warnings():
@@ -97,41 +97,67 @@ def onnx_export_and_load(model: nn.Module, x: torch.Tensor, dynamo: bool) -> onn
     return onnx.load_from_string(buffer.getvalue())
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--no-dynamo", action="store_true", help="skip the dynamo ONNX exporter")
-    args = parser.parse_args()
-    logging.getLogger("torch.onnx").setLevel(logging.ERROR)  # "torchvision is not installed" per export
+def ours(model: nn.Module | Path, x: torch.Tensor, folder: Path) -> None:
+    """AMCT's first call: capture the model and write the retrain config (every quantisable layer)."""
+    amct.create_quant_retrain_config(str(folder / "retrain.json"), model if isinstance(model, nn.Module)
+                                     else str(model), x)
 
+
+def run(quick: bool = False, repeats: int | None = None) -> dict[str, Any]:
+    """Seconds (min / median / max over ``repeats``) per route; ratios ours / ONNX route of the same source."""
+    repeats = repeats or (1 if quick else 3)
+    logging.getLogger("torch.onnx").setLevel(logging.ERROR)  # "torchvision is not installed" per export
     torch.manual_seed(0)
     model = ResNet50().eval()
     x = torch.randn(1, 3, 224, 224)
     with tempfile.TemporaryDirectory() as tmp:
-        ts_path = Path(tmp) / "resnet50_traced.pt"
+        folder = Path(tmp)
+        ts_path = folder / "resnet50_traced.pt"
         torch.jit.save(torch.jit.trace(model, (x,)), str(ts_path))
+        ours(ts_path, x, folder)  # warm-up: first calls import the converters
+        same = distill_groups(capture_model(ts_path, x)) == distill_groups(capture_model(model, x))
+        routes = {
+            "nn.Module": {
+                "ours": lambda: ours(model, x, folder),
+                "torch.onnx.export(dynamo=False) + onnx.load": lambda: onnx_export_and_load(model, x, False),
+                "torch.onnx.export(dynamo=True) + onnx.load": lambda: onnx_export_and_load(model, x, True),
+            },
+            "TorchScript file": {
+                "ours": lambda: ours(ts_path, x, folder),
+                # the file is loaded inside the timing, as ours reads it
+                "torch.jit.load + torch.onnx.export(dynamo=False) + onnx.load": lambda: onnx_export_and_load(
+                    torch.jit.load(str(ts_path)), x, False),
+            },
+        }
+        results: dict[str, Any] = {}
+        for source, entries in routes.items():
+            results[source] = {}
+            for label, fn in entries.items():
+                print(f"[capture] {source}: {label} …", file=sys.stderr, flush=True)
+                try:
+                    results[source][label] = {"status": "ok", "s": time_repeats(fn, repeats, warmup=0)}
+                except Exception as exc:  # the dynamo exporter is optional: report, do not stop
+                    results[source][label] = {"status": "failed", "reason": error_summary(exc)}
+            base = results[source]["ours"]
+            for entry in results[source].values():
+                if entry["status"] == "ok" and base["status"] == "ok":
+                    entry["ratio_vs_ours"] = ratios(entry["s"], base["s"])
+    return {
+        "model": f"ResNet-50 layout, {sum(p.numel() for p in model.parameters()) / 1e6:.1f} M parameters",
+        "quantizable_layers": len(quantizable_layers(capture_model(model, x))),
+        "same_groups_from_torchscript": same,
+        "repeats": repeats,
+        "routes": results,
+    }
 
-        cm = capture_model(ts_path, x)  # also a warm-up of the converter
-        reference = capture_model(model, x)
-        same = distill_groups(cm) == distill_groups(reference)
-        print(f"ResNet-50: {sum(p.numel() for p in model.parameters()) / 1e6:.1f} M parameters, "
-              f"{len(quantizable_layers(reference))} quantizable layers; "
-              f"TorchScript rebuild gives the same distill groups: {same}")
 
-        rows = [
-            ("capture_model(nn.Module)  [torch.fx]", lambda: capture_model(model, x)),
-            ("capture_model(traced TorchScript file)", lambda: capture_model(ts_path, x)),
-            ("torch.onnx.export(dynamo=False) + onnx.load", lambda: onnx_export_and_load(model, x, False)),
-        ]
-        if not args.no_dynamo:
-            rows.append(("torch.onnx.export(dynamo=True) + onnx.load",
-                         lambda: onnx_export_and_load(model, x, True)))
-        for label, fn in rows:
-            try:
-                print(f"{label:<48} median {median_seconds(fn, args.repeats):7.3f} s  ({args.repeats} runs)")
-            except Exception as exc:  # the dynamo exporter is optional: report, do not stop
-                print(f"{label:<48} failed: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}")
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args(argv)
+    print(json.dumps(run(repeats=args.repeats), indent=2))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,4 +1,5 @@
-"""Measurement helpers shared by the benchmark scripts: wall-time stats, ORT latency, file sizes."""
+"""Measurement helpers shared by the benchmark scripts: wall-time stats, ORT sessions, accuracy and
+latency (interleaved across models, so machine noise hits every model alike), file sizes, tables."""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ def time_repeats(fn: Callable[[], Any], repeats: int, warmup: int = 1) -> dict[s
 
 
 class StepTimer:
-    """A ``progress`` callback for ``train_epochs`` that records the wall time of every step.
+    """A ``progress`` callback for ``train_epochs`` that records the wall time and loss of every step.
 
     Call ``start()`` right before training; each callback closes one step. The time includes
     fetching the batch, so loaders must be alike when step times are compared.
@@ -41,6 +42,7 @@ class StepTimer:
 
     def __init__(self) -> None:
         self.durations: list[float] = []
+        self.losses: list[float] = []
         self._last: float | None = None
 
     def start(self) -> None:
@@ -51,6 +53,8 @@ class StepTimer:
         if self._last is not None:
             self.durations.append(now - self._last)
         self._last = now
+        if info.get("loss") is not None:
+            self.losses.append(float(info["loss"]))
 
     @property
     def median(self) -> float:
@@ -84,27 +88,24 @@ def _input_shape(name: str, shape: Sequence[Any], batch: int, path: str) -> list
     return [batch, *rest]
 
 
-def ort_latency(
-    path: str | os.PathLike,
-    batch: int,
-    repeats: int = 50,
-    warmup: int = 5,
-    threads: int | None = None,
-    input_shapes: Mapping[str, Sequence[int]] | None = None,
-) -> dict[str, float]:
-    """Latency (seconds per run) of an ONNX model in ONNX Runtime on CPU: ``{min, median, max}``.
-
-    Inputs are random with the model's dtypes; the first dim of each input is ``batch`` and the other
-    dims must be static unless given in ``input_shapes``. ``threads`` sets ORT's intra-op threads.
-    """
+def ort_session(path: str | os.PathLike, threads: int | None = None, optimization: str | None = None):
+    """An onnxruntime CPU session; ``threads`` sets the intra-op threads (inter-op: 1), ``optimization`` the
+    graph optimisation level by name (``"ORT_ENABLE_BASIC"``; default: onnxruntime's, i.e. all)."""
     import onnxruntime as ort
 
-    path = os.fspath(path)
     options = ort.SessionOptions()
+    if optimization is not None:
+        options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, optimization)
     if threads is not None:
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
-    session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(os.fspath(path), options, providers=["CPUExecutionProvider"])
+
+
+def random_feeds(
+    session: Any, batch: int, path: str, input_shapes: Mapping[str, Sequence[int]] | None = None
+) -> dict[str, np.ndarray]:
+    """Random inputs with the model's dtypes; the first dim of each is ``batch`` (others static or given)."""
     rng = np.random.default_rng(0)
     feeds = {}
     for inp in session.get_inputs():
@@ -119,7 +120,71 @@ def ort_latency(
             feeds[inp.name] = rng.standard_normal(shape).astype(dtype)
         else:
             feeds[inp.name] = np.zeros(shape, dtype=dtype)
+    return feeds
+
+
+def ort_latency(
+    path: str | os.PathLike,
+    batch: int,
+    repeats: int = 50,
+    warmup: int = 5,
+    threads: int | None = None,
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
+) -> dict[str, float]:
+    """Latency (seconds per run) of an ONNX model in ONNX Runtime on CPU: ``{min, median, max}``.
+
+    Inputs are random with the model's dtypes; the first dim of each input is ``batch`` and the other
+    dims must be static unless given in ``input_shapes``. ``threads`` sets ORT's intra-op threads.
+    """
+    path = os.fspath(path)
+    session = ort_session(path, threads)
+    feeds = random_feeds(session, batch, path, input_shapes)
     return time_repeats(lambda: session.run(None, feeds), repeats=repeats, warmup=warmup)
+
+
+def interleaved_latency(
+    paths: Mapping[str, str | os.PathLike],
+    batch: int,
+    rounds: int = 20,
+    per_round: int = 5,
+    threads: int | None = None,
+    feeds: Mapping[str, Mapping[str, np.ndarray]] | None = None,
+) -> dict[str, dict[str, float]]:
+    """Per-run latency ``{min, median, max}`` (seconds) of several ONNX models, measured round-robin.
+
+    Each round runs every model ``per_round`` times in turn, so a burst of load on a shared machine
+    slows all models of that round alike and ratios between them stay meaningful. ``feeds`` (per
+    name) overrides the random inputs.
+    """
+    sessions = {name: ort_session(path, threads) for name, path in paths.items()}
+    inputs = {name: (feeds or {}).get(name) or random_feeds(s, batch, os.fspath(paths[name]))
+              for name, s in sessions.items()}
+    samples: dict[str, list[float]] = {name: [] for name in sessions}
+    for name, session in sessions.items():  # warm-up: first runs allocate and pick kernels
+        for _ in range(3):
+            session.run(None, inputs[name])
+    for _ in range(rounds):
+        for name, session in sessions.items():
+            for _ in range(per_round):
+                start = time.perf_counter()
+                session.run(None, inputs[name])
+                samples[name].append(time.perf_counter() - start)
+    return {name: summarize(values) for name, values in samples.items()}
+
+
+def ratios(num: Mapping[str, float], den: Mapping[str, float]) -> dict[str, float]:
+    """``num / den`` of each of ``min, median, max``."""
+    return {key: num[key] / den[key] for key in ("min", "median", "max")}
+
+
+def ort_accuracy(path: str | os.PathLike, x: Any, y: Any, threads: int | None = None, chunk: int = 1000,
+                 optimization: str | None = None) -> float:
+    """Top-1 accuracy of an ONNX classifier with one input in onnxruntime on CPU (x, y: tensors or arrays)."""
+    session = ort_session(path, threads, optimization)
+    name = session.get_inputs()[0].name
+    x, y = np.asarray(x), np.asarray(y)
+    logits = np.concatenate([session.run(None, {name: x[i : i + chunk]})[0] for i in range(0, len(x), chunk)])
+    return float((logits.argmax(1) == y).mean())
 
 
 def file_size(path: str | os.PathLike) -> int:
@@ -148,6 +213,22 @@ def format_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> s
     lines.append("  ".join("-" * w for w in widths))
     lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in body]
     return "\n".join(lines)
+
+
+def format_markdown(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> str:
+    """A GitHub markdown table of pre-formatted cells (missing cells: "-")."""
+
+    def cell(value: Any) -> str:
+        return "-" if value is None else str(value).replace("|", "\\|")
+
+    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
+    lines += ["| " + " | ".join(cell(row.get(col)) for col in columns) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def error_summary(exc: BaseException, limit: int = 300) -> str:
+    """``Type: first line of the message``, cut to ``limit`` characters, for a "failed: ..." row."""
+    return f"{type(exc).__name__}: {exc}".splitlines()[0][:limit]
 
 
 def package_versions(*packages: str) -> dict[str, str]:

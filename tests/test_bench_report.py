@@ -1,0 +1,66 @@
+"""bench/report.py renders the benchmark report from a fixed results JSON (no benchmark is run or timed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench import report
+
+
+def _row(name: str, family: str, accuracy: float, bytes_ratio: float, b1: float, b64: float, step: float,
+         **extra) -> dict:
+    latency = {f"latency_b{b}_ratio": {"min": r, "median": r, "max": r} for b, r in ((1, b1), (64, b64))}
+    abs_latency = {f"latency_b{b}_s": {"min": r / 1e3, "median": r / 1e3, "max": r / 1e3}
+                   for b, r in ((1, b1), (64, b64))}
+    return {"name": name, "family": family, "status": "ok", "accuracy": accuracy, "torch_accuracy": accuracy,
+            "accuracy_ort_basic": accuracy, "bytes": int(80_000 * bytes_ratio), "bytes_ratio": bytes_ratio,
+            "accuracy_delta": accuracy - 0.88, "step_ratio": step, "step_ratio_min": step,
+            "step_s": {"min": step / 100, "median": step / 100, "max": step / 100}, "losses": [2.0, 1.0, 0.5],
+            "ops": {"Conv": 2}, "deploy_kind": "ONNX", **latency, **abs_latency, **extra}
+
+
+def results() -> dict:
+    rows = [
+        _row("FP32", "baseline", 0.88, 1.0, 1.0, 1.0, 1.0),
+        _row("amct INT8 QAT", "ours", 0.87, 0.28, 1.5, 1.2, 3.0),
+        # beats ours on accuracy and batch-1 latency, loses on size and step time
+        _row("NNCF QAT", "peer", 0.875, 0.55, 0.9, 1.19, 4.0),
+        {"name": "torchao PT2E QAT (x86)", "family": "peer", "status": "failed", "reason": "RuntimeError: boom"},
+    ]
+    engine = {"setup": {"model": "SmallFashionCnn", "base_epochs": 1, "base_images": 60000, "batch_size": 128,
+                        "base_accuracy": 0.86, "epochs": 2, "train_limit": 60000, "lr": 5e-4, "seed": 0,
+                        "test_images": 10000, "threads": 2, "latency_rounds": 20},
+              "rows": rows, "total_s": 60.0}
+    return {
+        "meta": {"command": "make bench", "quick": False, "started": "2026-11-30T10:00:00+00:00", "revision": "abc",
+                 "machine": {"cpu": "Test CPU", "cores": 2, "usable_cores": 2, "ram_gib": 8.0, "os": "Debian",
+                             "python": "3.11.7", "load_avg_at_start": [0.1, 0.2, 0.3]},
+                 "versions": {"torch": "2.13.0"}, "total_s": 600.0},
+        "sections": {"engine": {"status": "ok", "wall_s": 60.0, "result": engine},
+                     "minilm": {"status": "skipped", "wall_s": 1.0, "reason": "ModuleNotFoundError: x"}},
+    }
+
+
+def test_losses_list_each_metric_a_peer_wins_beyond_noise():
+    losses = report.engine_losses(results()["sections"]["engine"]["result"])
+    assert {(loss["peer"], loss["metric"]) for loss in losses} == {
+        ("NNCF QAT", "top-1"),  # +0.5 pt > 0.2 pt margin
+        ("NNCF QAT", "ORT latency b1"),  # 0.9 < 1.5 × 0.9
+    }  # b64 (1.19 vs 1.2) is within the 10 % time margin; size and step time are ours
+    assert all(loss["ours"] == "amct INT8 QAT" and loss["cause"] for loss in losses)
+
+
+def test_render_writes_tables_plots_and_the_loss_section(tmp_path):
+    pytest.importorskip("matplotlib")
+    md = tmp_path / "docs" / "benchmarks.md"
+    report.render(results(), md, tmp_path / "docs" / "images")
+    text = md.read_text()
+    assert "`make bench`" in text and "Test CPU" in text
+    assert "| **amct INT8 QAT** | 0.8700 | -1.00 pt | 0.280× |" in text
+    assert "failed: RuntimeError: boom" in text and "skipped: ModuleNotFoundError: x" in text
+    where = text[text.index("## Where we lose"):]
+    assert "NNCF QAT" in where and "ORT latency b1" in where
+    for name in ("bench_accuracy_vs_size.png", "bench_latency_vs_size.png", "bench_training_curves.png"):
+        png = tmp_path / "docs" / "images" / name
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert f"(images/{name})" in text
