@@ -95,7 +95,7 @@ class FashionSetup:
 def prepare(workdir: Path, quick: bool = False, seed: int = 0, threads: int = 2) -> FashionSetup:
     """Load Fashion-MNIST and train the FP32 base once. ``quick``: a few thousand images, for smoke runs."""
     sizes = dict(base_images=4000, train_limit=2000, test=2000, epochs=1, rounds=5) if quick else \
-        dict(base_images=60000, train_limit=60000, test=10000, epochs=2, rounds=20)
+        dict(base_images=60000, train_limit=20000, test=10000, epochs=1, rounds=20)
     x_train, y_train = load_fashion_mnist("train")
     x_test, y_test = load_fashion_mnist("test", limit=sizes["test"])
     torch.manual_seed(seed)

@@ -548,7 +548,7 @@ def run(quick: bool = False, backends: Sequence[str] = ("embedded", "postgres"),
         window_s: float | None = None, rate: float = 10.0, seconds: float | None = None) -> dict[str, Any]:
     """Every back end in turn; a failed back end is reported as such and the next still runs."""
     jobs = jobs or (20 if quick else 1000)
-    window_s = window_s or (40.0 if quick else 480.0)
+    window_s = window_s or (40.0 if quick else 300.0)  # two back ends: the window bounds the section
     seconds = seconds or (4.0 if quick else 15.0)
     samples, idle_s = (2, 2.0) if quick else (5, 5.0)
     results: dict[str, Any] = {
