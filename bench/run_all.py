@@ -35,6 +35,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script: make `bench` and `amct_engine` importable
     sys.path.insert(0, str(ROOT))
 
+from service.sandbox import stop_group  # noqa: E402
+
 SECTIONS = ("engine", "minilm", "crepe", "capture", "service")
 # Seconds a section may take before it is stopped and reported as timed out (full run; --quick: 15 min each).
 TIMEOUTS = {"engine": 25 * 60, "minilm": 15 * 60, "crepe": 15 * 60, "capture": 10 * 60, "service": 30 * 60}
@@ -149,12 +151,7 @@ def spawn_section(name: str, quick: bool, folder: Path) -> dict[str, Any]:
     try:
         code = proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=180)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_group(proc, 180)
         section = {"status": "failed", "reason": f"timed out after {timeout} s"}
     else:
         if out.exists():

@@ -29,7 +29,6 @@ import io
 import json
 import multiprocessing as mp
 import os
-import signal
 import socket
 import statistics
 import subprocess
@@ -46,6 +45,8 @@ from typing import Any
 
 import httpx
 import numpy as np
+
+from service.sandbox import stop_group
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script: make `service` importable
@@ -133,12 +134,7 @@ def running_server(data_dir: Path, env_extra: dict[str, str], max_jobs: int) -> 
         auth, headers = _api_key(data_dir, database_url)
         yield Server(url, headers, database_url or f"sqlite:///{(data_dir / 'amct.db').resolve()}", data_dir, auth)
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_group(proc, 60)
 
 
 @contextmanager
@@ -487,12 +483,7 @@ def _extra_worker(data_dir: Path, env_extra: dict[str, str]) -> Iterator[subproc
     try:
         yield proc
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_group(proc, 60)
 
 
 @contextmanager

@@ -6,7 +6,6 @@ For the tests that need the service over real HTTP: the CLI's client commands an
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import httpx
 
+from service.sandbox import stop_group
 from tests.service.support import ROOT, wait_until
 
 # Unset so the server falls back to its embedded defaults under --data-dir.
@@ -66,11 +66,5 @@ class LiveServer:
         return (self.folder / "serve.log").read_text(errors="replace")[-4000:]
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+        stop_group(self.proc, 30)
         self.log.close()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import os
-import signal
 import subprocess
 import time
 import uuid
@@ -12,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from service.sandbox import stop_group
 from service.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -82,13 +82,7 @@ class Worker:
             time.sleep(0.1)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+        stop_group(self.proc, 20)
         self.log.close()
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -19,6 +18,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
+from service.sandbox import stop_group
 from tests.service.support import QUANT_CFG, ROOT, wait_until
 
 pytestmark = pytest.mark.slow
@@ -57,12 +57,7 @@ def server(tmp_path):
         yield client, tmp_path / "data"
     finally:
         client.close()
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_group(proc, 30)
         log.close()
 
 
