@@ -277,6 +277,23 @@ def test_other_bit_widths_export_and_match(tmp_path, cfg_text, act_type, wts_typ
     np.testing.assert_allclose(_ort_run(paths["deploy"], INPUT), expected, atol=0.05 * np.abs(expected).max())
 
 
+def test_eval_matches_training_after_a_learnt_weight_scale_steps_below_zero(tmp_path):
+    """Regression: a ULQ scale that Adam pushed through zero zeroed its channel in training (scale
+    clamped to epsilon) while the record held |s|, so eval (= deploy) computed another layer."""
+    qmodel, *_ = _cfg_model(tmp_path, "retrain_weight_quant_config { ulq_retrain { channel_wise: true } }")
+    layer = qmodel.conv2
+    assert isinstance(layer, QuantRetrainLayer)
+    with torch.no_grad():
+        layer.weight_quant.wts_scales[0] *= -1
+    layer.invalidate()
+    x = torch.randn(4, 8, 28, 28, generator=torch.Generator().manual_seed(2)).relu()
+    with torch.no_grad():
+        reference = layer.training_forward(x)  # fake-quant weights, BN with its running statistics
+        deployed = layer(x)  # record factors, integer codes, BN folded
+    assert reference[:, 0].abs().max() > 0.1  # the channel is alive in training too
+    torch.testing.assert_close(deployed, reference, atol=0.02 * float(reference.abs().max()), rtol=0)
+
+
 def test_layers_reading_one_tensor_share_the_activation_quantiser(tmp_path):
     x = torch.randn(2, 3, 8, 8)
     config, record = tmp_path / "c.json", tmp_path / "r.txt"

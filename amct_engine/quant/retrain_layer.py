@@ -97,7 +97,7 @@ class QuantRetrainLayer(nn.Module):
         if self.fakequant_precision_mode == "FORCE_FP16_QUANT":
             scale_d = float(torch.tensor(scale_d).half())  # spec §2.2: scale_d at fp16 precision
         scale_d = reciprocal_stable(scale_d)
-        scale_w = self.weight_quant.wts_scales.detach().abs().float().reshape(-1)
+        scale_w = self.weight_quant.scale_offset()[0].reshape(-1)  # the scale the forward used
         bn_factor = self.bn_fold_factor()
         if bn_factor is not None:
             # spec §4.6: matches the Conv+BN folding done at save time.

@@ -40,26 +40,38 @@ def ulq_weight_scale_grad(weight, grad_output, scale, bits: int) -> torch.Tensor
     return terms.reshape(scale.numel(), -1).sum(dim=1).reshape(scale.shape)
 
 
+def effective_scale(scale: torch.Tensor) -> torch.Tensor:
+    """|s|, at least FLT_EPSILON: the scale the forward quantises with and the record holds (spec §4.6).
+
+    A learnt scale can step through zero (Adam moves it by ~lr per step; a conv followed by BN does
+    not care about its channel's magnitude, so nothing pulls the scale back). The record always held
+    |s|; the forward must use the same value, or eval (= deploy) computes a different layer than
+    training did: clamping a negative scale to epsilon instead zeroed the channel during training
+    while the record kept |s|, and one such channel in conv1 took an A8W4 model from 0.89 to 0.44.
+    """
+    return scale.detach().to(torch.float32).abs().clamp_min(FLT_EPSILON)
+
+
 class UlqWeightFunction(torch.autograd.Function):
-    """W^ = clamp(round(W/s), Qn, Qp)*s; dL/dW = g (plain STE), dL/ds per `ulq_weight_scale_grad`."""
+    """W^ = clamp(round(W/|s|), Qn, Qp)*|s|; dL/dW = g (plain STE), dL/ds per `ulq_weight_scale_grad`."""
 
     @staticmethod
     def forward(ctx, weight: torch.Tensor, scale: torch.Tensor, bits: int):
         qn, qp = quant_range(bits)
-        # A learnt scale could step to <= 0; quantise with a tiny positive one instead.
-        s = scale.detach().to(torch.float32).clamp_min(FLT_EPSILON)
+        s = effective_scale(scale)
         s_view = _scale_view(s, weight)
         quantized = torch.clamp(torch.round(weight.to(torch.float32) / s_view), qn, qp) * s_view
-        ctx.save_for_backward(weight, s)
+        ctx.save_for_backward(weight, s, scale.detach())
         ctx.bits = bits
-        ctx.scale_dtype = scale.dtype
         return quantized.to(weight.dtype)
 
     @staticmethod
     def backward(ctx, grad_output):
-        weight, s = ctx.saved_tensors
-        grad_scale = ulq_weight_scale_grad(weight, grad_output, s, ctx.bits)
-        return grad_output, grad_scale.to(ctx.scale_dtype), None
+        weight, s, scale = ctx.saved_tensors
+        grad_abs = ulq_weight_scale_grad(weight, grad_output, s, ctx.bits)
+        # d|s|/ds = sign(s); a scale of exactly 0 counts as positive.
+        sign = torch.where(scale < 0, -1.0, 1.0).to(grad_abs.dtype)
+        return grad_output, (grad_abs * sign).to(scale.dtype), None
 
 
 class UlqWeightQuantizer(nn.Module):
@@ -96,8 +108,7 @@ class UlqWeightQuantizer(nn.Module):
         """The scale the forward uses (clamped positive, float32) and the int32 zero offsets."""
         if not self._initialized:
             raise RuntimeError("the weight quantiser has no scale yet: run a forward pass first")
-        scale = self.wts_scales.detach().float().clamp_min(FLT_EPSILON)
-        return scale.clone(), self.wts_offsets.detach().clone()
+        return effective_scale(self.wts_scales).clone(), self.wts_offsets.detach().clone()
 
     def extra_repr(self) -> str:
         return f"bits={self.bits}, channel_wise={self.channel_wise}"
