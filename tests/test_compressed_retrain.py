@@ -147,6 +147,10 @@ def test_m4n2_keeps_two_zeros_of_four_after_training_and_in_the_deploy_model(tmp
         assert np.all((grouped == 0).sum(-1) >= 2), scope
         checked += 1
     assert checked == len(masks)
+    # PyTorch eval runs the masked weights too: it matches the exported models (it ran the dense ones)
+    x = example_input(PruneResNet, seed=7)
+    assert np.abs(_ort(paths["fake_quant"], x) - expected.numpy()).max() <= 1e-3
+    assert np.abs(_ort(paths["deploy"], x) - expected.numpy()).max() <= 0.05 * float(expected.abs().max())
     # restore: the masks come from the record and the pth, never from the weights
     restored = _restore(tmp_path, model, cfg, record)
     for name, mask in masks.items():

@@ -113,6 +113,10 @@ class MaskedWeightQuantizer(nn.Module):
     def forward(self, weight: torch.Tensor, transpose_groups: int | None = None) -> torch.Tensor:
         return self.quant(self.selective(weight), transpose_groups)
 
+    def mask_weight(self, weight: torch.Tensor) -> torch.Tensor:
+        """W ⊙ mask without counting a batch: what the eval (= deploy) layer is built from."""
+        return weight * self.selective.mask
+
     # what QuantRetrainLayer and the exporter read from a weight quantiser
     @property
     def bits(self) -> int:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import torch
 from torch import nn
@@ -87,8 +89,20 @@ class QuantRetrainLayer(nn.Module):
         record = self.quant_record()
         if self.record is not None:
             self.record.write_layers({self.layer_name: record})
-        layer = fold_batch_norm(self.layer, self.bn)
+        layer = fold_batch_norm(self._layer_as_quantised(), self.bn)
         return layer, compute_factors(self.layer_name, layer, record)
+
+    def _layer_as_quantised(self) -> nn.Module:
+        """The float layer with the weight its quantiser reads: a 4:2-masked weight when the quantiser
+        masks first (``MaskedWeightQuantizer.mask_weight``), so eval runs the weights that were trained
+        and that the save bakes into the deploy model, not the dense ones."""
+        mask_weight = getattr(self.weight_quant, "mask_weight", None)
+        if mask_weight is None:
+            return self.layer
+        layer = copy.deepcopy(self.layer)
+        with torch.no_grad():
+            layer.weight.copy_(mask_weight(layer.weight))
+        return layer
 
     def quant_record(self) -> LayerQuantRecord:
         """Scale/offset of data and weight, with a following BN's factor folded into scale_w."""
