@@ -7,6 +7,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -170,6 +171,32 @@ def interleaved_latency(
                 session.run(None, inputs[name])
                 samples[name].append(time.perf_counter() - start)
     return {name: summarize(values) for name, values in samples.items()}
+
+
+def ort_node_profile(path: str | os.PathLike, batch: int, runs: int = 30, top: int = 6) -> dict[str, Any]:
+    """Where onnxruntime spends a run: mean µs per run of the ``top`` costliest nodes of the optimised graph
+    (``[{node, op, us}]``, from onnxruntime's own profiler; one thread) and the mean µs of all nodes."""
+    import json
+
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads, options.inter_op_num_threads = 1, 1
+    options.enable_profiling = True
+    options.profile_file_prefix = os.path.join(os.path.dirname(os.fspath(path)), "ort_profile")
+    session = ort.InferenceSession(os.fspath(path), options, providers=["CPUExecutionProvider"])
+    feeds = random_feeds(session, batch, os.fspath(path))
+    for _ in range(runs):
+        session.run(None, feeds)
+    events = json.loads(Path(session.end_profiling()).read_text())
+    totals: dict[tuple[str, str], float] = {}
+    for event in events:
+        if event.get("cat") == "Node" and event["name"].endswith("_kernel_time"):
+            key = (event["name"][: -len("_kernel_time")], event["args"]["op_name"])
+            totals[key] = totals.get(key, 0.0) + event["dur"] / runs
+    ranked = sorted(totals.items(), key=lambda item: -item[1])
+    return {"batch": batch, "runs": runs, "total_us": sum(totals.values()),
+            "nodes": [{"node": node, "op": op, "us": us} for (node, op), us in ranked[:top]]}
 
 
 def ratios(num: Mapping[str, float], den: Mapping[str, float]) -> dict[str, float]:

@@ -64,3 +64,29 @@ def test_render_writes_tables_plots_and_the_loss_section(tmp_path):
         png = tmp_path / "docs" / "images" / name
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert f"(images/{name})" in text
+
+
+def test_profile_table_lists_the_costliest_nodes_with_their_share():
+    profile = {"batch": 64, "runs": 30, "total_us": 400.0,
+               "nodes": [{"node": "/conv1/Conv_token_1", "op": "QLinearConv", "us": 300.0},
+                         {"node": "/fc/MatMulInteger", "op": "MatMulInteger", "us": 100.0}]}
+    lines = report.profile_md([{"name": "amct INT8 QAT", "ort_profile": [profile]}, {"name": "FP32"}])
+    row = next(line for line in "\n".join(lines).splitlines() if line.startswith("| amct INT8 QAT"))
+    assert "| 64 | 400 |" in row and "QLinearConv `conv1/Conv_token_1` 300 (75 %)" in row
+    assert report.profile_md([{"name": "FP32"}]) == []
+
+
+def test_ort_node_profile_times_the_nodes_of_a_real_model(tmp_path):
+    import torch
+
+    from bench.common import ort_node_profile
+
+    model = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(576, 3))
+    path = tmp_path / "m.onnx"
+    torch.onnx.export(model, (torch.randn(1, 1, 14, 14),), str(path), dynamo=False, input_names=["x"],
+                      dynamic_axes={"x": {0: "n"}})
+    profile = ort_node_profile(path, batch=8, runs=5)
+    ops = {node["op"] for node in profile["nodes"]}
+    assert profile["batch"] == 8 and profile["total_us"] > 0
+    assert "Conv" in ops or "FusedConv" in ops
+    assert profile["total_us"] >= sum(node["us"] for node in profile["nodes"]) > 0
