@@ -365,7 +365,8 @@ def own_costs(results: Mapping[str, Any]) -> list[str]:
                 ratio = r.get(f"latency_b{batch}_ratio")
                 if ratio and ratio["median"] > 1 + TIME_NOISE:
                     notes.append(f"{r['name']}: ORT latency at batch {batch} is {ratio['median']:.2f}× FP32 "
-                                 f"(slower than the model it compresses).")
+                                 f"(slower than the model it compresses; the peers' int8 models are too: see the "
+                                 f"profile table for which nodes cost it).")
             if r.get("accuracy_delta", 0) < -1 / 100:
                 notes.append(f"{r['name']}: top-1 {_pt(r['accuracy_delta'])} vs FP32.")
     minilm = _section(results, "minilm")
@@ -378,8 +379,22 @@ def own_costs(results: Mapping[str, Any]) -> list[str]:
     if crepe:
         for batch, ratio in crepe["latency_ratio"].items():
             if ratio["median"] > 1 + TIME_NOISE:
-                notes.append(f"CREPE tiny compressed: ORT latency at batch {batch[1:]} is {ratio['median']:.2f}× FP32.")
+                notes.append(f"CREPE tiny compressed: ORT latency at batch {batch[1:]} is {ratio['median']:.2f}× FP32"
+                             + _crepe_latency_cause(crepe))
     return notes
+
+
+def _crepe_latency_cause(crepe: Mapping[str, Any]) -> str:
+    """Why, when the profile shows it: convs left as ConvInteger (not requantised into QLinearConv)."""
+    int8 = next((p for p in crepe.get("ort_profile", []) if p["name"] == "int8"), None)
+    nodes = int8["ort_profile"][0]["nodes"] if int8 else []
+    slow = [n for n in nodes if n["op"] == "ConvInteger"]
+    if not slow:
+        return "."
+    share = sum(n["us"] for n in slow) / int8["ort_profile"][0]["total_us"]
+    return (f": ConvInteger nodes take {100 * share:.0f} % of the deploy model's time. Each conv is followed by "
+            "ReLU then BatchNorm, so its output does not reach the next quantised layer through ReLU/max-pool only "
+            "and is not requantised into a QLinearConv; onnxruntime's ConvInteger has no fast CPU kernel.")
 
 
 # --------------------------------------------------------------------------- sections
@@ -527,7 +542,8 @@ def crepe_md(results: Mapping[str, Any]) -> list[str]:
     section = results["sections"].get("crepe")
     if section is None:
         return []
-    lines = ["### CREPE tiny, compressed retrain (30 % filter pruning + INT8) with the FP32 model as teacher", ""]
+    lines = ["### CREPE tiny, compressed retrain (30 % filter pruning + INT8, and INT8 alone) with the FP32 model "
+             "as teacher", ""]
     if section["status"] != "ok":
         return lines + [f"{section['status']}: {section.get('reason', '')}", ""]
     c = section["result"]
@@ -548,11 +564,16 @@ def crepe_md(results: Mapping[str, Any]) -> list[str]:
             ("deploy bytes / FP32 ONNX", f"{c['bytes_ratio']:.3f}×"),
             ("ORT latency / FP32, batch 1 (median, min)", _ratio_cell(c["latency_ratio"]["b1"])),
             ("ORT latency / FP32, batch 64 (median, min)", _ratio_cell(c["latency_ratio"]["b64"])),
+            *([("INT8 only (no pruning): deploy bytes / FP32 ONNX", f"{c['int8_only']['bytes_ratio']:.3f}×"),
+               ("INT8 only: ORT latency / FP32, batch 1 (median, min)",
+                _ratio_cell(c["int8_only"]["latency_ratio"]["b1"])),
+               ("INT8 only: ORT latency / FP32, batch 64 (median, min)",
+                _ratio_cell(c["int8_only"]["latency_ratio"]["b64"]))] if "int8_only" in c else []),
             ("median |deploy − teacher| pitch, cents", f"{c['agreement_cents_vs_teacher']:.1f}"),
             ("train step median, s", f"{c['step_s']:.3f}"), ("section time, s", f"{c['total_s']:.0f}"),
         ]), "",
     ]
-    return lines
+    return lines + profile_md(c.get("ort_profile", []))
 
 
 def capture_md(results: Mapping[str, Any]) -> list[str]:
