@@ -89,4 +89,5 @@ def test_ort_node_profile_times_the_nodes_of_a_real_model(tmp_path):
     ops = {node["op"] for node in profile["nodes"]}
     assert profile["batch"] == 8 and profile["total_us"] > 0
     assert "Conv" in ops or "FusedConv" in ops
-    assert profile["total_us"] >= sum(node["us"] for node in profile["nodes"]) > 0
+    top = sum(node["us"] for node in profile["nodes"])
+    assert top > 0 and profile["total_us"] >= top - 1e-6  # the top nodes are part of all nodes (float sums)
