@@ -405,6 +405,18 @@ def _section(results: Mapping[str, Any], name: str) -> Mapping[str, Any] | None:
     return section["result"] if section and section["status"] == "ok" else None
 
 
+def _section_head(results: Mapping[str, Any], name: str,
+                  title: str) -> tuple[list[str], Mapping[str, Any] | None]:
+    """A section's heading lines and its result; a failed or skipped section gets its status line and no result."""
+    section = results["sections"].get(name)
+    if section is None:
+        return [], None
+    lines = [title, ""]
+    if section["status"] != "ok":
+        return lines + [f"{section['status']}: {section.get('reason', '')}", ""], None
+    return lines, section["result"]
+
+
 def _kv_table(pairs: Sequence[tuple[str, Any]]) -> str:
     return format_markdown([{"quantity": k, "value": v} for k, v in pairs], ["quantity", "value"])
 
@@ -509,13 +521,9 @@ def profile_md(rows: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 def minilm_md(results: Mapping[str, Any]) -> list[str]:
-    section = results["sections"].get("minilm")
-    if section is None:
-        return []
-    lines = ["### all-MiniLM-L6-v2, INT8 distillation", ""]
-    if section["status"] != "ok":
-        return lines + [f"{section['status']}: {section.get('reason', '')}", ""]
-    m = section["result"]
+    lines, m = _section_head(results, "minilm", "### all-MiniLM-L6-v2, INT8 distillation")
+    if m is None:
+        return lines
     try:
         sentences = m["sentences"]
         pairs = [
@@ -539,14 +547,10 @@ def minilm_md(results: Mapping[str, Any]) -> list[str]:
 
 
 def crepe_md(results: Mapping[str, Any]) -> list[str]:
-    section = results["sections"].get("crepe")
-    if section is None:
-        return []
-    lines = ["### CREPE tiny, compressed retrain (30 % filter pruning + INT8, and INT8 alone) with the FP32 model "
-             "as teacher", ""]
-    if section["status"] != "ok":
-        return lines + [f"{section['status']}: {section.get('reason', '')}", ""]
-    c = section["result"]
+    lines, c = _section_head(results, "crepe", "### CREPE tiny, compressed retrain (30 % filter pruning + INT8, and "
+                                               "INT8 alone) with the FP32 model as teacher")
+    if c is None:
+        return lines
     s = c["setup"]
     lines += [
         f"Synthetic harmonic tones, {s['range_hz'][0]:g}–{s['range_hz'][1]:g} Hz, 16 kHz frames of 1,024 samples: "
@@ -577,13 +581,10 @@ def crepe_md(results: Mapping[str, Any]) -> list[str]:
 
 
 def capture_md(results: Mapping[str, Any]) -> list[str]:
-    section = results["sections"].get("capture")
-    if section is None:
-        return []
-    lines = ["## Graph capture: ours (capture + config) vs AMCT's route (ONNX export + load)", ""]
-    if section["status"] != "ok":
-        return lines + [f"{section['status']}: {section.get('reason', '')}", ""]
-    c = section["result"]
+    lines, c = _section_head(results, "capture",
+                             "## Graph capture: ours (capture + config) vs AMCT's route (ONNX export + load)")
+    if c is None:
+        return lines
     rows = []
     for source, routes in c["routes"].items():
         for label, entry in routes.items():
@@ -601,13 +602,9 @@ def capture_md(results: Mapping[str, Any]) -> list[str]:
 
 
 def service_md(results: Mapping[str, Any]) -> list[str]:
-    section = results["sections"].get("service")
-    if section is None:
-        return []
-    lines = ["## Service under load", ""]
-    if section["status"] != "ok":
-        return lines + [f"{section['status']}: {section.get('reason', '')}", ""]
-    s = section["result"]
+    lines, s = _section_head(results, "service", "## Service under load")
+    if s is None:
+        return lines
     setup = s["setup"]
     lines += [
         f"Each back end: `python -m service serve` with its embedded worker on this machine; the load comes from "
