@@ -15,10 +15,8 @@ Run on its own: ``python bench/compress.py [--quick]``.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -77,17 +75,9 @@ def methods(setup) -> list[tuple[str, str, Callable[[], Row]]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from bench import fashion, report
+    from bench import fashion
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a few thousand images, for a smoke run")
-    parser.add_argument("--threads", type=int, default=2, help="torch and onnxruntime threads")
-    args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="amct-compress-bench-") as tmp:
-        result = fashion.run(Path(tmp), quick=args.quick, threads=args.threads,
-                             only=["BCP", "M4N2", "Torch-Pruning"])
-    print(report.engine_markdown(result))
-    return 0
+    return fashion.script_main(__doc__, ["BCP", "M4N2", "Torch-Pruning"], argv)
 
 
 if __name__ == "__main__":

@@ -261,3 +261,20 @@ def run(workdir: Path, quick: bool = False, threads: int = 2, only: list[str] | 
 
 def rows_by_name(result: Mapping[str, Any]) -> dict[str, Row]:
     return {row["name"]: row for row in result["rows"]}
+
+
+def script_main(doc: str, only: list[str], argv: list[str] | None = None) -> int:
+    """``python bench/<module>.py [--quick] [--threads N]``: the FP32 row and the rows named by ``only``, as a table."""
+    import argparse
+    import tempfile
+
+    from bench import report
+
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a few thousand images, for a smoke run")
+    parser.add_argument("--threads", type=int, default=2, help="torch and onnxruntime threads")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="amct-engine-bench-") as tmp:
+        result = run(Path(tmp), quick=args.quick, threads=args.threads, only=only)
+    print(report.engine_markdown(result))
+    return 0

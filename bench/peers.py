@@ -17,11 +17,9 @@ Run on its own: ``python bench/peers.py --quick``.
 
 from __future__ import annotations
 
-import argparse
 import io
 import os
 import sys
-import tempfile
 import time
 import warnings
 from collections.abc import Callable
@@ -167,17 +165,9 @@ def prune_methods(setup) -> list[tuple[str, str, Callable[[], Row]]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from bench import fashion, report
+    from bench import fashion
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="amct-peers-bench-") as tmp:
-        result = fashion.run(Path(tmp), quick=args.quick, threads=args.threads,
-                             only=["torchao", "NNCF", "Torch-Pruning"])
-    print(report.engine_markdown(result))
-    return 0
+    return fashion.script_main(__doc__, ["torchao", "NNCF", "Torch-Pruning"], argv)
 
 
 if __name__ == "__main__":

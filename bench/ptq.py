@@ -11,9 +11,7 @@ Run on its own: ``python bench/ptq.py --quick`` (FP32 base, FP32 row and the PTQ
 
 from __future__ import annotations
 
-import argparse
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -83,17 +81,11 @@ def methods(setup) -> list[tuple[str, str, Callable[[], dict[str, Any]]]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from bench import fashion, report
+    from bench import fashion
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="amct-ptq-bench-") as tmp:
-        result = fashion.run(Path(tmp), quick=args.quick, threads=args.threads, only=["ORT static PTQ"])
-    print(report.engine_markdown(result))
+    code = fashion.script_main(__doc__, ["ORT static PTQ"], argv)
     print(package_versions("onnxruntime"))
-    return 0
+    return code
 
 
 if __name__ == "__main__":
