@@ -89,12 +89,17 @@ def _input_shape(name: str, shape: Sequence[Any], batch: int, path: str) -> list
     return [batch, *rest]
 
 
-def ort_session(path: str | os.PathLike, threads: int | None = None, optimization: str | None = None):
+def ort_session(path: str | os.PathLike, threads: int | None = None, optimization: str | None = None,
+                profile_prefix: str | None = None):
     """An onnxruntime CPU session; ``threads`` sets the intra-op threads (inter-op: 1), ``optimization`` the
-    graph optimisation level by name (``"ORT_ENABLE_BASIC"``; default: onnxruntime's, i.e. all)."""
+    graph optimisation level by name (``"ORT_ENABLE_BASIC"``; default: onnxruntime's, i.e. all),
+    ``profile_prefix`` turns on onnxruntime's profiler, writing to files with that prefix."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
+    if profile_prefix is not None:
+        options.enable_profiling = True
+        options.profile_file_prefix = profile_prefix
     if optimization is not None:
         options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, optimization)
     if threads is not None:
@@ -178,13 +183,8 @@ def ort_node_profile(path: str | os.PathLike, batch: int, runs: int = 30, top: i
     (``[{node, op, us}]``, from onnxruntime's own profiler; one thread) and the mean µs of all nodes."""
     import json
 
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads, options.inter_op_num_threads = 1, 1
-    options.enable_profiling = True
-    options.profile_file_prefix = os.path.join(os.path.dirname(os.fspath(path)), "ort_profile")
-    session = ort.InferenceSession(os.fspath(path), options, providers=["CPUExecutionProvider"])
+    session = ort_session(path, threads=1,
+                          profile_prefix=os.path.join(os.path.dirname(os.fspath(path)), "ort_profile"))
     feeds = random_feeds(session, batch, os.fspath(path))
     for _ in range(runs):
         session.run(None, feeds)
