@@ -1,52 +1,49 @@
 """AMCT-compatible model compression engine: ``import amct_engine as amct``.
 
 Same API names, `.cfg` files and JSON configs as Huawei CANN's AMCT (PyTorch classic API).
+
+The names below load on first use (PEP 562): ``import amct_engine.config.cfg_loader`` or
+``amct_engine.registry`` does not import torch, so the API process can parse a `.cfg` and read
+the engine's tables without it.
 """
 
-from amct_engine.config.errors import ConfigError
-from amct_engine.distillation import (
-    DistillSampleBase,
-    ModelSingleTensorInput,
-    create_distill_config,
-    create_distill_model,
-    distill,
-    save_distill_model,
-)
-from amct_engine.graph.capture import GraphCaptureError
-from amct_engine.prune.report import PruneReport
-from amct_engine.prune_retrain import (
-    create_compressed_retrain_model,
-    create_prune_retrain_model,
-    restore_compressed_retrain_model,
-    restore_prune_retrain_model,
-    save_compressed_retrain_model,
-    save_prune_retrain_model,
-)
-from amct_engine.quant_retrain import (
-    create_quant_retrain_config,
-    create_quant_retrain_model,
-    restore_quant_retrain_model,
-    save_quant_retrain_model,
-)
+from __future__ import annotations
 
-__all__ = [
-    "PruneReport",
-    "create_compressed_retrain_model",
-    "create_prune_retrain_model",
-    "restore_compressed_retrain_model",
-    "restore_prune_retrain_model",
-    "save_compressed_retrain_model",
-    "save_prune_retrain_model",
-    "ConfigError",
-    "DistillSampleBase",
-    "ModelSingleTensorInput",
-    "create_distill_model",
-    "distill",
-    "save_distill_model",
-    "GraphCaptureError",
-    "create_distill_config",
-    "create_quant_retrain_config",
-    "create_quant_retrain_model",
-    "restore_quant_retrain_model",
-    "save_quant_retrain_model",
-]
+import importlib
+from typing import Any
+
+# Public name -> the module that defines it.
+_EXPORTS = {
+    "ConfigError": "amct_engine.config.errors",
+    "DistillSampleBase": "amct_engine.distillation",
+    "ModelSingleTensorInput": "amct_engine.distillation",
+    "create_distill_config": "amct_engine.distillation",
+    "create_distill_model": "amct_engine.distillation",
+    "distill": "amct_engine.distillation",
+    "save_distill_model": "amct_engine.distillation",
+    "GraphCaptureError": "amct_engine.graph.capture",
+    "PruneReport": "amct_engine.prune.report",
+    "create_compressed_retrain_model": "amct_engine.prune_retrain",
+    "create_prune_retrain_model": "amct_engine.prune_retrain",
+    "restore_compressed_retrain_model": "amct_engine.prune_retrain",
+    "restore_prune_retrain_model": "amct_engine.prune_retrain",
+    "save_compressed_retrain_model": "amct_engine.prune_retrain",
+    "save_prune_retrain_model": "amct_engine.prune_retrain",
+    "create_quant_retrain_config": "amct_engine.quant_retrain",
+    "create_quant_retrain_model": "amct_engine.quant_retrain",
+    "restore_quant_retrain_model": "amct_engine.quant_retrain",
+    "save_quant_retrain_model": "amct_engine.quant_retrain",
+}
+__all__ = list(_EXPORTS)
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'amct_engine' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

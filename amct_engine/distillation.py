@@ -17,8 +17,8 @@ from amct_engine.config.quant_json import (
     read_json_config,
     write_json_config,
 )
-from amct_engine.distill.loop import distill
-from amct_engine.distill.sample import DistillSampleBase, ModelSingleTensorInput
+from amct_engine.blockwise_distill.loop import distill
+from amct_engine.blockwise_distill.sample import DistillSampleBase, ModelSingleTensorInput
 from amct_engine.export.save import quant_layers, save_quantized_onnx
 from amct_engine.graph.analysis import DISTILL_TYPES, distill_groups, quantizable_layers
 from amct_engine.graph.capture import capture_model

@@ -14,9 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from amct_engine.graph.layer_types import CONV_TYPES
 from amct_engine.record import LayerQuantRecord
 
-CONV_TYPES = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from torch import fx, nn
 
+from amct_engine.graph import layer_types
 from amct_engine.graph.capture import CapturedModel
 from amct_engine.graph.lifting import op_name
 
@@ -24,7 +25,7 @@ DISTILL_BN_TYPES: tuple[str, ...] = ("BatchNorm2d",)
 # ONNX Relu, LeakyRelu, Sigmoid, Tanh, Softmax (DISTILL_ACTIVATION_ONNX_TYPES) as modules
 DISTILL_ACTIVATION_TYPES: tuple[str, ...] = ("ReLU", "LeakyReLU", "Sigmoid", "Tanh", "Softmax")
 DISTILL_MODULE_TYPES: tuple[str, ...] = DISTILL_TYPES + DISTILL_BN_TYPES + DISTILL_ACTIVATION_TYPES
-BN_TYPES: tuple[str, ...] = ("BatchNorm1d", "BatchNorm2d", "BatchNorm3d")
+BN_TYPES: tuple[str, ...] = tuple(t.__name__ for t in layer_types.BN_TYPES)
 ACTIVATION_TYPES: tuple[str, ...] = ("ReLU", "ReLU6", "LeakyReLU", "Sigmoid", "Tanh", "Softmax")
 # functional spellings (F.relu, torch.relu, x.relu_(), aten.relu.default …) → the module they equal
 ACTIVATION_FUNCTIONS: dict[str, str] = {

@@ -33,7 +33,7 @@ AMCT_MODULE_TYPE_NAMES: set[str] = {
     "LinearQAT", "LSTMQAT", "GRUQAT", "OFMRQuant", "ConvTranspose1dQAT",
 }
 # our own wrappers and quantisers live in these packages; anything defined there is an AMCT op too
-_AMCT_PACKAGES = ("amct_engine.quant", "amct_engine.prune", "amct_engine.distill")
+_AMCT_PACKAGES = ("amct_engine.quant", "amct_engine.prune", "amct_engine.blockwise_distill")
 
 
 def register_amct_module_type(cls_or_name: type | str) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from torch import nn
+from amct_engine.graph.layer_types import BN_TYPES, CONV_TRANSPOSE_TYPES, CONV_TYPES  # noqa: F401 (re-exported)
 
 # Member kinds: which tensors of a layer lose the group's channels.
 OUT = "out"  # producer: weight rows (Cout / out_features) and bias
@@ -17,9 +17,6 @@ NORM = "norm"  # BatchNorm: weight, bias, running statistics
 DEPTHWISE = "depthwise"  # depthwise conv: its channels in and out, and groups
 OP = "op"  # an add / concat node: nothing to change, listed in the record as AMCT does
 
-CONV_TYPES = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
-CONV_TRANSPOSE_TYPES = (nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
-BN_TYPES = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
 
 
 @dataclass(frozen=True)

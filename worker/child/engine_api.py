@@ -16,7 +16,7 @@ KIND_FUNCTIONS: dict[str, tuple[str, ...]] = {
     "distill": ("create_distill_config", "create_distill_model", "distill", "save_distill_model"),
 }
 _MODULES = ("amct_engine", "amct_engine.quant_retrain", "amct_engine.prune_retrain",
-            "amct_engine.compressed_retrain", "amct_engine.distillation", "amct_engine.distill")
+            "amct_engine.compressed_retrain", "amct_engine.distillation")
 
 
 class EngineUnavailable(RuntimeError):

@@ -15,8 +15,8 @@ from collections.abc import Iterable, Iterator
 import torch
 from torch import nn
 
-from amct_engine.distill.blocks import group_input, run_chain
-from amct_engine.distill.sample import DistillSampleBase, model_inputs
+from amct_engine.blockwise_distill.blocks import group_input, run_chain
+from amct_engine.blockwise_distill.sample import DistillSampleBase, model_inputs
 
 Step = tuple[tuple[torch.Tensor, ...], torch.Tensor, list[torch.Tensor]]
 
