@@ -16,11 +16,11 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/python -m amct_engine.demo
+	$(BIN)/python -m examples.demo
 
 # Sample model, cfgs and dataset for the service walk-through in docs/service.md.
 samples: $(STAMP)
-	$(BIN)/python -m amct_engine.samples --out samples
+	$(BIN)/python -m examples.samples --out samples
 
 # The service with its embedded defaults: SQLite, a filesystem broker, artifacts under var/.
 serve: $(STAMP)

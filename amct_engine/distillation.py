@@ -8,6 +8,8 @@ import os
 import torch
 from torch import nn
 
+from amct_engine.blockwise_distill.loop import distill
+from amct_engine.blockwise_distill.sample import DistillSampleBase, ModelSingleTensorInput
 from amct_engine.config.cfg_loader import load_distill_cfg
 from amct_engine.config.layer_refs import check_layer_references
 from amct_engine.config.quant_json import (
@@ -17,8 +19,6 @@ from amct_engine.config.quant_json import (
     read_json_config,
     write_json_config,
 )
-from amct_engine.blockwise_distill.loop import distill
-from amct_engine.blockwise_distill.sample import DistillSampleBase, ModelSingleTensorInput
 from amct_engine.export.save import quant_layers, save_quantized_onnx
 from amct_engine.graph.analysis import DISTILL_TYPES, distill_groups, quantizable_layers
 from amct_engine.graph.capture import capture_model

@@ -27,11 +27,11 @@ import torch
 if __package__ in (None, ""):  # run as a script: make `bench` and `amct_engine` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from amct_engine.data.training import evaluate_accuracy  # noqa: E402
 from amct_engine.prune.selective import bake_selective_masks  # noqa: E402
 from amct_engine.prune_retrain import create_compressed_retrain_model, save_compressed_retrain_model  # noqa: E402
 from bench import peers  # noqa: E402
 from bench.fashion import DYNAMIC_AXES, timed_training, weight_counts  # noqa: E402
+from job_process.training import evaluate_accuracy  # noqa: E402
 
 QUANT_CFG = """
 retrain_data_quant_config { ulq_quantize { } }

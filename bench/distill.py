@@ -26,9 +26,10 @@ from torch.utils.data import DataLoader
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import amct_engine as amct  # noqa: E402
-from amct_engine.data.fashion_mnist import load_fashion_mnist  # noqa: E402
-from amct_engine.data.training import SmallFashionCnn, evaluate_accuracy, make_loader, train_epochs  # noqa: E402
 from bench.minilm import print_report, run_minilm  # noqa: E402
+from examples.fashion_mnist import load_fashion_mnist  # noqa: E402
+from examples.models import SmallFashionCnn  # noqa: E402
+from job_process.training import evaluate_accuracy, make_loader, train_epochs  # noqa: E402
 
 
 def _session(path, threads, level=None):

@@ -26,8 +26,6 @@ from torch import nn
 if __package__ in (None, ""):  # run as a script: make `bench` and `amct_engine` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from amct_engine.data.fashion_mnist import load_fashion_mnist  # noqa: E402
-from amct_engine.data.training import SmallFashionCnn, evaluate_accuracy, make_loader, train_epochs  # noqa: E402
 from amct_engine.export.save import export_onnx  # noqa: E402
 from bench.common import (  # noqa: E402
     StepTimer,
@@ -39,6 +37,9 @@ from bench.common import (  # noqa: E402
     ratios,
     summarize,
 )
+from examples.fashion_mnist import load_fashion_mnist  # noqa: E402
+from examples.models import SmallFashionCnn  # noqa: E402
+from job_process.training import evaluate_accuracy, make_loader, train_epochs  # noqa: E402
 
 BASELINE = "FP32"
 # Deploy models whose onnxruntime node times the report lists (the baseline, the two quantisation peers, ours).

@@ -31,9 +31,9 @@ import torch
 if __package__ in (None, ""):  # run as a script: make `bench` and `amct_engine` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from amct_engine.data.training import evaluate_accuracy  # noqa: E402
 from bench.common import ort_accuracy  # noqa: E402
 from bench.fashion import IO_NAMES, export_fp32, timed_training, weight_counts  # noqa: E402
+from job_process.training import evaluate_accuracy  # noqa: E402
 
 Row = dict[str, Any]
 

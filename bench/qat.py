@@ -31,10 +31,10 @@ if __package__ in (None, ""):  # run as a script: make `bench` and `amct_engine`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import amct_engine as amct  # noqa: E402
-from amct_engine.data.training import evaluate_accuracy  # noqa: E402
 from bench import peers  # noqa: E402
 from bench.common import summarize  # noqa: E402
 from bench.fashion import DYNAMIC_AXES, IO_NAMES, timed_training  # noqa: E402
+from job_process.training import evaluate_accuracy  # noqa: E402
 
 A8W4_CFG = "retrain_weight_quant_config { ulq_retrain { channel_wise: true dst_type: INT4 } }"
 Row = dict[str, Any]

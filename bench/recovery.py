@@ -39,8 +39,9 @@ def make_assets(folder: Path) -> None:
     import numpy as np
     import torch
 
-    from amct_engine.data.fashion_mnist import load_fashion_mnist
-    from amct_engine.data.training import SmallFashionCnn, make_loader, train_epochs
+    from examples.fashion_mnist import load_fashion_mnist
+    from examples.models import SmallFashionCnn
+    from job_process.training import make_loader, train_epochs
 
     x, y = load_fashion_mnist("train", limit=3400)
     torch.manual_seed(0)
@@ -132,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=10)
     args = parser.parse_args(argv)
-    from amct_engine.data.fashion_mnist import fashion_mnist_available
+    from examples.fashion_mnist import fashion_mnist_available
 
     if not fashion_mnist_available():
         print("recovery: Fashion-MNIST is missing: apt-get install dataset-fashion-mnist", file=sys.stderr)

@@ -7,8 +7,9 @@ import copy
 import pytest
 import torch
 
-from amct_engine.data.fashion_mnist import fashion_mnist_available, load_fashion_mnist
-from amct_engine.data.training import SmallFashionCnn, make_loader, train_epochs
+from examples.fashion_mnist import fashion_mnist_available, load_fashion_mnist
+from examples.models import SmallFashionCnn
+from job_process.training import make_loader, train_epochs
 
 FP32_LR, BATCH, SEED = 2e-3, 128, 0
 

@@ -14,9 +14,10 @@ import pytest
 import torch
 
 import amct_engine.prune_retrain as amct
-from amct_engine.data.fashion_mnist import fashion_mnist_available, load_fashion_mnist
-from amct_engine.data.training import SmallFashionCnn, evaluate_accuracy, make_loader, train_epochs
 from amct_engine.export.save import export_onnx
+from examples.fashion_mnist import fashion_mnist_available, load_fashion_mnist
+from examples.models import SmallFashionCnn
+from job_process.training import evaluate_accuracy, make_loader, train_epochs
 
 pytestmark = [
     pytest.mark.slow,

@@ -9,7 +9,7 @@ import torch
 from torch.utils.data import DataLoader
 
 import amct_engine as amct
-from amct_engine.data.training import evaluate_accuracy
+from job_process.training import evaluate_accuracy
 
 pytestmark = pytest.mark.slow
 

@@ -15,8 +15,8 @@ import torch
 from torch.utils.data import DataLoader
 
 import amct_engine as amct
-from amct_engine.data.training import evaluate_accuracy
 from amct_engine.quant.retrain_layer import QuantRetrainLayer
+from job_process.training import evaluate_accuracy
 
 pytestmark = pytest.mark.slow
 

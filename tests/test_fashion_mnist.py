@@ -8,19 +8,15 @@ import shutil
 import pytest
 import torch
 
-from amct_engine.data.fashion_mnist import (
+from examples.fashion_mnist import (
     ENV_VAR,
     fashion_mnist_available,
     fashion_mnist_dir,
     load_fashion_mnist,
     read_idx,
 )
-from amct_engine.data.training import (
-    SmallFashionCnn,
-    evaluate_accuracy,
-    make_loader,
-    train_epochs,
-)
+from examples.models import SmallFashionCnn
+from job_process.training import evaluate_accuracy, make_loader, train_epochs
 
 needs_data = pytest.mark.skipif(
     not fashion_mnist_available(),

@@ -16,11 +16,11 @@ import torch
 from onnx import numpy_helper
 
 import amct_engine as amct
-from amct_engine.data.fashion_mnist import fashion_mnist_available
-from amct_engine.data.training import evaluate_accuracy, make_loader, train_epochs
 from amct_engine.export.ascend import ascend_to_standard_onnx, unpack_dequant_param
 from amct_engine.export.save import export_onnx
 from amct_engine.record import RecordFile
+from examples.fashion_mnist import fashion_mnist_available
+from job_process.training import evaluate_accuracy, make_loader, train_epochs
 
 pytestmark = [
     pytest.mark.slow,

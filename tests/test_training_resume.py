@@ -7,7 +7,8 @@ import io
 import pytest
 import torch
 
-from amct_engine.data.training import ResumableLoader, SmallFashionCnn, make_loader, make_optimizer, train_epochs
+from examples.models import SmallFashionCnn
+from job_process.training import ResumableLoader, make_loader, make_optimizer, train_epochs
 
 
 class Stop(Exception):

@@ -10,10 +10,10 @@ import torch
 from torch import fx, nn
 from tqdm import tqdm
 
-from amct_engine.config.quant_json import DISTILL, read_json_config
 from amct_engine.blockwise_distill.blocks import group_input, pick_student_input, resolve_group, run_chain
 from amct_engine.blockwise_distill.sample import DistillSampleBase, ModelSingleTensorInput, model_inputs
 from amct_engine.blockwise_distill.teacher import teacher_source
+from amct_engine.config.quant_json import DISTILL, read_json_config
 from amct_engine.graph.analysis import DISTILL_TYPES, quantizable_layers
 from amct_engine.graph.capture import CapturedModel, capture_model
 from amct_engine.quant.retrain_layer import QuantRetrainLayer

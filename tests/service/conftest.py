@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from amct_engine.data.fashion_mnist import fashion_mnist_available
+from examples.fashion_mnist import fashion_mnist_available
 from tests.service.support import PG_ADMIN_URL, QUANT_CFG, REDIS_URL, RUN_ID, Api, make_settings, open_api
 
 # -- data and model ---------------------------------------------------------------------------------
@@ -24,8 +24,9 @@ def assets(tmp_path_factory):
         pytest.skip("Fashion-MNIST is missing: apt-get install dataset-fashion-mnist")
     import torch
 
-    from amct_engine.data.fashion_mnist import load_fashion_mnist
-    from amct_engine.data.training import SmallFashionCnn, make_loader, train_epochs
+    from examples.fashion_mnist import load_fashion_mnist
+    from examples.models import SmallFashionCnn
+    from job_process.training import make_loader, train_epochs
 
     folder = tmp_path_factory.mktemp("assets")
     x, y = load_fashion_mnist("train", limit=4200)

@@ -76,8 +76,8 @@ def run(workdir: Path, spec: dict) -> dict:
     import numpy as np
     import torch
 
-    from amct_engine.data.training import evaluate_accuracy
     from amct_engine.export.save import export_onnx
+    from job_process.training import evaluate_accuracy
     from service.datasets import load_arrays
     from worker.child import kinds, report
     from worker.child.checkpoints import Checkpoints

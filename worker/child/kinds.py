@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from amct_engine.data.training import ResumableLoader, make_loader, make_optimizer, train_epochs
+from job_process.training import ResumableLoader, make_loader, make_optimizer, train_epochs
 from worker.child.checkpoints import Checkpoints
 from worker.child.engine_api import resolve
 

@@ -1,6 +1,6 @@
 """`make demo`: FP32 CNN on Fashion-MNIST -> INT8 QAT -> fake-quant and deploy ONNX, with a summary.
 
-Run: python -m amct_engine.demo [--out DIR] [--train-limit N]
+Run: python -m examples.demo [--out DIR] [--train-limit N]
 """
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ import torch
 from tqdm import tqdm
 
 import amct_engine as amct
-from amct_engine.data.fashion_mnist import fashion_mnist_available, load_fashion_mnist
-from amct_engine.data.training import SmallFashionCnn, evaluate_accuracy, make_loader, train_epochs
 from amct_engine.export.save import export_onnx
+from examples.fashion_mnist import fashion_mnist_available, load_fashion_mnist
+from examples.models import SmallFashionCnn
+from job_process.training import evaluate_accuracy, make_loader, train_epochs
 
 
 def _train(model, loader, lr, label):

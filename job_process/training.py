@@ -1,4 +1,6 @@
-"""Small deterministic training helpers shared by tests, the benchmark and the service.
+"""The job process's training loop: seeded loaders, a resumable shuffle order, epochs with progress.
+
+Shared with the tests and the benchmark, which train their base models the same way.
 
 Nothing here sets thread counts or global seeds except where a ``seed`` argument says so:
 ``torch.set_num_threads`` and the seed of a model's initialisation are the caller's business.
@@ -14,30 +16,6 @@ from torch import nn
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler, TensorDataset
 
 ProgressFn = Callable[[dict[str, Any]], None]
-
-
-class SmallFashionCnn(nn.Module):
-    """conv(1→16)-bn-relu-maxpool, conv(16→32, stride 2)-bn-relu, linear(1568→10); 20,586 params.
-
-    Sized for 1x28x28 inputs (Fashion-MNIST). One epoch of Adam(2e-3), batch 128 reaches ~0.88 test
-    accuracy (spec/offline-assets.md, "Fashion-MNIST").
-    """
-
-    def __init__(self, num_classes: int = 10) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(1, 16, kernel_size=3, padding=1)
-        self.bn1 = nn.BatchNorm2d(16)
-        self.relu1 = nn.ReLU()
-        self.pool = nn.MaxPool2d(2)
-        self.conv2 = nn.Conv2d(16, 32, kernel_size=3, stride=2, padding=1)
-        self.bn2 = nn.BatchNorm2d(32)
-        self.relu2 = nn.ReLU()
-        self.fc = nn.Linear(32 * 7 * 7, num_classes)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.pool(self.relu1(self.bn1(self.conv1(x))))
-        x = self.relu2(self.bn2(self.conv2(x)))
-        return self.fc(torch.flatten(x, 1))
 
 
 def make_loader(

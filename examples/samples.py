@@ -15,8 +15,9 @@ import sys
 import numpy as np
 import torch
 
-from amct_engine.data.fashion_mnist import fashion_mnist_available, load_fashion_mnist
-from amct_engine.data.training import SmallFashionCnn, make_loader, train_epochs
+from examples.fashion_mnist import fashion_mnist_available, load_fashion_mnist
+from examples.models import SmallFashionCnn
+from job_process.training import make_loader, train_epochs
 
 CONFIGS = {
     "quant.cfg": "retrain_data_quant_config { ulq_quantize { dst_type: INT8 } }\n"
