@@ -18,7 +18,7 @@ from typing import Literal
 
 from google.protobuf.message import Message
 
-from amct_engine.config.cfg_loader import CfgDocument
+from amct_engine.config.cfg_document import CfgDocument
 from amct_engine.config.errors import ConfigError
 from amct_engine.proto import distill_config_pytorch_pb2 as distill_pb2
 from amct_engine.proto import retrain_config_pytorch_pb2 as retrain_pb2

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from google.protobuf.message import Message
 
-from amct_engine.config.cfg_loader import CfgDocument
+from amct_engine.config.cfg_document import CfgDocument
 from amct_engine.proto import distill_config_pytorch_pb2 as distill_pb2
 
 # Repeated string fields, by what they hold.
