@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import errno
 from pathlib import Path
-from typing import Literal
 
 from google.protobuf import text_format
 
 from amct_engine.config import cfg_checks
 from amct_engine.config.cfg_document import CfgDocument, decode_cfg_bytes
+from amct_engine.config.cfg_layout import LAYOUTS, CfgKind
 from amct_engine.config.cfg_parse_errors import convert_parse_error, missing_required_error
 from amct_engine.config.cfg_scanner import FieldSite
 from amct_engine.proto import distill_config_pytorch_pb2, retrain_config_pytorch_pb2
@@ -38,12 +38,6 @@ __all__ = [
     "parse_retrain_cfg_text",
 ]
 
-CfgKind = Literal["retrain", "distill"]
-
-_MESSAGE_CLASSES = {
-    "retrain": retrain_config_pytorch_pb2.AMCTRetrainConfig,
-    "distill": distill_config_pytorch_pb2.AMCTDistillConfig,
-}
 
 
 def parse_cfg_document(
@@ -55,9 +49,9 @@ def parse_cfg_document(
     members given twice, missing required fields and (when ``check``) the semantic
     checks of ``cfg_checks``. Warnings (e.g. repeated skip entries) go to ``warnings``.
     """
-    if kind not in _MESSAGE_CLASSES:
+    if kind not in LAYOUTS:
         raise ValueError(f"kind must be 'retrain' or 'distill', got {kind!r}")
-    msg_cls, path = _MESSAGE_CLASSES[kind], str(path)
+    msg_cls, path = LAYOUTS[kind].message_class, str(path)
     if isinstance(text, bytes):
         text = decode_cfg_bytes(text, path)
     message = msg_cls()
