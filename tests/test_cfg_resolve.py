@@ -268,3 +268,12 @@ def test_the_layouts_name_real_proto_fields():
             entry_fields = fields[override.field].message_type.fields_by_name
             assert override.key in entry_fields
             assert all(f in entry_fields for f in layout.quant_configs)
+
+
+def test_the_int4_fallback_warning_points_at_the_caller():
+    doc = doc_of("retrain_weight_quant_config { arq_retrain { dst_type: INT4 } }\n")
+    depthwise = {"conv1": type("Conv2d", (), {"groups": 8, "in_channels": 8})()}
+    with pytest.warns(UserWarning, match="INT4 weights are not supported") as record:
+        specs = layer_specs_from_cfg(doc.message, RETRAIN, depthwise)
+    assert specs["conv1"].weight.bits == 8
+    assert record[0].filename == __file__

@@ -115,11 +115,12 @@ def layer_specs_from_cfg(
     """
     message = cfg if cfg is not None else dialect.cfg.message_class()
     types = {name: type(module).__name__ for name, module in layers.items()}
-    resolved = resolve_layers(message, types, quant_only_configured=only_configured)
-    return {
-        name: LayerQuantSpec(r.quantized, r.quant.act, _fit_weight_to_layer(name, layers[name], r.quant.weight))
-        for name, r in resolved.items()
-    }
+    specs = {}
+    # A loop, not a comprehension: the INT4 warning (stacklevel) must name our caller's line.
+    for name, layer in resolve_layers(message, types, quant_only_configured=only_configured).items():
+        weight = _fit_weight_to_layer(name, layers[name], layer.quant.weight)
+        specs[name] = LayerQuantSpec(layer.quantized, layer.quant.act, weight)
+    return specs
 
 
 def _fit_weight_to_layer(name: str, module: nn.Module, weight: WeightQuantSpec) -> WeightQuantSpec:

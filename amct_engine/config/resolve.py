@@ -89,16 +89,22 @@ def resolve_layers(
     the cfg configures (a global quant config, or an override for the layer or its type).
     """
     msg = cfg.message if isinstance(cfg, CfgDocument) else cfg
-    resolver = _Resolver(msg, layout_of(msg))
-    return {
-        name: resolver.layer(name, type_name, quant_types, prune_types, quant_only_configured)
-        for name, type_name in layers.items()
-    }
+    resolver = _Resolver(msg, layout_of(msg), quant_types, prune_types, quant_only_configured)
+    return {name: resolver.layer(name, type_name) for name, type_name in layers.items()}
 
 
 class _Resolver:
-    def __init__(self, msg: Message, layout: CfgLayout) -> None:
+    def __init__(
+        self,
+        msg: Message,
+        layout: CfgLayout,
+        quant_types: Collection[str] | None,
+        prune_types: Collection[str] | None,
+        quant_only_configured: bool,
+    ) -> None:
         self.msg, self.layout = msg, layout
+        self.quant_types, self.prune_types = quant_types, prune_types
+        self.quant_only_configured = quant_only_configured
         # key -> entry per override list (cfg_checks refuses a key given twice)
         self.overrides = [
             (o.holds, {getattr(e, o.key): e for e in getattr(msg, o.field)}) for o in layout.overrides
@@ -108,17 +114,17 @@ class _Resolver:
         self.global_weight = _weight_from_cfg(_sub(msg, layout.weight_config), WeightQuantSpec(), layout)
         self.global_quant = any(msg.HasField(f) for f in layout.quant_configs)
         self.global_prune = (
-            prune_spec_from_cfg(msg.prune_config)
+            prune_spec_from_cfg(getattr(msg, layout.prune_config))
             if layout.prune_config and msg.HasField(layout.prune_config)
             else None
         )
 
-    def layer(self, name, type_name, quant_types, prune_types, quant_only_configured) -> LayerSettings:
+    def layer(self, name: str, type_name: str) -> LayerSettings:
         keys = {"name": name, "type": type_name}
         scopes = [e for holds, by_key in self.overrides if (e := by_key.get(keys[holds])) is not None]
         quant = self._quant(scopes, type_name)
-        quant_skip = self._skip(name, type_name, self.layout.quant_skips, quant_types, "quantization")
-        if quant_skip is None and quant_only_configured and not quant.configured:
+        quant_skip = self._skip(name, type_name, self.layout.quant_skips, self.quant_types, "quantization")
+        if quant_skip is None and self.quant_only_configured and not quant.configured:
             quant_skip = Skip(
                 "not_configured",
                 self.layout.quant_configs,
@@ -126,7 +132,7 @@ class _Resolver:
                 "globally or in an override for it)",
             )
         prune = self._prune(scopes)
-        prune_skip = self._prune_skip(name, type_name, prune, prune_types)
+        prune_skip = self._prune_skip(name, type_name, prune)
         return LayerSettings(name, type_name, quant, quant_skip, prune, prune_skip)
 
     def _quant(self, scopes: list[Message], type_name: str) -> QuantSettings:
@@ -154,11 +160,11 @@ class _Resolver:
                 return prune_spec_from_cfg(getattr(scope, field))
         return self.global_prune
 
-    def _prune_skip(self, name, type_name, prune, prune_types) -> Skip:
+    def _prune_skip(self, name: str, type_name: str, prune: PruneSpec | None) -> Skip | None:
         layout = self.layout
         if layout.prune_skips is None:
             return Skip("not_configured", (), f"has no prune config (a {layout.kind} cfg does not prune)")
-        skip = self._skip(name, type_name, layout.prune_skips, prune_types, "pruning")
+        skip = self._skip(name, type_name, layout.prune_skips, self.prune_types, "pruning")
         if skip is None and prune is None:
             skip = Skip(
                 "not_configured",
@@ -167,7 +173,9 @@ class _Resolver:
             )
         return skip
 
-    def _skip(self, name, type_name, lists: SkipLists, supported, mode: str) -> Skip | None:
+    def _skip(
+        self, name: str, type_name: str, lists: SkipLists, supported: Collection[str] | None, mode: str
+    ) -> Skip | None:
         if supported is not None and type_name not in supported:
             return Skip("unsupported_type", (), f"has type {type_name}, which {mode} does not handle")
         if named := tuple(f for f in lists.layers if name in self.members[f]):
