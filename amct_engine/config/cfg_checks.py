@@ -5,9 +5,10 @@ at its default, at the closest block written in the file). When several things a
 wrong, the one that comes first in the file is raised, as a compiler would.
 
 A *scope* is the global config or one override entry (override_layer_configs /
-override_layer_types, distill_override_layers / distill_override_layer_types). AMCT
-reads each override's quant configs on their own, falling back to the proto defaults
-(INT8), not to the global config, so the dst_type pair is computed per scope the same way.
+override_layer_types, distill_override_layers / distill_override_layer_types; the list is
+cfg_layout's). AMCT reads each override's quant configs on their own, falling back to the
+proto defaults (INT8), not to the global config, so the dst_type pair is computed per scope
+the same way.
 """
 
 from __future__ import annotations
@@ -18,40 +19,12 @@ from typing import Literal
 
 from google.protobuf.message import Message
 
-from amct_engine.config.cfg_loader import CfgDocument
+from amct_engine.config.cfg_document import CfgDocument
+from amct_engine.config.cfg_layout import DISTILL_LAYOUT, RETRAIN_LAYOUT, CfgLayout, Scope
 from amct_engine.config.errors import ConfigError
+from amct_engine.config.specs import DST_BITS, RETRAIN_ACT_WTS_BITS, pair_name
 from amct_engine.proto import distill_config_pytorch_pb2 as distill_pb2
 from amct_engine.proto import retrain_config_pytorch_pb2 as retrain_pb2
-
-# Spec §2.2, RETRAIN_ACT_WTS_TYPES: A4W4, A8W8, A16W8, A8W4 (as (activation, weight)).
-# A4W4 is listed by AMCT but INT4 activations are then refused (INT4_RETRAIN=False).
-RETRAIN_ACT_WTS_TYPES = frozenset(
-    {
-        (retrain_pb2.INT4, retrain_pb2.INT4),
-        (retrain_pb2.INT8, retrain_pb2.INT8),
-        (retrain_pb2.INT16, retrain_pb2.INT8),
-        (retrain_pb2.INT8, retrain_pb2.INT4),
-    }
-)
-_BITS = {"INT4": 4, "INT8": 8, "INT16": 16}
-
-_RETRAIN_OVERRIDES = (("override_layer_configs", "layer_name"), ("override_layer_types", "layer_type"))
-_DISTILL_OVERRIDES = (
-    ("distill_override_layers", "layer_name"),
-    ("distill_override_layer_types", "layer_type"),
-)
-
-# Spec §2.2: repeated skip items produce a warning and are de-duplicated (AMCT does the
-# same for the distill quant_skip lists).
-_RETRAIN_SKIP_LISTS = (
-    "skip_layers",
-    "skip_layer_types",
-    "quant_skip_layers",
-    "quant_skip_types",
-    "regular_prune_skip_layers",
-    "regular_prune_skip_types",
-)
-_DISTILL_SKIP_LISTS = ("quant_skip_layers", "quant_skip_layer_types")
 
 CfgApi = Literal["quant", "prune", "compressed"]
 
@@ -59,21 +32,9 @@ CfgApi = Literal["quant", "prune", "compressed"]
 # ----------------------------------------------------------------------------- helpers
 
 
-def _join(prefix: str, name: str) -> str:
-    return f"{prefix}.{name}" if prefix else name
-
-
 def _fmt(value: float) -> str:
     # Floats in the proto are float32: print 0.3, not 0.30000001192092896.
     return f"{value:.7g}"
-
-
-def _scopes(msg: Message, overrides) -> Iterator[tuple[str, Message, str]]:
-    """(path prefix, scope message, label for messages) for global + each override."""
-    yield "", msg, "the global config"
-    for list_name, key in overrides:
-        for i, entry in enumerate(getattr(msg, list_name)):
-            yield f"{list_name}[{i}]", entry, f'{list_name}[{i}] ({key} "{getattr(entry, key)}")'
 
 
 def _raise_first(errors: Iterable[ConfigError]) -> None:
@@ -89,19 +50,26 @@ def _positive(doc: CfgDocument, name: str) -> Iterator[ConfigError]:
         yield doc.error(name, f"{name} must be greater than 0, got {value}")
 
 
-def _weight_dst(scope: Message, config_name: str, oneof: str, prefix: str) -> tuple[int, str]:
+def _act_dst(layout: CfgLayout, scope: Scope) -> tuple[int, str]:
+    """Activation dst_type of a scope (proto default INT8) and the path to report it at."""
+    data_config = getattr(scope.message, layout.data_config)
+    return data_config.ulq_quantize.dst_type, scope.field_path(f"{layout.data_config}.ulq_quantize.dst_type")
+
+
+def _weight_dst(layout: CfgLayout, scope: Scope) -> tuple[int, str]:
     """Effective weight dst_type of a scope and the path to report it at."""
-    config = getattr(scope, config_name)
-    algo = config.WhichOneof(oneof)
+    config = getattr(scope.message, layout.weight_config)
+    algo = layout.chosen_weight_field(config)
     if algo is None:
-        # No weight algorithm: AMCT's default (arq, INT8; INT8 is 1 in both protos).
-        return retrain_pb2.INT8, _join(prefix, config_name)
-    return getattr(config, algo).dst_type, _join(prefix, f"{config_name}.{algo}.dst_type")
+        # No weight algorithm: AMCT's default quantiser at INT8 (INT8 is 1 in both protos).
+        return retrain_pb2.INT8, scope.field_path(layout.weight_config)
+    return getattr(config, algo).dst_type, scope.field_path(f"{layout.weight_config}.{algo}.dst_type")
 
 
-def _clip_errors(doc: CfgDocument, data_path: str, data_config: Message) -> Iterator[ConfigError]:
+def _clip_errors(doc: CfgDocument, layout: CfgLayout, scope: Scope) -> Iterator[ConfigError]:
     # Spec §3.2: clip_max > 0 and clip_min < 0 (both required by the proto).
-    ulq = data_config.ulq_quantize
+    data_path = scope.field_path(layout.data_config)
+    ulq = getattr(scope.message, layout.data_config).ulq_quantize
     if not ulq.HasField("clip_max_min"):
         return
     clip, path = ulq.clip_max_min, f"{data_path}.ulq_quantize.clip_max_min"
@@ -111,23 +79,27 @@ def _clip_errors(doc: CfgDocument, data_path: str, data_config: Message) -> Iter
         yield doc.error(f"{path}.clip_min", f"clip_min must be less than 0, got {_fmt(clip.clip_min)}")
 
 
-def _duplicate_overrides(doc: CfgDocument, list_name: str, key: str) -> Iterator[ConfigError]:
+def _duplicate_overrides(doc: CfgDocument, layout: CfgLayout) -> Iterator[ConfigError]:
     # Spec §2.2: repeated override names/types raise (AMCT: ValueError), here at the repeat.
-    first_seen: dict[str, str] = {}
-    for i, entry in enumerate(getattr(doc.message, list_name)):
-        name, path = getattr(entry, key), f"{list_name}[{i}].{key}"
-        if name not in first_seen:
-            first_seen[name] = path
-            continue
-        pos = doc.position_of(first_seen[name])
-        where = f" (first at {pos[0]}:{pos[1]})" if pos else ""
-        yield doc.error(
-            path, f'{key} "{name}" has more than one {list_name} entry{where}; merge them into one'
-        )
+    for override in layout.overrides:
+        list_name, key = override.field, override.key
+        first_seen: dict[str, str] = {}
+        for i, entry in enumerate(getattr(doc.message, list_name)):
+            name, path = getattr(entry, key), f"{list_name}[{i}].{key}"
+            if name not in first_seen:
+                first_seen[name] = path
+                continue
+            pos = doc.position_of(first_seen[name])
+            where = f" (first at {pos[0]}:{pos[1]})" if pos else ""
+            yield doc.error(
+                path, f'{key} "{name}" has more than one {list_name} entry{where}; merge them into one'
+            )
 
 
-def _dedupe_skip_lists(doc: CfgDocument, list_names: Iterable[str]) -> None:
-    for list_name in list_names:
+def _dedupe_skip_lists(doc: CfgDocument, layout: CfgLayout) -> None:
+    # Spec §2.2: repeated skip items produce a warning and are de-duplicated (AMCT does the
+    # same for the distill quant_skip lists).
+    for list_name in layout.skip_lists():
         values = getattr(doc.message, list_name)
         kept: list[str] = []
         for i, value in enumerate(values):
@@ -146,12 +118,12 @@ def _dedupe_skip_lists(doc: CfgDocument, list_names: Iterable[str]) -> None:
 # ----------------------------------------------------------------------------- retrain
 
 
-def _prune_errors(doc: CfgDocument, prefix: str, scope: Message) -> Iterator[ConfigError]:
+def _prune_errors(doc: CfgDocument, scope: Scope) -> Iterator[ConfigError]:
     # One prune kind per scope is the PruneConfig oneof, enforced by the parser; a scope
     # with a kind but no algorithm would prune nothing (AMCT raises for it too).
-    if not scope.HasField("prune_config"):
+    if not scope.message.HasField("prune_config"):
         return
-    path, prune = _join(prefix, "prune_config"), scope.prune_config
+    path, prune = scope.field_path("prune_config"), scope.message.prune_config
     kind = prune.WhichOneof("regular_prune_strategy")
     if kind is None:
         yield doc.error(
@@ -183,58 +155,54 @@ def _prune_errors(doc: CfgDocument, prefix: str, scope: Message) -> Iterator[Con
             )
 
 
-def _retrain_dtype_errors(doc: CfgDocument, prefix: str, scope: Message, label: str) -> Iterator[ConfigError]:
+def _retrain_dtype_errors(doc: CfgDocument, scope: Scope) -> Iterator[ConfigError]:
     # Spec §2.2: allowed (activation, weight) pairs, and INT4 activations are refused.
-    act = scope.retrain_data_quant_config.ulq_quantize.dst_type  # proto default INT8
-    act_path = _join(prefix, "retrain_data_quant_config.ulq_quantize.dst_type")
-    wts, wts_path = _weight_dst(scope, "retrain_weight_quant_config", "weights_retrain_algo", prefix)
+    act, act_path = _act_dst(RETRAIN_LAYOUT, scope)
+    wts, wts_path = _weight_dst(RETRAIN_LAYOUT, scope)
+    a, w = retrain_pb2.DataType.Name(act), retrain_pb2.DataType.Name(wts)
     if act == retrain_pb2.INT4:
         yield doc.error(
             act_path,
-            f"Int4 quantization aware training is not supported: {label} sets activation "
+            f"Int4 quantization aware training is not supported: {scope.label} sets activation "
             "dst_type INT4; use INT8 (or INT16) activations",
         )
-    elif (act, wts) not in RETRAIN_ACT_WTS_TYPES:
-        a, w = retrain_pb2.DataType.Name(act), retrain_pb2.DataType.Name(wts)
+    elif (DST_BITS[a], DST_BITS[w]) not in RETRAIN_ACT_WTS_BITS:
+        supported = ", ".join(pair_name(*pair) for pair in RETRAIN_ACT_WTS_BITS)
         yield doc.error(
             wts_path if doc.position_of(wts_path) else act_path,
-            f"activation/weight dst_type pair A{_BITS[a]}W{_BITS[w]} ({a} activations, {w} weights) "
-            f"in {label} is not supported; supported pairs: A8W8, A16W8, A8W4",
+            f"activation/weight dst_type pair {pair_name(DST_BITS[a], DST_BITS[w])} ({a} activations, "
+            f"{w} weights) in {scope.label} is not supported; supported pairs: {supported}",
         )
 
 
 def _retrain_errors(doc: CfgDocument) -> Iterator[ConfigError]:
     yield from _positive(doc, "batch_num")
-    for prefix, scope, label in _scopes(doc.message, _RETRAIN_OVERRIDES):
-        yield from _prune_errors(doc, prefix, scope)
-        yield from _clip_errors(
-            doc, _join(prefix, "retrain_data_quant_config"), scope.retrain_data_quant_config
-        )
-        yield from _retrain_dtype_errors(doc, prefix, scope, label)
-    for list_name, key in _RETRAIN_OVERRIDES:
-        yield from _duplicate_overrides(doc, list_name, key)
+    for scope in RETRAIN_LAYOUT.scopes(doc.message):
+        yield from _prune_errors(doc, scope)
+        yield from _clip_errors(doc, RETRAIN_LAYOUT, scope)
+        yield from _retrain_dtype_errors(doc, scope)
+    yield from _duplicate_overrides(doc, RETRAIN_LAYOUT)
 
 
 def check_retrain_cfg(doc: CfgDocument) -> None:
     """Semantic checks of an AMCTRetrainConfig (spec §2.2). Raises the first ConfigError
     in file order; then warns about and removes repeated skip-list entries (in place)."""
     _raise_first(_retrain_errors(doc))
-    _dedupe_skip_lists(doc, _RETRAIN_SKIP_LISTS)
+    _dedupe_skip_lists(doc, RETRAIN_LAYOUT)
 
 
 # ----------------------------------------------------------------------------- distill
 
 
-def _distill_dtype_errors(doc: CfgDocument, prefix: str, scope: Message, label: str) -> Iterator[ConfigError]:
+def _distill_dtype_errors(doc: CfgDocument, scope: Scope) -> Iterator[ConfigError]:
     # Spec §2.1: activation and weight dst_type of a layer must be equal (INT4 or INT8).
-    act = scope.distill_data_quant_config.ulq_quantize.dst_type
-    act_path = _join(prefix, "distill_data_quant_config.ulq_quantize.dst_type")
-    wts, wts_path = _weight_dst(scope, "distill_weight_quant_config", "weights_quant_algo", prefix)
+    act, act_path = _act_dst(DISTILL_LAYOUT, scope)
+    wts, wts_path = _weight_dst(DISTILL_LAYOUT, scope)
     if act != wts:
         a, w = distill_pb2.DataType.Name(act), distill_pb2.DataType.Name(wts)
         yield doc.error(
             wts_path if doc.position_of(wts_path) else act_path,
-            f"activation dst_type {a} and weight dst_type {w} differ in {label}; "
+            f"activation dst_type {a} and weight dst_type {w} differ in {scope.label}; "
             "distillation needs the same dst_type for both",
         )
 
@@ -250,40 +218,42 @@ def _distill_errors(doc: CfgDocument) -> Iterator[ConfigError]:
     yield from _positive(doc, "batch_num")
     yield from _positive(doc, "group_size")
     yield from _distill_group_errors(doc)
-    for prefix, scope, label in _scopes(doc.message, _DISTILL_OVERRIDES):
-        yield from _clip_errors(
-            doc, _join(prefix, "distill_data_quant_config"), scope.distill_data_quant_config
-        )
-        yield from _distill_dtype_errors(doc, prefix, scope, label)
-    for list_name, key in _DISTILL_OVERRIDES:
-        yield from _duplicate_overrides(doc, list_name, key)
+    for scope in DISTILL_LAYOUT.scopes(doc.message):
+        yield from _clip_errors(doc, DISTILL_LAYOUT, scope)
+        yield from _distill_dtype_errors(doc, scope)
+    yield from _duplicate_overrides(doc, DISTILL_LAYOUT)
 
 
 def check_distill_cfg(doc: CfgDocument) -> None:
     """Semantic checks of an AMCTDistillConfig (spec §2.1, §3.1). Raises the first
     ConfigError in file order; then de-duplicates the skip lists with a warning."""
     _raise_first(_distill_errors(doc))
-    _dedupe_skip_lists(doc, _DISTILL_SKIP_LISTS)
+    _dedupe_skip_lists(doc, DISTILL_LAYOUT)
 
 
 # ----------------------------------------------------------------------------- per API
 
 
 def _set_fields(msg: Message, global_fields, override_fields) -> Iterator[str]:
-    """Paths of the given fields that are set (messages present, lists non-empty)."""
-    for name in global_fields:
-        value = getattr(msg, name)
-        if msg.HasField(name) if isinstance(value, Message) else len(value) > 0:
-            yield name
-    for list_name, _ in _RETRAIN_OVERRIDES:
-        for i, entry in enumerate(getattr(msg, list_name)):
-            yield from (f"{list_name}[{i}].{n}" for n in override_fields if entry.HasField(n))
+    """Paths of the given fields that are set (messages present, lists non-empty): the
+    ``global_fields`` of the global config, the ``override_fields`` of each override."""
+    for scope in RETRAIN_LAYOUT.scopes(msg):
+        for name in global_fields if scope.path == "" else override_fields:
+            value = getattr(scope.message, name)
+            if scope.message.HasField(name) if isinstance(value, Message) else len(value) > 0:
+                yield scope.field_path(name)
 
 
-_QUANT_CONFIGS = ("retrain_data_quant_config", "retrain_weight_quant_config")
-_QUANT_SKIPS = ("quant_skip_layers", "quant_skip_types")
-_PRUNE_CONFIGS = ("prune_config",)
-_PRUNE_SKIPS = ("regular_prune_skip_layers", "regular_prune_skip_types")
+def _own_skip_lists(mine, other) -> tuple[str, ...]:
+    """The skip lists of one mode only (skip_layers / skip_layer_types serve both)."""
+    shared = set(other.layers + other.types)
+    return tuple(f for f in mine.layers + mine.types if f not in shared)
+
+
+_QUANT_CONFIGS = RETRAIN_LAYOUT.quant_configs
+_QUANT_SKIPS = _own_skip_lists(RETRAIN_LAYOUT.quant_skips, RETRAIN_LAYOUT.prune_skips)
+_PRUNE_CONFIGS = (RETRAIN_LAYOUT.prune_config,)
+_PRUNE_SKIPS = _own_skip_lists(RETRAIN_LAYOUT.prune_skips, RETRAIN_LAYOUT.quant_skips)
 _USE_COMPRESSED = "use the compressed API (create_compressed_retrain_model) to prune and quantize together"
 
 

@@ -15,26 +15,16 @@ from pathlib import Path
 
 from google.protobuf.message import Message
 
-from amct_engine.config.cfg_loader import CfgDocument
-from amct_engine.proto import distill_config_pytorch_pb2 as distill_pb2
+from amct_engine.config.cfg_document import CfgDocument
+from amct_engine.config.cfg_layout import layout_of
 
-# Repeated string fields, by what they hold.
-_RETRAIN_NAME_LISTS = ("skip_layers", "quant_skip_layers", "regular_prune_skip_layers")
-_RETRAIN_TYPE_LISTS = ("skip_layer_types", "quant_skip_types", "regular_prune_skip_types")
-_DISTILL_NAME_LISTS = ("quant_skip_layers",)
-_DISTILL_TYPE_LISTS = ("quant_skip_layer_types",)
-
-# (repeated message field, string field in it, holds "name" or "type").
-_RETRAIN_ENTRIES = (
-    ("override_layer_configs", "layer_name", "name"),
-    ("override_layer_types", "layer_type", "type"),
-)
-_DISTILL_ENTRIES = (
-    ("distill_override_layers", "layer_name", "name"),
-    ("distill_override_layer_types", "layer_type", "type"),
-    ("distill_group", "start_layer_name", "name"),
-    ("distill_group", "end_layer_name", "name"),
-)
+# (repeated message field, string field in it, holds "name" or "type") beyond the overrides.
+_EXTRA_ENTRIES = {
+    "distill": (
+        ("distill_group", "start_layer_name", "name"),
+        ("distill_group", "end_layer_name", "name"),
+    ),
+}
 
 _MAX_LISTED_TYPES = 12
 
@@ -42,12 +32,9 @@ _MAX_LISTED_TYPES = 12
 def _references(doc: CfgDocument) -> Iterator[tuple[str, str, str, tuple[int, int] | None]]:
     """(kind "name"/"type", value, field it is in, position) for every reference."""
     msg = doc.message
-    is_distill = isinstance(msg, distill_pb2.AMCTDistillConfig)
-    name_lists, type_lists, entries = (
-        (_DISTILL_NAME_LISTS, _DISTILL_TYPE_LISTS, _DISTILL_ENTRIES)
-        if is_distill
-        else (_RETRAIN_NAME_LISTS, _RETRAIN_TYPE_LISTS, _RETRAIN_ENTRIES)
-    )
+    layout = layout_of(msg)
+    name_lists, type_lists = layout.name_lists(), layout.type_lists()
+    entries = tuple((o.field, o.key, o.holds) for o in layout.overrides) + _EXTRA_ENTRIES.get(layout.kind, ())
     for kind, lists in (("name", name_lists), ("type", type_lists)):
         for list_name in lists:
             for value in dict.fromkeys(getattr(msg, list_name)):  # each value once, in order

@@ -11,38 +11,58 @@ import os
 import re
 import warnings
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from torch import nn
-
+from amct_engine.config.cfg_layout import DISTILL_LAYOUT, RETRAIN_LAYOUT, CfgLayout
 from amct_engine.config.errors import ConfigError
+from amct_engine.config.resolve import resolve_layers
+from amct_engine.config.specs import (
+    BITS_DST,
+    DEFAULT_WEIGHT_ALGO,
+    DST_BITS,
+    NO_CHANNEL_WISE_TYPES,
+    RETRAIN_ACT_WTS_BITS,
+    ActQuantSpec,
+    LayerQuantSpec,
+    WeightQuantSpec,
+    pair_name,
+)
 
-DST_BITS = {"INT4": 4, "INT8": 8, "INT16": 16}
-BITS_DST = {bits: name for name, bits in DST_BITS.items()}
-# spec §4.9: AMCT allows only per-tensor weight scales for these layer types. We keep that as the
-# default but honour an explicit `channel_wise: true` (a cfg override of the layer or its type, or
-# the JSON): a transformer's FFN output projection has weight outliers (all-MiniLM-L6-v2: max|W|
-# is 175 standard deviations) that leave most of its weights at 0 under one per-tensor INT8 scale.
-# Every export back end already handles per-output-channel scales on Linear.
-NO_CHANNEL_WISE_TYPES = {"Linear"}
+if TYPE_CHECKING:
+    from torch import nn
+
+__all__ = [
+    "BITS_DST",
+    "DISTILL",
+    "DST_BITS",
+    "NO_CHANNEL_WISE_TYPES",
+    "RETRAIN",
+    "ActQuantSpec",
+    "JsonDialect",
+    "LayerQuantSpec",
+    "QuantJsonConfig",
+    "WeightQuantSpec",
+    "config_to_json",
+    "layer_specs_from_cfg",
+    "read_json_config",
+    "write_json_config",
+]
 
 
 @dataclass(frozen=True)
 class JsonDialect:
-    """Key names of one JSON config family (spec §3.1 vs §3.2)."""
+    """Key names of one JSON config family (spec §3.1 vs §3.2), and the .cfg it is built from."""
 
     kind: str
     enable_key: str
     data_key: str
     weight_key: str
-    weight_algos: tuple[str, str]  # (arq, ulq)
     act_types: tuple[str, ...]
-    # Field names of the matching .cfg message.
-    cfg_data: str
-    cfg_weight: str
-    cfg_override_layers: str
-    cfg_override_types: str
-    cfg_skip_layers: tuple[str, ...]
-    cfg_skip_types: tuple[str, ...]
+    cfg: CfgLayout
+
+    def weight_json_algo(self, algo: str) -> str:
+        """The JSON ``algo`` of a weight quantiser: its cfg field (``arq_retrain``)."""
+        return self.cfg.weight_field(algo)
 
 
 RETRAIN = JsonDialect(
@@ -50,14 +70,8 @@ RETRAIN = JsonDialect(
     enable_key="retrain_enable",
     data_key="retrain_data_config",
     weight_key="retrain_weight_config",
-    weight_algos=("arq_retrain", "ulq_retrain"),
     act_types=("INT8", "INT16"),
-    cfg_data="retrain_data_quant_config",
-    cfg_weight="retrain_weight_quant_config",
-    cfg_override_layers="override_layer_configs",
-    cfg_override_types="override_layer_types",
-    cfg_skip_layers=("skip_layers", "quant_skip_layers"),
-    cfg_skip_types=("skip_layer_types", "quant_skip_types"),
+    cfg=RETRAIN_LAYOUT,
 )
 
 DISTILL = JsonDialect(
@@ -65,41 +79,9 @@ DISTILL = JsonDialect(
     enable_key="quant_enable",
     data_key="distill_data_config",
     weight_key="distill_weight_config",
-    weight_algos=("arq_distill", "ulq_distill"),
     act_types=("INT4", "INT8"),
-    cfg_data="distill_data_quant_config",
-    cfg_weight="distill_weight_quant_config",
-    cfg_override_layers="distill_override_layers",
-    cfg_override_types="distill_override_layer_types",
-    cfg_skip_layers=("quant_skip_layers",),
-    cfg_skip_types=("quant_skip_layer_types",),
+    cfg=DISTILL_LAYOUT,
 )
-
-
-@dataclass(frozen=True)
-class ActQuantSpec:
-    """ULQ activation quantiser settings (spec §4.1)."""
-
-    bits: int = 8
-    clip_max: float | None = None
-    clip_min: float | None = None
-    fixed_min: bool | None = None  # None: decided from the graph (input from a ReLU)
-
-
-@dataclass(frozen=True)
-class WeightQuantSpec:
-    """ARQ or ULQ weight quantiser settings (spec §4.2)."""
-
-    algo: str = "arq"  # "arq" | "ulq"
-    channel_wise: bool = True
-    bits: int = 8
-
-
-@dataclass(frozen=True)
-class LayerQuantSpec:
-    enabled: bool
-    act: ActQuantSpec = ActQuantSpec()
-    weight: WeightQuantSpec = WeightQuantSpec()
 
 
 @dataclass
@@ -122,103 +104,27 @@ class QuantJsonConfig:
 # .cfg message -> per-layer specs
 
 
-def _act_from_cfg(data_cfg, default: ActQuantSpec) -> ActQuantSpec:
-    """One `*_data_quant_config` message (oneof ulq_quantize) -> ActQuantSpec."""
-    if data_cfg is None or not data_cfg.HasField("ulq_quantize"):
-        return default
-    ulq = data_cfg.ulq_quantize
-    clip = ulq.clip_max_min if ulq.HasField("clip_max_min") else None
-    return ActQuantSpec(
-        bits=DST_BITS[_enum_name(ulq, "dst_type")],
-        clip_max=float(clip.clip_max) if clip else None,
-        clip_min=float(clip.clip_min) if clip else None,
-        fixed_min=ulq.fixed_min if ulq.HasField("fixed_min") else None,
-    )
-
-
-def _weight_from_cfg(weight_cfg, default: WeightQuantSpec, dialect: JsonDialect) -> WeightQuantSpec:
-    if weight_cfg is None:
-        return default
-    algo_field = weight_cfg.WhichOneof(weight_cfg.DESCRIPTOR.oneofs[0].name)
-    if algo_field is None:
-        return default
-    algo_msg = getattr(weight_cfg, algo_field)
-    return WeightQuantSpec(
-        algo="arq" if algo_field == dialect.weight_algos[0] else "ulq",
-        channel_wise=algo_msg.channel_wise if algo_msg.HasField("channel_wise") else True,
-        bits=DST_BITS[_enum_name(algo_msg, "dst_type")],
-    )
-
-
-def _enum_name(msg, field_name: str) -> str:
-    descriptor = msg.DESCRIPTOR.fields_by_name[field_name].enum_type
-    return descriptor.values_by_number[getattr(msg, field_name)].name
-
-
-def _sub(msg, name: str):
-    return getattr(msg, name) if msg.HasField(name) else None
-
-
 def layer_specs_from_cfg(
     cfg, dialect: JsonDialect, layers: dict[str, nn.Module], only_configured: bool = False
 ) -> dict[str, LayerQuantSpec]:
-    """Per-layer quantisation settings with precedence override layer > override type > global.
+    """Per-layer quantisation settings of the quantisable ``layers`` (module path -> module, in
+    topological order); the cfg's precedence is the resolver's (resolve). ``cfg`` None: defaults.
 
-    `layers` maps the quantisable module paths (in topological order) to their modules.
     `only_configured`: compressed mode (spec §2.2) enables quant only on layers that the cfg
     configures (a global quant config, or an override for the layer or its type).
     """
-    skip_names = {n for f in dialect.cfg_skip_layers for n in getattr(cfg, f)} if cfg else set()
-    skip_types = {t for f in dialect.cfg_skip_types for t in getattr(cfg, f)} if cfg else set()
-    by_name = {o.layer_name: o for o in getattr(cfg, dialect.cfg_override_layers)} if cfg else {}
-    by_type = {o.layer_type: o for o in getattr(cfg, dialect.cfg_override_types)} if cfg else {}
-    has_global = bool(cfg) and (cfg.HasField(dialect.cfg_data) or cfg.HasField(dialect.cfg_weight))
-    base_act = _act_from_cfg(_sub(cfg, dialect.cfg_data) if cfg else None, ActQuantSpec())
-    base_weight = _weight_from_cfg(
-        _sub(cfg, dialect.cfg_weight) if cfg else None, WeightQuantSpec(), dialect
-    )
-
+    message = cfg if cfg is not None else dialect.cfg.message_class()
+    types = {name: type(module).__name__ for name, module in layers.items()}
     specs = {}
-    for name, module in layers.items():
-        type_name = type(module).__name__
-        act, weight = base_act, base_weight
-        configured = has_global
-        per_channel_requested = False
-        for override in (by_type.get(type_name), by_name.get(name)):  # later wins
-            if override is None:
-                continue
-            data_cfg, weight_cfg = _sub(override, dialect.cfg_data), _sub(override, dialect.cfg_weight)
-            configured = configured or data_cfg is not None or weight_cfg is not None
-            act = _act_from_cfg(data_cfg, act)
-            weight = _weight_from_cfg(weight_cfg, weight, dialect)
-            per_channel_requested = _explicit_channel_wise(weight_cfg, per_channel_requested)
-        enabled = name not in skip_names and type_name not in skip_types
-        if only_configured:
-            enabled = enabled and configured
-        specs[name] = LayerQuantSpec(enabled, act, _fit_weight_to_layer(name, module, weight, per_channel_requested))
+    # A loop, not a comprehension: the INT4 warning (stacklevel) must name our caller's line.
+    for name, layer in resolve_layers(message, types, quant_only_configured=only_configured).items():
+        weight = _fit_weight_to_layer(name, layers[name], layer.quant.weight)
+        specs[name] = LayerQuantSpec(layer.quantized, layer.quant.act, weight)
     return specs
 
 
-def _explicit_channel_wise(weight_cfg, current: bool) -> bool:
-    """The `channel_wise` an override states explicitly, else `current`."""
-    if weight_cfg is None:
-        return current
-    algo_field = weight_cfg.WhichOneof(weight_cfg.DESCRIPTOR.oneofs[0].name)
-    if algo_field is None or not getattr(weight_cfg, algo_field).HasField("channel_wise"):
-        return current
-    return getattr(weight_cfg, algo_field).channel_wise
-
-
-def _fit_weight_to_layer(
-    name: str, module: nn.Module, weight: WeightQuantSpec, per_channel_requested: bool = False
-) -> WeightQuantSpec:
-    """Layer-dependent adjustments AMCT makes at config time (spec §2.2, §4.9).
-
-    A global `channel_wise` (meant for convs) leaves Linear layers per-tensor, as in AMCT; an
-    override of the layer or of its type that states `channel_wise: true` is honoured.
-    """
-    if type(module).__name__ in NO_CHANNEL_WISE_TYPES and weight.channel_wise and not per_channel_requested:
-        weight = WeightQuantSpec(weight.algo, False, weight.bits)
+def _fit_weight_to_layer(name: str, module: nn.Module, weight: WeightQuantSpec) -> WeightQuantSpec:
+    """Layer-shape adjustments AMCT makes at config time (spec §2.2): INT4 needs plain convs."""
     groups = getattr(module, "groups", 1)
     in_channels = getattr(module, "in_channels", getattr(module, "in_features", 0))
     if weight.bits == 4 and (groups > 1 or in_channels % 2):
@@ -247,7 +153,7 @@ def _act_json(act: ActQuantSpec) -> dict:
 
 
 def _weight_json(weight: WeightQuantSpec, dialect: JsonDialect) -> dict:
-    algo = dialect.weight_algos[0] if weight.algo == "arq" else dialect.weight_algos[1]
+    algo = dialect.weight_json_algo(weight.algo)
     return {"algo": algo, "channel_wise": weight.channel_wise, "dst_type": BITS_DST[weight.bits]}
 
 
@@ -344,16 +250,18 @@ class _JsonReader:
     def weight(self, name: str, type_name: str, cfg: dict) -> WeightQuantSpec:
         key = self.dialect.weight_key
         self._only_keys(name, key, cfg, {"algo", "channel_wise", "dst_type"})
-        arq, ulq = self.dialect.weight_algos
-        algo = cfg.get("algo", arq)
-        if algo not in (arq, ulq):
-            raise self.error(f'{name}.{key}.algo must be "{arq}" or "{ulq}", got {algo!r}', name)
+        layout = self.dialect.cfg
+        algos = layout.weight_fields()
+        algo = cfg.get("algo", layout.weight_field(DEFAULT_WEIGHT_ALGO))
+        if algo not in algos:
+            allowed = " or ".join(f'"{a}"' for a in algos)
+            raise self.error(f"{name}.{key}.algo must be {allowed}, got {algo!r}", name)
         default_cw = type_name not in NO_CHANNEL_WISE_TYPES
         channel_wise = cfg.get("channel_wise", default_cw)
         if not isinstance(channel_wise, bool):
             raise self.error(f"{name}.{key}.channel_wise must be true or false", name)
         bits = self._dst(name, key, cfg, ("INT4", "INT8"))
-        return WeightQuantSpec("arq" if algo == arq else "ulq", channel_wise, bits)
+        return WeightQuantSpec(layout.weight_algo(algo), channel_wise, bits)
 
     def _dst(self, name: str, key: str, cfg: dict, allowed: tuple[str, ...]) -> int:
         dst = cfg.get("dst_type", "INT8")
@@ -420,9 +328,10 @@ def _read_layer(reader: _JsonReader, name: str, type_name: str, entry) -> LayerQ
     weight = reader.weight(name, type_name, entry.get(d.weight_key, {}))
     if d is DISTILL and act.bits != weight.bits:
         raise reader.error(f"{name}: activation and weight dst_type must be equal for distillation", name)
-    if d is RETRAIN and (act.bits, weight.bits) not in {(8, 8), (16, 8), (8, 4)}:
+    if d is RETRAIN and (act.bits, weight.bits) not in RETRAIN_ACT_WTS_BITS:
+        *others, last = (pair_name(*pair) for pair in RETRAIN_ACT_WTS_BITS)
         raise reader.error(
-            f"{name}: A{act.bits}W{weight.bits} is not supported; use A8W8, A16W8 or A8W4", name
+            f"{name}: {pair_name(act.bits, weight.bits)} is not supported; use {', '.join(others)} or {last}", name
         )
     return LayerQuantSpec(enabled, act, weight)
 

@@ -1,0 +1,76 @@
+"""What the cfg asks of one layer, as plain values: quantiser and pruner settings.
+
+The resolver (resolve) builds them from a ``.cfg``, the JSON reader (quant_json) from a JSON
+config; the QAT layers and the prune passes read them. Torch-free on purpose.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DST_BITS = {"INT4": 4, "INT8": 8, "INT16": 16}
+BITS_DST = {bits: name for name, bits in DST_BITS.items()}
+
+# docs/spec/engine.md §2.2 (RETRAIN_ACT_WTS_TYPES): the (activation, weight) bit widths QAT accepts.
+# AMCT also lists A4W4, but refuses INT4 activations for training, so it is left out here.
+RETRAIN_ACT_WTS_BITS = ((8, 8), (16, 8), (8, 4))
+
+# AMCT's weight quantiser when a cfg or a JSON config names none (a WEIGHT_QUANTIZERS name).
+DEFAULT_WEIGHT_ALGO = "arq"
+
+# spec §4.9: AMCT allows only per-tensor weight scales for these layer types. We keep that as the
+# default but honour an explicit `channel_wise: true` (a cfg override of the layer or its type, or
+# the JSON): a transformer's FFN output projection has weight outliers (all-MiniLM-L6-v2: max|W|
+# is 175 standard deviations) that leave most of its weights at 0 under one per-tensor INT8 scale.
+# Every export back end already handles per-output-channel scales on Linear.
+NO_CHANNEL_WISE_TYPES = {"Linear"}
+
+
+def pair_name(act_bits: int, weight_bits: int) -> str:
+    """``(8, 4)`` -> ``"A8W4"``."""
+    return f"A{act_bits}W{weight_bits}"
+
+
+@dataclass(frozen=True)
+class ActQuantSpec:
+    """ULQ activation quantiser settings (spec §4.1)."""
+
+    bits: int = 8
+    clip_max: float | None = None
+    clip_min: float | None = None
+    fixed_min: bool | None = None  # None: decided from the graph (input from a ReLU)
+
+
+@dataclass(frozen=True)
+class WeightQuantSpec:
+    """Weight quantiser settings (spec §4.2); ``algo`` is a WEIGHT_QUANTIZERS name."""
+
+    algo: str = DEFAULT_WEIGHT_ALGO
+    channel_wise: bool = True
+    bits: int = 8
+
+
+@dataclass(frozen=True)
+class LayerQuantSpec:
+    enabled: bool
+    act: ActQuantSpec = ActQuantSpec()
+    weight: WeightQuantSpec = WeightQuantSpec()
+
+
+@dataclass(frozen=True)
+class FilterPruneSpec:
+    """``balanced_l2_norm_filter_prune`` (BCP, spec §4.4)."""
+
+    prune_ratio: float
+    ascend_optimized: bool = True
+
+
+@dataclass(frozen=True)
+class SelectivePruneSpec:
+    """``l1_selective_prune`` (4-of-2, spec §4.5)."""
+
+    n_out_of_m_type: str = "M4N2"
+    update_freq: int = 0
+
+
+PruneSpec = FilterPruneSpec | SelectivePruneSpec
