@@ -19,6 +19,7 @@ from amct_engine.config.quant_json import (
     read_json_config,
     write_json_config,
 )
+from amct_engine.export.formats import check_deploy_format
 from amct_engine.export.save import quant_layers, save_quantized_onnx
 from amct_engine.graph.analysis import DISTILL_TYPES, distill_groups, quantizable_layers
 from amct_engine.graph.capture import capture_model
@@ -90,6 +91,7 @@ def save_distill_model(
     Each BN that follows a quantised conv is folded in first (spec §6.3), exactly as the QAT save
     does, then the shared export pipeline runs. Returns the paths, `record` included.
     """
+    check_deploy_format(deploy_format)  # before the record is rewritten
     wrappers = quant_layers(model)
     if not wrappers:
         raise RuntimeError("model has no quantised layers: pass the model returned by create_distill_model")

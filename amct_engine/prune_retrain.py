@@ -21,8 +21,8 @@ from amct_engine.config.cfg_checks import check_cfg_for_api
 from amct_engine.config.cfg_loader import CfgDocument, load_cfg_document
 from amct_engine.config.layer_refs import check_layer_references
 from amct_engine.config.quant_json import RETRAIN, QuantJsonConfig, layer_specs_from_cfg
+from amct_engine.export.formats import check_deploy_format
 from amct_engine.export.save import (
-    DEPLOY_BACKENDS,
     FILE_MODE,
     check_onnx,
     export_onnx,
@@ -118,7 +118,8 @@ def save_compressed_retrain_model(
     """Bake the 4:2 masks, then write ``<save_path>_fake_quant_model.onnx`` and ``_deploy_model.onnx``.
 
     Without quantised layers (a prune-only cfg) the float model is written twice (spec §1.4).
-    deploy_format: "onnx" (integer model for onnxruntime) or "ascend" (AMCT layout, spec §5).
+    deploy_format: a name in amct_engine.export.formats.DEPLOY_FORMATS: "onnx" (integer model for
+    onnxruntime) or "ascend" (AMCT layout, spec §5).
     """
     _check_path(record_file, "record_file")
     _check_save_args(save_path, dynamic_axes, deploy_format)
@@ -214,8 +215,7 @@ def _check_path(value, what: str) -> None:
 
 def _check_save_args(save_path, dynamic_axes, deploy_format) -> None:
     _check_path(save_path, "save_path")
-    if deploy_format not in DEPLOY_BACKENDS:
-        raise ValueError(f"deploy_format must be one of {', '.join(DEPLOY_BACKENDS)}, got {deploy_format!r}")
+    check_deploy_format(deploy_format)
     validate_dynamic_axes(dynamic_axes)
 
 

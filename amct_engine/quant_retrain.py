@@ -111,7 +111,8 @@ def save_quant_retrain_model(
 ) -> dict[str, str]:
     """Write `<save_path>_fake_quant_model.onnx` and `<save_path>_deploy_model.onnx`.
 
-    deploy_format: "onnx" (integer model for onnxruntime) or "ascend" (AMCT layout, spec §5).
+    deploy_format: a name in amct_engine.export.formats.DEPLOY_FORMATS: "onnx" (integer model for
+    onnxruntime) or "ascend" (AMCT layout, spec §5).
     """
     if getattr(model, CONFIG_ATTR, None) is None or not quant_layers(model):
         raise RuntimeError("model has no quantised layers: pass the model returned by create_quant_retrain_model")

@@ -16,6 +16,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from amct_engine.export.onnx_graph import constants_to_initializers
+
 ASCEND_DOMAIN = "amct.ascend"
 # Temporary attributes carrying the layer name and weight type through torch.onnx.export.
 LAYER_ATTR = "amct_layer"
@@ -52,24 +54,6 @@ def _drop_attr(node: onnx.NodeProto, name: str) -> None:
     keep = [a for a in node.attribute if a.name != name]
     del node.attribute[:]
     node.attribute.extend(keep)
-
-
-def constants_to_initializers(model: onnx.ModelProto) -> dict[str, onnx.TensorProto]:
-    """Turn Constant nodes into initialisers (so they can carry AMCT's names); name -> tensor."""
-    graph = model.graph
-    keep, found = [], {}
-    for node in graph.node:
-        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
-            tensor = onnx.TensorProto()
-            tensor.CopyFrom(node.attribute[0].t)
-            tensor.name = node.output[0]
-            graph.initializer.append(tensor)
-            found[tensor.name] = tensor
-        else:
-            keep.append(node)
-    del graph.node[:]
-    graph.node.extend(keep)
-    return found
 
 
 def _rename_value(graph: onnx.GraphProto, old: str, new: str) -> None:

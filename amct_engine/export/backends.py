@@ -1,11 +1,13 @@
-"""ONNX back ends: how one quantised layer is written into the exported graph.
+"""ONNX layer writers: how one quantised layer is written into the exported graph.
 
-Both back ends receive the same `ExportQuantLayer` (folded layer + factors from the record):
-- `fake_quant`: float graph with standard QuantizeLinear/DequantizeLinear on the activation and
-  the weight; onnxruntime runs it and matches the PyTorch QAT model.
-- `deploy`: integer weights as INT8 initialisers, the activation quantised once, and the layer as
-  ConvInteger/MatMulInteger with an int32 bias, then one float rescale (the onnxruntime form
-  of AMCT's AscendQuant -> int layer -> AscendDequant, spec §5).
+Every writer receives the same `ExportQuantLayer` (folded layer + factors from the record); an
+`OnnxFormat` (amct_engine.export.onnx_formats) names the writer of its file:
+- `FakeQuantBackend`: standard QuantizeLinear/DequantizeLinear on the activation and the weight;
+  onnxruntime runs it and matches the PyTorch QAT model (the fake-quant model).
+- `IntegerDeployBackend`: integer weights as INT8 initialisers, the activation quantised once, and
+  the layer as ConvInteger/MatMulInteger with an int32 bias, then one float rescale (the
+  onnxruntime form of AMCT's AscendQuant -> int layer -> AscendDequant, spec §5).
+- `AscendDeployBackend`: AMCT's AscendQuant/AscendDequant layout for the ATC converter.
 
 We emit nodes from the autograd function's `symbolic` of the TorchScript-based exporter: it lets a
 layer write exactly the subgraph we want in one pass and costs a fraction of a second, where the
@@ -19,7 +21,9 @@ import torch
 from torch import nn
 
 from amct_engine.export.ascend import ASCEND_DOMAIN, LAYER_ATTR, WTS_TYPE_ATTR, pack_dequant_param
-from amct_engine.export.quant_layer import CONV_TYPES, ExportQuantLayer, output_channel_shape
+from amct_engine.export.quant_layer import ExportQuantLayer
+from amct_engine.graph.layer_types import CONV_TYPES
+from amct_engine.quant.deployed import output_channel_shape
 
 ONNX_FLOAT = 1  # TensorProto.FLOAT
 
@@ -71,7 +75,7 @@ def _unsigned_codes(weight_q: torch.Tensor) -> torch.Tensor:
 
 
 def _integer_activation(g, x, module: ExportQuantLayer, unsigned: bool = False):
-    """Integer-valued floats q - offset_d of the layer input (export.quant_layer.quantized_input).
+    """Integer-valued floats q - offset_d of the layer input (quant.deployed.quantized_input).
 
     `unsigned` stores the codes as uint8 with zero point offset_d + 128 (same values), the form
     onnxruntime's exact u8u8 integer kernels take.
@@ -236,6 +240,3 @@ class AscendDeployBackend:
         words = pack_dequant_param((f.scale_w * f.scale_d).numpy()).view(np.int64)
         return g.op(f"{ASCEND_DOMAIN}::AscendDequant", y, _const(g, torch.from_numpy(words.copy())),
                     dtype_i=0, **tag)
-
-
-BACKENDS = {"fake_quant": FakeQuantBackend, "deploy": IntegerDeployBackend, "ascend": AscendDeployBackend}

@@ -2,8 +2,9 @@
 
 Torch-free on purpose: the API and the CLI list the formats (OpenAPI enum, `--deploy-format`
 choices) without importing torch. Each entry names the object that writes, finalises and checks
-that format (loaded on first use). Adding a format is one `register_deploy_format` call plus that
-object (docs/architecture.md, "Add a deploy format").
+that format (an `amct_engine.export.onnx_formats.OnnxFormat`, loaded on first use). Adding a
+format is one `register_deploy_format` call plus that object (docs/architecture.md, "Add a
+deploy format").
 """
 
 from __future__ import annotations
@@ -30,9 +31,16 @@ def register_deploy_format(entry: DeployFormatEntry, *, replace: bool = False) -
     return DEPLOY_FORMATS.register(entry.name, entry, replace=replace)
 
 
+def check_deploy_format(name: object) -> DeployFormatEntry:
+    """The entry of a `deploy_format` argument; ValueError naming the known formats otherwise."""
+    if not isinstance(name, str) or name not in DEPLOY_FORMATS:
+        raise ValueError(f"deploy_format: {DEPLOY_FORMATS.unknown_message(name)}")
+    return DEPLOY_FORMATS[name]
+
+
 register_deploy_format(DeployFormatEntry(
     "onnx", "integer model for onnxruntime (QuantizeLinear, integer Conv/MatMul kernels, int32 bias)",
-    "amct_engine.export.save:ONNX_DEPLOY"))
+    "amct_engine.export.onnx_formats:ONNX_DEPLOY"))
 register_deploy_format(DeployFormatEntry(
     "ascend", "AMCT's layout for the ATC converter (AscendQuant/AscendDequant, INT8 weights, UINT64 dequant param)",
-    "amct_engine.export.save:ASCEND_DEPLOY"))
+    "amct_engine.export.onnx_formats:ASCEND_DEPLOY"))

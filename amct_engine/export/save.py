@@ -1,7 +1,8 @@
 """Write the fake-quant and deploy ONNX models of a quantised model (spec §1.1, §5).
 
-Pipeline: swap every QuantRetrainLayer for an ExportQuantLayer (BN folded, record factors
-applied), export once per back end, then check each file with onnx.checker and onnxruntime.
+Pipeline, once per file: swap every QuantRetrainLayer for an ExportQuantLayer (BN folded, record
+factors applied) written by the file's `OnnxFormat`, export, apply the format's finaliser, then
+check the file with onnx.checker and onnxruntime (through the format's reference rewrite).
 """
 
 from __future__ import annotations
@@ -17,22 +18,17 @@ import onnxruntime as ort
 import torch
 from torch import nn
 
-from amct_engine.export.ascend import (
-    ASCEND_DOMAIN,
-    ascend_to_standard_onnx,
-    constants_to_initializers,
-    finalize_ascend_model,
-    is_ascend_model,
-)
 from amct_engine.export.dynamic_shapes import traceable_sizes
-from amct_engine.export.quant_layer import ExportQuantLayer, compute_factors, fold_batch_norm
+from amct_engine.export.formats import check_deploy_format
+from amct_engine.export.onnx_formats import FAKE_QUANT, OnnxFormat
+from amct_engine.export.quant_layer import ExportQuantLayer
 from amct_engine.export.requant import requant_targets
+from amct_engine.quant.deployed import compute_factors, fold_batch_norm
 from amct_engine.quant.retrain_layer import QuantRetrainLayer
 from amct_engine.record import LayerQuantRecord
 
 OPSET = 17
 FILE_MODE = 0o640  # spec §1.1
-DEPLOY_BACKENDS = {"onnx": "deploy", "ascend": "ascend"}
 
 
 def output_paths(save_path: str) -> dict[str, str]:
@@ -47,9 +43,10 @@ def quant_layers(model: nn.Module) -> dict[str, QuantRetrainLayer]:
 
 
 def build_export_model(
-    model: nn.Module, records: dict[str, LayerQuantRecord], backend: str, requant: dict[str, str] | None = None
+    model: nn.Module, records: dict[str, LayerQuantRecord], onnx_format: OnnxFormat,
+    requant: dict[str, str] | None = None,
 ) -> nn.Module:
-    """A CPU copy of `model` whose quantised layers are ExportQuantLayers for `backend`.
+    """A CPU copy of `model` whose quantised layers are ExportQuantLayers written by `onnx_format`.
 
     Every back end folds BN and takes every factor from the record (spec §5). `requant` (layer
     path -> next quantised layer path, see export.requant) lets a layer quantise its output with
@@ -61,7 +58,7 @@ def build_export_model(
         layer = fold_batch_norm(wrapper.layer, wrapper.bn)
         record = records[wrapper.layer_name]
         factors = compute_factors(wrapper.layer_name, layer, record)
-        new = ExportQuantLayer(wrapper.layer_name, layer, factors, backend)
+        new = ExportQuantLayer(wrapper.layer_name, layer, factors, onnx_format.layer_writer)
         target = (requant or {}).get(path)
         if target is not None:
             following = records[wrappers[target].layer_name]
@@ -101,40 +98,18 @@ def export_onnx(
     os.chmod(path, FILE_MODE)
 
 
-def compact_graph(model: onnx.ModelProto) -> onnx.ModelProto:
-    """Constant nodes become initialisers and internal tensor names get short: same graph, fewer bytes.
-
-    The exporter's names (`/layer1/conv1/Constant_4_output_0`) and one Constant node per scale cost
-    ~4 KB on a 20k-parameter model, a fifth of its INT8 deploy file. Node names stay (they name layers).
-    """
-    constants_to_initializers(model)
-    graph = model.graph
-    public = {v.name for v in graph.input} | {v.name for v in graph.output}
-    names: dict[str, str] = {}
-
-    def short(name: str) -> str:
-        return name if not name or name in public else names.setdefault(name, f"t{len(names)}")
-
-    for node in graph.node:
-        node.input[:] = [short(n) for n in node.input]
-        node.output[:] = [short(n) for n in node.output]
-    for tensor in graph.initializer:
-        tensor.name = short(tensor.name)
-    for info in graph.value_info:
-        info.name = short(info.name)
-    return model
-
-
-def check_onnx(model: str | onnx.ModelProto, input_data: tuple[torch.Tensor, ...]) -> list[np.ndarray]:
+def check_onnx(
+    model: str | onnx.ModelProto, input_data: tuple[torch.Tensor, ...], onnx_format: OnnxFormat | None = None
+) -> list[np.ndarray]:
     """onnx.checker plus one onnxruntime run on the example input: a file we write always runs.
 
-    An Ascend deploy model runs through the reference rewrite of its custom ops.
+    A format with custom ops (Ascend) runs through its `to_reference_onnx` rewrite; None: standard ONNX.
     """
     if isinstance(model, str):
         model = onnx.load(model)
     onnx.checker.check_model(model)
-    if is_ascend_model(model):
-        model = ascend_to_standard_onnx(model)
+    if onnx_format is not None:
+        model = onnx_format.to_reference_onnx(model)
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     feeds = {i.name: t.detach().cpu().numpy() for i, t in zip(session.get_inputs(), input_data, strict=False)}
     return session.run(None, feeds)
@@ -164,25 +139,37 @@ def save_quantized_onnx(
 ) -> dict[str, str]:
     """Write both models; returns {"fake_quant": path, "deploy": path}.
 
-    deploy_format "onnx": the portable integer model onnxruntime runs; "ascend": AMCT's layout
-    with AscendQuant/AscendDequant for the ATC converter (spec §5).
+    `deploy_format` names the deploy model's format in `amct_engine.export.formats.DEPLOY_FORMATS`:
+    "onnx", the portable integer model onnxruntime runs; "ascend", AMCT's layout with
+    AscendQuant/AscendDequant for the ATC converter (spec §5).
     """
-    if deploy_format not in DEPLOY_BACKENDS:
-        raise ValueError(f"deploy_format must be one of {', '.join(DEPLOY_BACKENDS)}, got {deploy_format!r}")
+    deploy = check_deploy_format(deploy_format).load()
     validate_dynamic_axes(dynamic_axes)
     cpu_inputs = tuple(t.detach().cpu() for t in input_data)
     paths = output_paths(save_path)
-    backends = {"fake_quant": "fake_quant", "deploy": DEPLOY_BACKENDS[deploy_format]}
+    formats = {"fake_quant": FAKE_QUANT, "deploy": deploy}
     cpu_model = copy.deepcopy(model).cpu().eval()
-    requant = requant_targets(cpu_model, cpu_inputs) if backends["deploy"] == "deploy" else None
     for kind, path in paths.items():
-        backend = backends[kind]
-        export_model = build_export_model(cpu_model, records, backend, requant if kind == "deploy" else None)
-        opsets = {ASCEND_DOMAIN: 1} if backend == "ascend" else None
-        export_onnx(export_model, path, cpu_inputs, input_names, output_names, dynamic_axes, opsets)
-        if backend == "ascend":
-            onnx.save(finalize_ascend_model(onnx.load(path)), path)
-        elif backend == "deploy":
-            onnx.save(compact_graph(onnx.load(path)), path)
-        check_onnx(path, cpu_inputs)
+        write_quantized_onnx(cpu_model, records, formats[kind], path, cpu_inputs, input_names, output_names,
+                             dynamic_axes)
     return paths
+
+
+def write_quantized_onnx(
+    model: nn.Module,
+    records: dict[str, LayerQuantRecord],
+    onnx_format: OnnxFormat,
+    path: str,
+    input_data: tuple[torch.Tensor, ...],
+    input_names=None,
+    output_names=None,
+    dynamic_axes=None,
+) -> None:
+    """One file of `model` (on the CPU, eval mode) in `onnx_format`: export, finalise, check."""
+    requant = requant_targets(model, input_data) if onnx_format.requantises else None
+    export_model = build_export_model(model, records, onnx_format, requant)
+    export_onnx(export_model, path, input_data, input_names, output_names, dynamic_axes,
+                dict(onnx_format.custom_opsets) or None)
+    if onnx_format.finalize is not None:
+        onnx.save(onnx_format.finalize(onnx.load(path)), path)
+    check_onnx(path, input_data, onnx_format)

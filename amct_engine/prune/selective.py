@@ -22,6 +22,7 @@ from torch.nn.utils import parametrize
 
 from amct_engine.prune.records import update_selective_records
 from amct_engine.quant.retrain_layer import QuantRetrainLayer
+from amct_engine.quant.weight_quantizer import WeightQuantizer
 from amct_engine.record import RecordFile
 
 GROUP_SIZE, PRUNED_PER_GROUP = 4, 2  # M4N2
@@ -102,10 +103,10 @@ class SelectiveMask(nn.Module):
         return f"M4N2, axis={self.axis}, update_freq={self.update_freq}"
 
 
-class MaskedWeightQuantizer(nn.Module):
+class MaskedWeightQuantizer(WeightQuantizer):
     """Selective mask, then the layer's weight quantiser: prune before quantise (spec §4.5)."""
 
-    def __init__(self, selective: SelectiveMask, quant: nn.Module):
+    def __init__(self, selective: SelectiveMask, quant: WeightQuantizer):
         super().__init__()
         self.selective = selective
         self.quant = quant
@@ -113,11 +114,10 @@ class MaskedWeightQuantizer(nn.Module):
     def forward(self, weight: torch.Tensor, transpose_groups: int | None = None) -> torch.Tensor:
         return self.quant(self.selective(weight), transpose_groups)
 
-    def mask_weight(self, weight: torch.Tensor) -> torch.Tensor:
+    def weight_to_quantize(self, weight: torch.Tensor) -> torch.Tensor:
         """W ⊙ mask without counting a batch: what the eval (= deploy) layer is built from."""
-        return weight * self.selective.mask
+        return self.quant.weight_to_quantize(weight * self.selective.mask)
 
-    # what QuantRetrainLayer and the exporter read from a weight quantiser
     @property
     def bits(self) -> int:
         return self.quant.bits
@@ -126,6 +126,7 @@ class MaskedWeightQuantizer(nn.Module):
     def channel_wise(self) -> bool:
         return self.quant.channel_wise
 
+    # AMCT's attribute names, which user code may read
     @property
     def wts_scales(self) -> torch.Tensor:
         return self.quant.wts_scales

@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import copy
-
 import numpy as np
 import torch
 from torch import nn
 from torch.func import functional_call
 
 from amct_engine.config.quant_json import BITS_DST, LayerQuantSpec
-from amct_engine.export.quant_layer import QuantFactors, compute_factors, deployed_forward, fold_batch_norm
-from amct_engine.quant.arq import ArqWeightQuantizer
+from amct_engine.quant.deployed import QuantFactors, compute_factors, deployed_forward, fold_batch_norm
+from amct_engine.quant.registry import WEIGHT_QUANTIZERS
 from amct_engine.quant.ulq_act import UlqActQuantizer
-from amct_engine.quant.ulq_weight import UlqWeightQuantizer
+from amct_engine.quant.weight_quantizer import WeightQuantizer
 from amct_engine.record import LayerQuantRecord, RecordFile
 
 FLT_EPSILON = 1.192092896e-07
@@ -36,7 +34,7 @@ class QuantRetrainLayer(nn.Module):
         name: str,
         layer: nn.Module,
         act_quant: UlqActQuantizer,
-        weight_quant: nn.Module,
+        weight_quant: WeightQuantizer,
         bn: nn.Module | None = None,
         record: RecordFile | None = None,
         fakequant_precision_mode: str = "DEFAULT",
@@ -89,20 +87,11 @@ class QuantRetrainLayer(nn.Module):
         record = self.quant_record()
         if self.record is not None:
             self.record.write_layers({self.layer_name: record})
-        layer = fold_batch_norm(self._layer_as_quantised(), self.bn)
+        # The deployed layer holds the weight the quantiser reads (weight_to_quantize: 4:2-masked when a
+        # mask comes first), so eval runs the weights that were trained and that the save bakes in.
+        weight = self.weight_quant.weight_to_quantize(self.layer.weight.detach())
+        layer = fold_batch_norm(self.layer, self.bn, weight)
         return layer, compute_factors(self.layer_name, layer, record)
-
-    def _layer_as_quantised(self) -> nn.Module:
-        """The float layer with the weight its quantiser reads: a 4:2-masked weight when the quantiser
-        masks first (``MaskedWeightQuantizer.mask_weight``), so eval runs the weights that were trained
-        and that the save bakes into the deploy model, not the dense ones."""
-        mask_weight = getattr(self.weight_quant, "mask_weight", None)
-        if mask_weight is None:
-            return self.layer
-        layer = copy.deepcopy(self.layer)
-        with torch.no_grad():
-            layer.weight.copy_(mask_weight(layer.weight))
-        return layer
 
     def quant_record(self) -> LayerQuantRecord:
         """Scale/offset of data and weight, with a following BN's factor folded into scale_w."""
@@ -160,8 +149,11 @@ def out_channels(layer: nn.Module) -> int:
     return getattr(layer, "out_channels", getattr(layer, "out_features", 1))
 
 
-def make_weight_quantizer(spec: LayerQuantSpec, layer: nn.Module) -> nn.Module:
-    cls = UlqWeightQuantizer if spec.weight.algo == "ulq" else ArqWeightQuantizer
+def make_weight_quantizer(spec: LayerQuantSpec, layer: nn.Module) -> WeightQuantizer:
+    """The quantiser `spec.weight.algo` names in WEIGHT_QUANTIZERS, sized to the layer's Cout."""
+    cls = WEIGHT_QUANTIZERS[spec.weight.algo].quantizer_class()
+    if not (isinstance(cls, type) and issubclass(cls, WeightQuantizer)):
+        raise TypeError(f"weight quantizer {spec.weight.algo!r} is {cls!r}, not a WeightQuantizer subclass")
     return cls(bits=spec.weight.bits, channel_wise=spec.weight.channel_wise, num_channels=out_channels(layer))
 
 

@@ -5,18 +5,17 @@ from __future__ import annotations
 import math
 
 import torch
-from torch import nn
 
 from .primitives import (
     FLT_EPSILON,
     broadcast_along_axis0,
     check_quantizable,
     from_cout_major,
-    match_state_shapes,
     process_scale,
     quant_range,
     to_cout_major,
 )
+from .weight_quantizer import SymmetricWeightQuantizer
 
 
 def _scale_view(scale: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -74,21 +73,17 @@ class UlqWeightFunction(torch.autograd.Function):
         return grad_output, (grad_abs * sign).to(scale.dtype), None
 
 
-class UlqWeightQuantizer(nn.Module):
+class UlqWeightQuantizer(SymmetricWeightQuantizer):
     """`ulq_retrain` weight quantiser (spec §4.2): learnable `wts_scales`, `wts_offsets` zeros.
 
     The scale is initialised on the first forward (s = max|W|/Qp per channel or per tensor); a
     loaded checkpoint with finite scales counts as initialised.
     """
 
+    learnable_scale = True
+
     def __init__(self, bits: int = 8, channel_wise: bool = True, num_channels: int | None = None) -> None:
-        super().__init__()
-        quant_range(bits)
-        self.bits = bits
-        self.channel_wise = channel_wise
-        count = num_channels if channel_wise and num_channels else 1
-        self.wts_scales = nn.Parameter(torch.full((count,), math.nan))
-        self.register_buffer("wts_offsets", torch.zeros(count, dtype=torch.int32))
+        super().__init__(bits, channel_wise, num_channels)
         self._initialized = False
 
     @property
@@ -110,9 +105,6 @@ class UlqWeightQuantizer(nn.Module):
             raise RuntimeError("the weight quantiser has no scale yet: run a forward pass first")
         return effective_scale(self.wts_scales).clone(), self.wts_offsets.detach().clone()
 
-    def extra_repr(self) -> str:
-        return f"bits={self.bits}, channel_wise={self.channel_wise}"
-
     @torch.no_grad()
     def _arq_init(self, weight_cm: torch.Tensor) -> None:
         # spec §4.2: ARQ initialisation s = max|W|/Qp; an all-zero channel gets s = 1 (process_scale).
@@ -120,14 +112,10 @@ class UlqWeightQuantizer(nn.Module):
         rows = weight_cm.shape[0] if self.channel_wise else 1
         abs_max = weight_cm.detach().reshape(rows, -1).abs().amax(dim=1).to(torch.float32)
         scale, _ = process_scale(abs_max / qp, torch.zeros_like(abs_max), self.bits, asymmetric=False)
-        if self.wts_scales.shape != scale.shape:
-            self.wts_scales.data = torch.empty_like(scale, dtype=self.wts_scales.dtype)
-            self.wts_offsets.data = torch.zeros(scale.shape, dtype=torch.int32, device=scale.device)
-        self.wts_scales.copy_(scale)
+        self._set_scale(scale)
         self._initialized = True
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        match_state_shapes(self, state_dict, prefix, ("wts_scales", "wts_offsets"))
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
         if prefix + "wts_scales" in state_dict:
             self._initialized = bool(torch.isfinite(self.wts_scales).all())

@@ -1,0 +1,60 @@
+"""The ONNX files a quantised model is saved as: one `OnnxFormat` object per kind of file.
+
+`save_quantized_onnx` writes the fake-quant model with `FAKE_QUANT` and the deploy model with the
+object the `deploy_format` names in `amct_engine.export.formats.DEPLOY_FORMATS` (`ONNX_DEPLOY`,
+`ASCEND_DEPLOY`); it never asks which format it holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import onnx
+
+from amct_engine.export.ascend import ASCEND_DOMAIN, ascend_to_standard_onnx, finalize_ascend_model
+from amct_engine.export.backends import AscendDeployBackend, FakeQuantBackend, IntegerDeployBackend
+from amct_engine.export.onnx_graph import compact_graph
+from amct_engine.export.quant_layer import LayerWriter
+
+
+def _as_written(model: onnx.ModelProto) -> onnx.ModelProto:
+    return model
+
+
+@dataclass(frozen=True)
+class OnnxFormat:
+    """How one kind of ONNX file is written, finished and checked.
+
+    - `layer_writer`: emits each quantised layer (its `emit(g, x, module)` is the layer's symbolic);
+    - `requantises`: a layer whose output reaches the next quantised layer only through ops that
+      commute with quantisation quantises that output with the next layer's quantiser
+      (amct_engine.export.requant), so integer kernels run end to end;
+    - `custom_opsets`: domain -> version for custom ops the writer emits (torch.onnx.export);
+    - `finalize`: applied to the written file (None: kept as the exporter wrote it);
+    - `to_reference_onnx`: a standard-ONNX model computing the same, which `check_onnx` runs in
+      onnxruntime (the identity for a standard-ONNX format).
+    """
+
+    name: str
+    layer_writer: LayerWriter
+    requantises: bool = False
+    custom_opsets: Mapping[str, int] = field(default_factory=dict)
+    finalize: Callable[[onnx.ModelProto], onnx.ModelProto] | None = None
+    to_reference_onnx: Callable[[onnx.ModelProto], onnx.ModelProto] = _as_written
+
+
+# The float graph with QuantizeLinear/DequantizeLinear that matches the PyTorch QAT model.
+FAKE_QUANT = OnnxFormat("fake_quant", FakeQuantBackend)
+
+# Integer kernels (ConvInteger/MatMulInteger/QLinearConv) for onnxruntime, compacted.
+ONNX_DEPLOY = OnnxFormat("onnx", IntegerDeployBackend, requantises=True, finalize=compact_graph)
+
+# docs/spec/engine.md §5: AMCT's layout for ATC; onnxruntime checks it through the reference rewrite.
+ASCEND_DEPLOY = OnnxFormat(
+    "ascend",
+    AscendDeployBackend,
+    custom_opsets={ASCEND_DOMAIN: 1},
+    finalize=finalize_ascend_model,
+    to_reference_onnx=ascend_to_standard_onnx,
+)
