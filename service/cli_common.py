@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -14,6 +15,10 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
+
+from amct_engine.export.formats import DEPLOY_FORMATS
+from job_process.kinds import DEFAULT_JOB_KIND, JOB_KINDS
+from service.settings import DEVICES
 
 console = Console()
 err_console = Console(stderr=True)
@@ -26,6 +31,19 @@ ApiKeyOpt = Annotated[str | None, typer.Option(
     help="API key; default: AMCT_API_KEY, else <data-dir>/api-key of a local embedded server")]
 DataDirOpt = Annotated[Path, typer.Option("--data-dir", envvar="AMCT_DATA_DIR",
                                           help="where a local `amct serve` keeps its files (for its api-key)")]
+
+
+def choices(name: str, values: Iterable[str]) -> type[StrEnum]:
+    """A StrEnum of a table's names, for a typer option's choices (typer takes an Enum, not a callable)."""
+    return StrEnum(name, {value: value for value in values})
+
+
+# Built when this module is imported, after job_process/kinds.py has loaded the kinds that
+# AMCT_JOB_KIND_MODULES names: `--kind` offers every kind the job process can run.
+Kind = choices("Kind", JOB_KINDS.names())
+Device = choices("Device", DEVICES)
+DeployFormat = choices("DeployFormat", DEPLOY_FORMATS.names())
+DEFAULT_KIND, DEFAULT_DEVICE, DEFAULT_DEPLOY_FORMAT = Kind(DEFAULT_JOB_KIND), Device("cpu"), DeployFormat("onnx")
 
 
 def fail(message: str, code: int = 1) -> typer.Exit:

@@ -146,7 +146,7 @@ class RecordingDispatcher:
 
 
 def test_reaper_requeues_a_job_whose_worker_vanished(db_url, sessions, job_id, tmp_path):
-    from worker.reaper import reap_once
+    from service.reaper import reap_once
 
     with sessions.begin() as s:
         jobstate.claim_job(s, job_id, "worker-a", lease_s=60)
@@ -161,7 +161,7 @@ def test_reaper_requeues_a_job_whose_worker_vanished(db_url, sessions, job_id, t
 
 
 def test_reaper_fails_a_job_that_lost_its_worker_too_often(db_url, sessions, job_id, tmp_path):
-    from worker.reaper import reap_once
+    from service.reaper import reap_once
 
     with sessions.begin() as s:
         jobstate.claim_job(s, job_id, "worker-a", lease_s=60)
@@ -176,7 +176,7 @@ def test_reaper_fails_a_job_that_lost_its_worker_too_often(db_url, sessions, job
 
 def test_reaper_resends_a_queued_job_nobody_claimed_once_per_period(db_url, sessions, job_id, tmp_path):
     """The API committed the row but the message never reached (or was lost by) the broker."""
-    from worker.reaper import reap_once
+    from service.reaper import reap_once
 
     settings = make_settings(tmp_path, database_url=db_url, requeue_after_s=60)
     with sessions.begin() as s:
@@ -196,7 +196,7 @@ def test_reaper_resends_a_queued_job_nobody_claimed_once_per_period(db_url, sess
 
 def test_reaper_does_not_resend_a_job_whose_message_still_waits(db_url, sessions, job_id, tmp_path):
     """A long queue is not a lost message: no duplicates pile up behind a busy worker."""
-    from worker.reaper import reap_once
+    from service.reaper import reap_once
 
     settings = make_settings(tmp_path, database_url=db_url, requeue_after_s=60)
     with sessions.begin() as s:
@@ -210,7 +210,7 @@ def test_reaper_does_not_resend_a_job_whose_message_still_waits(db_url, sessions
 
 def test_reaper_cancels_a_job_that_lost_its_worker_while_cancelling(db_url, sessions, job_id, tmp_path):
     """Back to the queue it would stay queued forever: the claim refuses a job with a pending cancel."""
-    from worker.reaper import reap_once
+    from service.reaper import reap_once
 
     with sessions.begin() as s:
         jobstate.claim_job(s, job_id, "worker-a", lease_s=60)
