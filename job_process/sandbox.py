@@ -24,7 +24,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # Only these reach the child: no DATABASE_URL, BROKER_URL, AWS_* or tokens.
 _PASS_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
              "CUDA_VISIBLE_DEVICES", "ASCEND_RT_VISIBLE_DEVICES", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE",
-             "AMCT_FASHION_MNIST_DIR", MODULES_ENV)  # MODULES_ENV: the child's job-kind table is ours
+             "AMCT_FASHION_MNIST_DIR",
+             MODULES_ENV)  # so the job process loads the same extra job kinds as its parent
 
 
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:

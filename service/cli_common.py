@@ -100,7 +100,7 @@ def parse_shape(text: str | None, dataset: Path | None) -> str:
 def progress_view(description: str = "starting") -> Iterator[tuple[Progress, object]]:
     """A progress bar and the function that feeds it one job message.
 
-    The engine's JSON lines (worker/child/protocol.py) and the service's events share one shape
+    The engine's JSON lines (job_process/protocol.py) and the service's events share one shape
     (`phase`, `progress` with step/total_steps/loss, `log`; events add `state`), so `amct compress`
     and `amct jobs watch` draw the same bar.
     """

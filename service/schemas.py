@@ -35,12 +35,14 @@ class OneOf:
     check: bool = True
 
     def __get_pydantic_core_schema__(self, source, handler):
-        schema = handler(source)
-        return core_schema.no_info_after_validator_function(self._validate, schema) if self.check else schema
+        if not self.check:
+            return handler(source)
+        # Any input reaches _validate, so a number gets the list of names too, as a Literal would answer.
+        return core_schema.no_info_plain_validator_function(self._validate, json_schema_input_schema=handler(source))
 
-    def _validate(self, value: str) -> str:
+    def _validate(self, value: object) -> str:
         names = tuple(self.names())
-        if value not in names:
+        if not isinstance(value, str) or value not in names:
             # Worded as pydantic words a Literal's error: 'a', 'b' or 'c'.
             quoted = [repr(n) for n in names] or ["nothing"]
             expected = " or ".join(filter(None, [", ".join(quoted[:-1]), quoted[-1]]))
