@@ -16,6 +16,7 @@ COPY amct_engine ./amct_engine
 RUN pip install '.[service]'
 COPY service ./service
 COPY worker ./worker
+COPY job_process ./job_process
 COPY migrations ./migrations
 COPY alembic.ini ./
 

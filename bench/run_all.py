@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script: make `bench` and `amct_engine` importable
     sys.path.insert(0, str(ROOT))
 
-from service.sandbox import stop_group  # noqa: E402
+from job_process.sandbox import stop_group  # noqa: E402
 
 SECTIONS = ("engine", "minilm", "crepe", "capture", "service")
 # Seconds a section may take before it is stopped and reported as timed out (full run; --quick: 15 min each).

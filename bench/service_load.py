@@ -46,7 +46,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from service.sandbox import stop_group
+from job_process.sandbox import stop_group
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script: make `service` importable

@@ -14,8 +14,9 @@ from service import auth, metrics, problems
 from service.db import migrate
 from service.db.models import Project
 from service.db.session import session_factory
-from service.dispatch import Dispatcher
-from service.routes import artifacts, configs, datasets, events, health, jobs, keys, models, ui
+from service.queue import Dispatcher, make_celery
+from service.reaper import reap_once
+from service.routes import artifacts, configs, datasets, events, health, jobs, keys, meta, models, ui
 from service.routes import metrics as metrics_route
 from service.settings import Settings
 from service.storage import open_store
@@ -24,9 +25,7 @@ log = logging.getLogger("amct.api")
 
 
 async def reap_forever(settings: Settings, dispatcher: Dispatcher) -> None:
-    """Every reap_interval_s, run the reaper (worker/reaper.py) in a thread; an error is logged, not fatal."""
-    from worker.reaper import reap_once
-
+    """Every reap_interval_s, run the reaper (service/reaper.py) in a thread; an error is logged, not fatal."""
     while True:
         await asyncio.sleep(settings.reap_interval_s)
         try:
@@ -68,9 +67,6 @@ def create_app(settings: Settings | None = None, run_migrations: bool = True) ->
     app = FastAPI(title="AMCT compression service", version="0.1.0", lifespan=lifespan,
                   description="Upload a TorchScript model, a .cfg and a dataset; submit a compression job; "
                               "watch it; download the ONNX models and the report.")
-    # Imported here: the worker package imports service.*, not the other way round at module load.
-    from worker.celery_app import make_celery
-
     app.state.settings = settings
     app.state.sessions = session_factory(settings.resolved_database_url)
     app.state.store = open_store(settings.resolved_artifact_store, settings.s3_endpoint_url)
@@ -78,7 +74,7 @@ def create_app(settings: Settings | None = None, run_migrations: bool = True) ->
     app.state.metrics, latency = metrics.make_registry(app.state.sessions, settings)
     app.add_middleware(metrics.HttpMetricsMiddleware, latency=latency)
     problems.install(app)
-    for module in (health, models, configs, datasets, jobs, events, artifacts, keys, metrics_route):
+    for module in (health, meta, models, configs, datasets, jobs, events, artifacts, keys, metrics_route):
         app.include_router(module.router)
     ui.mount(app)  # the dashboard at /ui, and / redirects there
     return app

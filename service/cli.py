@@ -19,8 +19,19 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from service.cli_common import console, fail, parse_shape, progress_view
-from service.cli_jobs import DeployFormat, Device, Kind, jobs_app
+from service.cli_common import (
+    DEFAULT_DEPLOY_FORMAT,
+    DEFAULT_DEVICE,
+    DEFAULT_KIND,
+    DeployFormat,
+    Device,
+    Kind,
+    console,
+    fail,
+    parse_shape,
+    progress_view,
+)
+from service.cli_jobs import jobs_app
 from service.settings import DEVICES, Settings
 
 log = logging.getLogger("amct.serve")
@@ -113,12 +124,12 @@ def compress(model: Annotated[Path, typer.Option(exists=True, dir_okay=False, he
              data: Annotated[Path, typer.Option(exists=True, dir_okay=False, help=".npz or .safetensors with "
                                                                                  "`inputs` (and `labels`)")],
              out: Annotated[Path, typer.Option(help="folder for the ONNX models, record, report.json")],
-             kind: Annotated[Kind, typer.Option()] = Kind.compressed_retrain,
+             kind: Annotated[Kind, typer.Option()] = DEFAULT_KIND,
              input_shape: Annotated[str | None, typer.Option(help="e.g. 1,1,28,28; default: from the data")] = None,
              epochs: int = 1, batch_size: int = 64, lr: float = 1e-3,
              eval_fraction: Annotated[float, typer.Option(help="held-out share for the report")] = 0.1,
-             seed: int = 0, device: Annotated[Device, typer.Option()] = Device.cpu,
-             deploy_format: Annotated[DeployFormat, typer.Option()] = DeployFormat.onnx) -> None:
+             seed: int = 0, device: Annotated[Device, typer.Option()] = DEFAULT_DEVICE,
+             deploy_format: Annotated[DeployFormat, typer.Option()] = DEFAULT_DEPLOY_FORMAT) -> None:
     """Compress a model here, no server: the engine a worker runs, with a progress bar and a summary table."""
     from service.local_compress import LocalJobError
     from service.local_compress import compress as run_local

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -14,6 +15,10 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
+
+from amct_engine.export.formats import DEPLOY_FORMATS
+from job_process.kinds import DEFAULT_JOB_KIND, JOB_KINDS
+from service.settings import DEVICES
 
 console = Console()
 err_console = Console(stderr=True)
@@ -26,6 +31,19 @@ ApiKeyOpt = Annotated[str | None, typer.Option(
     help="API key; default: AMCT_API_KEY, else <data-dir>/api-key of a local embedded server")]
 DataDirOpt = Annotated[Path, typer.Option("--data-dir", envvar="AMCT_DATA_DIR",
                                           help="where a local `amct serve` keeps its files (for its api-key)")]
+
+
+def choices(name: str, values: Iterable[str]) -> type[StrEnum]:
+    """A StrEnum of a table's names, for a typer option's choices (typer takes an Enum, not a callable)."""
+    return StrEnum(name, {value: value for value in values})
+
+
+# Built when this module is imported, after job_process/kinds.py has loaded the kinds that
+# AMCT_JOB_KIND_MODULES names: `--kind` offers every kind the job process can run.
+Kind = choices("Kind", JOB_KINDS.names())
+Device = choices("Device", DEVICES)
+DeployFormat = choices("DeployFormat", DEPLOY_FORMATS.names())
+DEFAULT_KIND, DEFAULT_DEVICE, DEFAULT_DEPLOY_FORMAT = Kind(DEFAULT_JOB_KIND), Device("cpu"), DeployFormat("onnx")
 
 
 def fail(message: str, code: int = 1) -> typer.Exit:
@@ -82,7 +100,7 @@ def parse_shape(text: str | None, dataset: Path | None) -> str:
 def progress_view(description: str = "starting") -> Iterator[tuple[Progress, object]]:
     """A progress bar and the function that feeds it one job message.
 
-    The engine's JSON lines (worker/child/protocol.py) and the service's events share one shape
+    The engine's JSON lines (job_process/protocol.py) and the service's events share one shape
     (`phase`, `progress` with step/total_steps/loss, `log`; events add `state`), so `amct compress`
     and `amct jobs watch` draw the same bar.
     """

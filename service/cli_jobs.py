@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import uuid
 from datetime import UTC, datetime
-from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -13,10 +12,17 @@ import typer
 from rich.markup import escape
 from rich.table import Column, Table
 
+from job_process.kinds import JOB_KINDS
 from service.cli_common import (
+    DEFAULT_DEPLOY_FORMAT,
+    DEFAULT_DEVICE,
+    DEFAULT_KIND,
     DEFAULT_SERVER,
     ApiKeyOpt,
     DataDirOpt,
+    DeployFormat,
+    Device,
+    Kind,
     ServerOpt,
     console,
     err_console,
@@ -30,24 +36,6 @@ from service.report_view import summary_table
 
 jobs_app = typer.Typer(help="Submit, follow and fetch jobs on a running service.", no_args_is_help=True)
 STATUS_STYLE = {"queued": "yellow", "running": "cyan", "succeeded": "green", "failed": "red", "cancelled": "magenta"}
-
-
-class Kind(StrEnum):
-    compressed_retrain = "compressed_retrain"
-    quant_retrain = "quant_retrain"
-    prune_retrain = "prune_retrain"
-    distill = "distill"
-
-
-class Device(StrEnum):
-    cpu = "cpu"
-    cuda = "cuda"
-    npu = "npu"
-
-
-class DeployFormat(StrEnum):
-    onnx = "onnx"
-    ascend = "ascend"
 
 
 def _status(status: str) -> str:
@@ -67,11 +55,11 @@ def _elapsed(job: dict) -> str:
 def submit(model: Annotated[Path, typer.Option(exists=True, dir_okay=False, help="TorchScript file")],
            cfg: Annotated[Path, typer.Option(exists=True, dir_okay=False, help="AMCT .cfg")],
            data: Annotated[Path, typer.Option(exists=True, dir_okay=False, help=".npz or .safetensors")],
-           kind: Annotated[Kind, typer.Option()] = Kind.compressed_retrain,
+           kind: Annotated[Kind, typer.Option()] = DEFAULT_KIND,
            input_shape: Annotated[str | None, typer.Option(help="e.g. 1,1,28,28; default: from the dataset")] = None,
            epochs: int = 1, batch_size: int = 64, lr: float = 1e-3, eval_fraction: float = 0.1, seed: int = 0,
-           device: Annotated[Device, typer.Option()] = Device.cpu,
-           deploy_format: Annotated[DeployFormat, typer.Option()] = DeployFormat.onnx,
+           device: Annotated[Device, typer.Option()] = DEFAULT_DEVICE,
+           deploy_format: Annotated[DeployFormat, typer.Option()] = DEFAULT_DEPLOY_FORMAT,
            idempotency_key: Annotated[str | None, typer.Option(help="default: a fresh one per run")] = None,
            watch_job: Annotated[bool, typer.Option("--watch", help="follow the job until it ends")] = False,
            server: ServerOpt = DEFAULT_SERVER, api_key: ApiKeyOpt = None,
@@ -82,7 +70,7 @@ def submit(model: Annotated[Path, typer.Option(exists=True, dir_okay=False, help
         try:
             with err_console.status("uploading the model (the server loads and checks it)…"):
                 model_row = client.upload_model(model, shape)
-            cfg_row = client.upload_config(cfg, "distill" if kind is Kind.distill else "retrain")
+            cfg_row = client.upload_config(cfg, JOB_KINDS[kind.value].cfg_kind)
             data_row = client.upload_dataset(data)
             job = client.submit(kind.value, model_row["id"], cfg_row["id"], data_row["id"],
                                 idempotency_key=idempotency_key or str(uuid.uuid4()), epochs=epochs,

@@ -22,6 +22,8 @@ from typing import Any
 import httpx
 from httpx_sse import connect_sse
 
+# service/db/jobstate.py TERMINAL, as GET /v1/meta `terminal_states` lists it: the client imports nothing
+# of the server (no SQLAlchemy on a machine that only drives it), and these three are the API contract.
 TERMINAL = ("succeeded", "failed", "cancelled")
 
 

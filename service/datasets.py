@@ -1,41 +1,19 @@
-"""Reading uploaded datasets safely: `.npz` without pickles, safetensors; `inputs` and optional `labels`.
+"""Describing an uploaded dataset: `inputs` and optional `labels`, checked before anything trains on them.
 
-The worker's child process reads them with the same `load_arrays`, so what was described at
-upload is what trains.
+The files are read with job_process/arrays.py, the reader the job process trains from, so what was
+described at upload is what trains.
 """
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
+from job_process.arrays import load_arrays, sniff_format
 from service.settings import Settings
 from service.zipcheck import check_zip
 
 FLOAT_KINDS = "fc"
 INT_KINDS = "iu"
-
-
-def sniff_format(path: str) -> str:
-    """By content, not by name: an .npz is a zip; safetensors starts with a JSON header's length."""
-    with open(path, "rb") as f:
-        head = f.read(9)
-    if head.startswith(b"PK"):
-        return "npz"
-    if len(head) == 9 and head[8:9] == b"{" and int.from_bytes(head[:8], "little") < os.path.getsize(path):
-        return "safetensors"
-    raise ValueError("the file is neither an .npz nor a .safetensors file")
-
-
-def load_arrays(path: str, fmt: str) -> dict[str, np.ndarray]:
-    if fmt == "npz":
-        # allow_pickle=False: an object array in an .npz would be a pickle, i.e. code.
-        with np.load(path, allow_pickle=False) as data:
-            return {k: data[k] for k in data.files}
-    from safetensors.numpy import load_file
-
-    return load_file(path)
 
 
 def check_arrays(arrays: dict[str, np.ndarray]) -> None:

@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 from sqlalchemy.orm import Session
 
-from service.dispatch import Dispatcher
+from service.queue import Dispatcher
 from service.settings import Settings
 from service.storage import BlobStore
 

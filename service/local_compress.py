@@ -1,25 +1,24 @@
 """`amct compress` and `amct distill-config` without a server: the engine on this machine.
 
-`compress` runs exactly what a worker runs, the `worker.child.compress` process (the job kinds of
-worker/child/kinds.py, report.json from worker/child/report.py), with the same spec file and the
-same JSON progress lines. Here the CLI plays the worker's part: it draws the progress lines and
-moves the outputs into --out. One engine path for both, so a local run predicts a service run.
+`compress` runs exactly what a worker runs, the job process (`python -m job_process.main`, started
+by the same job_process/launcher.py; the runners of job_process/kinds.py, report.json from
+job_process/report.py), with the same spec file and the same JSON progress lines. Here the CLI plays
+the worker's part: it draws the progress lines and moves the outputs into --out. One engine path for
+both, so a local run predicts a service run.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from service import sandbox
-from service.datasets import load_arrays, sniff_format
-from worker.child.protocol import ERROR_FILE, RESULT_FILE, SPEC_FILE, parse_line
-
-LABELLED_KINDS = ("quant_retrain", "prune_retrain", "compressed_retrain")  # as the API checks at submit
+from job_process.arrays import load_arrays, sniff_format
+from job_process.kinds import JOB_KINDS
+from job_process.launcher import ChildProcess
+from job_process.protocol import LOG_FILE, SPEC_FILE
 
 
 class LocalJobError(RuntimeError):
@@ -40,7 +39,7 @@ def check_dataset(data: Path, kind: str, input_shape: list[int]) -> str:
     if list(arrays["inputs"].shape[1:]) != input_shape[1:]:
         raise LocalJobError("bad_dataset", f"samples have shape {list(arrays['inputs'].shape[1:])} but the input "
                                            f"shape is {input_shape} (without the batch dimension: {input_shape[1:]})")
-    if kind in LABELLED_KINDS and "labels" not in arrays:
+    if JOB_KINDS[kind].needs_labels and "labels" not in arrays:
         raise LocalJobError("bad_dataset", f"{data} has no 'labels'; {kind} trains on labels")
     return fmt
 
@@ -60,34 +59,22 @@ def compress(model: Path, cfg: Path, data: Path, kind: str, out: Path, input_sha
                 "input_dtype": input_dtype, "dataset_format": fmt, "model": str(model.resolve()),
                 "cfg": str(cfg.resolve()), "dataset": str(data.resolve())}
         (workdir / SPEC_FILE).write_text(json.dumps(spec))
-        returncode = _run_child(workdir, on_message)
-        shutil.copyfile(workdir / "child.log", out / "engine.log")
-        if returncode == 0 and (workdir / RESULT_FILE).exists():
-            return _collect(workdir, out)
-        error = _read_json(workdir / ERROR_FILE) or {
+        # Leaving the block kills it if it still runs: Ctrl-C or a failing callback takes the engine down with us.
+        with ChildProcess(workdir) as child:
+            for message in child:
+                on_message(message)
+            returncode = child.wait()
+        shutil.copyfile(workdir / LOG_FILE, out / "engine.log")
+        if returncode == 0 and (result := child.result()) is not None:
+            return _collect(result, out)
+        error = child.error() or {
             "type": "crashed", "detail": f"the engine process exited with code {returncode}; see {out / 'engine.log'}"}
         raise LocalJobError(error["type"], error["detail"])
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _run_child(workdir: Path, on_message: Callable[[dict], None]) -> int:
-    with open(workdir / "child.log", "wb") as log:
-        proc = sandbox.popen("worker.child.compress", [str(workdir)], cwd=workdir, stdout=subprocess.PIPE,
-                             stderr=log, text=True, bufsize=1)
-        try:
-            for line in proc.stdout:
-                if (message := parse_line(line)) is not None:
-                    on_message(message)
-            return proc.wait()
-        finally:
-            if proc.poll() is None:  # Ctrl-C or a failing callback: take the engine down with us
-                sandbox.kill_group(proc)
-                proc.wait()
-
-
-def _collect(workdir: Path, out: Path) -> dict:
-    result = json.loads((workdir / RESULT_FILE).read_text())
+def _collect(result: dict, out: Path) -> dict:
     files = {}
     for artifact in result["artifacts"]:
         source = Path(artifact["path"])
@@ -96,13 +83,6 @@ def _collect(workdir: Path, out: Path) -> dict:
         files[artifact["kind"]] = dest
     files["log"] = out / "engine.log"
     return {"metrics": result["metrics"], "report": json.loads(files["report"].read_text()), "files": files}
-
-
-def _read_json(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
 
 
 def distill_config(model: Path, out: Path, input_shape: list[int], cfg: Path | None = None) -> dict:

@@ -14,23 +14,21 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator
-from typing import get_args
 
 from prometheus_client import CollectorRegistry, Histogram, ProcessCollector
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 from sqlalchemy import case, extract, func, select
 from sqlalchemy.exc import SQLAlchemyError
 
+from job_process.kinds import JOB_KINDS
 from service.db import jobstate
 from service.db.models import Job
-from service.schemas import JobKind
 from service.settings import DEVICES, Settings
 
 log = logging.getLogger(__name__)
 # Compression jobs take seconds (a small CNN) to hours (a transformer's distillation).
 DURATION_BUCKETS = (5, 15, 30, 60, 120, 300, 600, 1800, 3600, 3 * 3600, 12 * 3600, 24 * 3600)
 HTTP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
-KINDS = get_args(JobKind)
 
 
 def _duration_s(dialect: str):
@@ -64,7 +62,7 @@ class JobCollector:
         yield from families
 
     def _jobs(self, session) -> Metric:
-        counts = {(s, k): 0 for s in jobstate.STATES for k in KINDS}  # zeros too: a missing series is no 0
+        counts = {(s, k): 0 for s in jobstate.STATES for k in JOB_KINDS}  # zeros too: a missing series is no 0
         for status, kind, n in session.execute(select(Job.status, Job.kind, func.count()).group_by(Job.status,
                                                                                                    Job.kind)):
             counts[(status, kind)] = n

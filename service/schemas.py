@@ -1,15 +1,65 @@
-"""Request and response bodies (pydantic v2): the API's contract, as OpenAPI shows it at /docs."""
+"""Request and response bodies (pydantic v2): the API's contract, as OpenAPI shows it at /docs.
+
+The values of `kind` and `deploy_format` come from their tables (job_process/kinds.py JOB_KINDS,
+amct_engine/export/formats.py DEPLOY_FORMATS), read when a request is validated and when an app
+renders its OpenAPI document: a kind or format registered later is accepted and listed by the next
+app built. Devices and job states are fixed tuples (service/settings.py, service/db/jobstate.py).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic_core import PydanticCustomError, core_schema
 
-JobKind = Literal["distill", "compressed_retrain", "quant_retrain", "prune_retrain"]
-Device = Literal["cpu", "cuda", "npu"]
-JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+from amct_engine.export.formats import DEPLOY_FORMATS
+from job_process.kinds import CFG_KINDS, JOB_KINDS
+from service.db.jobstate import STATES
+from service.settings import DEVICES
+
+
+@dataclass(frozen=True)
+class OneOf:
+    """`Annotated[str, OneOf(table.names)]`: a string that must name an entry of a table, and whose
+    OpenAPI `enum` lists the entries the table holds when the document is rendered.
+
+    `check=False` documents the values without refusing others: a response may carry a job of a kind
+    that has been unregistered since (a removed plugin) and must still be listed, not fail.
+    """
+
+    names: Callable[[], Iterable[str]]
+    check: bool = True
+
+    def __get_pydantic_core_schema__(self, source, handler):
+        if not self.check:
+            return handler(source)
+        # Any input reaches _validate, so a number gets the list of names too, as a Literal would answer.
+        return core_schema.no_info_plain_validator_function(self._validate, json_schema_input_schema=handler(source))
+
+    def _validate(self, value: object) -> str:
+        names = tuple(self.names())
+        if not isinstance(value, str) or value not in names:
+            # Worded as pydantic words a Literal's error: 'a', 'b' or 'c'.
+            quoted = [repr(n) for n in names] or ["nothing"]
+            expected = " or ".join(filter(None, [", ".join(quoted[:-1]), quoted[-1]]))
+            raise PydanticCustomError("enum", "Input should be {expected}", {"expected": expected})
+        return value
+
+    def __get_pydantic_json_schema__(self, schema, handler):
+        json_schema = handler(schema)
+        json_schema["enum"] = list(self.names())
+        return json_schema
+
+
+JobKind = Annotated[str, OneOf(JOB_KINDS.names)]
+DeployFormat = Annotated[str, OneOf(DEPLOY_FORMATS.names)]
+Device = Literal[DEVICES]
+JobStatus = Literal[STATES]
+CfgKind = Literal[CFG_KINDS]
 
 
 class _Out(BaseModel):
@@ -33,7 +83,7 @@ class ModelOut(_Out):
 class ConfigOut(_Out):
     id: str
     name: str
-    kind: Literal["retrain", "distill"]
+    kind: CfgKind
     sha256: str
     size_bytes: int
     summary: dict[str, Any] = Field(description="which job kinds accept this cfg, and why not")
@@ -63,8 +113,8 @@ class JobCreate(BaseModel):
     device: Device = "cpu"
     eval_fraction: float = Field(0.1, ge=0, lt=1, description="held-out share of the dataset for the report")
     seed: int = Field(0, ge=0, le=2**31 - 1)
-    deploy_format: Literal["onnx", "ascend"] = Field(
-        "onnx", description="deploy model layout: onnxruntime integer model, or AMCT's Ascend layout for ATC"
+    deploy_format: DeployFormat = Field(
+        "onnx", description="deploy model layout (GET /v1/meta lists each format with what it is for)"
     )
 
 
@@ -75,7 +125,7 @@ class JobError(BaseModel):
 
 class JobOut(_Out):
     id: str
-    kind: JobKind
+    kind: Annotated[str, OneOf(JOB_KINDS.names, check=False)]
     status: JobStatus
     phase: str | None
     progress: float
@@ -148,3 +198,26 @@ class Me(BaseModel):
     project: str
     scopes: list[Scope]
     key_id: str | None = Field(description="null when the server runs without authentication")
+
+
+class JobKindInfo(BaseModel):
+    name: str
+    cfg_kind: CfgKind = Field(description="the cfg a job of this kind takes (POST /v1/configs `kind`)")
+    needs_labels: bool = Field(description="trained on the dataset's `labels`; refused at submit without them")
+    description: str
+
+
+class DeployFormatInfo(BaseModel):
+    name: str
+    summary: str
+
+
+class Meta(BaseModel):
+    """What this server accepts, read from its tables: the dashboard and clients build their choices from it."""
+
+    job_kinds: list[JobKindInfo]
+    deploy_formats: list[DeployFormatInfo]
+    devices: list[Device]
+    job_states: list[JobStatus]
+    terminal_states: list[JobStatus]
+    defaults: dict[str, str] = Field(description="what a form offers first: `kind`, `device`, `deploy_format`")

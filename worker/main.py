@@ -1,5 +1,5 @@
-"""The module `celery -A worker.main worker` loads: the app built from the environment's settings."""
+"""The module `celery -A worker.main worker` loads: the app built from the environment's settings, with the tasks."""
 
-from worker.celery_app import make_celery
+from service.queue import make_celery
 
-app = make_celery()
+app = make_celery(include=["worker.tasks"])

@@ -7,20 +7,19 @@ import os
 
 from celery import shared_task
 
-from worker.reaper import reap_once
+from service.queue import REAP_TASK, RUN_JOB_TASK, Dispatcher
+from service.reaper import reap_once
 from worker.runner import JobRunner
 
 log = logging.getLogger(__name__)
 
 
-@shared_task(bind=True, name="worker.tasks.run_job", acks_late=True, reject_on_worker_lost=True)
+@shared_task(bind=True, name=RUN_JOB_TASK, acks_late=True, reject_on_worker_lost=True)
 def run_job(self, job_id: str) -> str:
     owner = f"{self.request.hostname}:{os.getpid()}:{(self.request.id or '')[:8]}"
     return JobRunner(self.app.amct_settings, owner=owner).run(job_id)
 
 
-@shared_task(bind=True, name="worker.tasks.reap", acks_late=False)
+@shared_task(bind=True, name=REAP_TASK, acks_late=False)
 def reap(self) -> dict:
-    from service.dispatch import Dispatcher
-
     return reap_once(self.app.amct_settings, Dispatcher(self.app))

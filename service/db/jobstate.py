@@ -1,12 +1,15 @@
-"""The job state machine as data, and the only functions that change a job's status.
+"""The job state machine as data, and the only functions that change a job's status or its lease.
 
 Every change is one conditional UPDATE (`WHERE status = :from`) plus its job_events row, in the
 caller's transaction: the API, the worker and the reaper all go through here, so two of them
-racing on the same job cannot both win (spec §2d, §7c).
+racing on the same job cannot both win (spec §2d, §7c). The lifecycle rules live here too: how many
+attempts a job gets (`attempts_exhausted`), and what becomes of a job that lost its worker
+(`recover_lost_job`).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -101,14 +104,49 @@ def claim_job(session: Session, job_id: str, owner: str, lease_s: float) -> Job 
     return None
 
 
-def renew_lease(session: Session, job_id: str, owner: str, lease_s: float) -> bool:
-    """Extend the lease; False when the job is no longer ours (cancelled, reclaimed, finished)."""
-    result = session.execute(
+def attempts_exhausted(attempt: int, max_attempts: int) -> bool:
+    """Whether attempt number `attempt` (counted from 1) is one too many: max_attempts=N allows N attempts."""
+    return attempt > max_attempts
+
+
+def give_up_if_exhausted(session: Session, job: Job, owner: str) -> bool:
+    """Fail the job `owner` just claimed when that attempt is past max_attempts; True when it did.
+
+    The reaper fails a job that lost its worker on its last attempt; this catches the same job when a
+    redelivered message reclaims it first (a lease that ran out with no reaper running).
+    """
+    if not attempts_exhausted(job.attempt, job.max_attempts):
+        return False
+    transition(session, job.id, RUNNING, FAILED, owner=owner,
+               values={"error_type": "crashed", "error_detail": f"gave up after {job.max_attempts} attempts"})
+    return True
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A renewed lease, and what the job's row says its worker must know."""
+
+    cancel_requested: bool
+
+
+def renew_lease(session: Session, job_id: str, owner: str, lease_s: float, *, phase: str | None = None,
+                progress: float | None = None) -> Lease | None:
+    """The worker's heartbeat: extend the lease and record the job's phase and progress, fenced on `owner`.
+
+    None when the job is no longer ours (reclaimed after our lease ran out, finished, reaped).
+    """
+    now = utcnow()
+    values: dict[str, Any] = {"lease_expires_at": now + timedelta(seconds=lease_s), "updated_at": now}
+    if phase:
+        values["phase"] = phase
+    if progress is not None:
+        values["progress"] = float(progress)
+    row = session.execute(
         update(Job)
         .where(Job.id == job_id, Job.status == RUNNING, Job.lease_owner == owner)
-        .values(lease_expires_at=utcnow() + timedelta(seconds=lease_s))
-    )
-    return result.rowcount == 1
+        .values(**values).returning(Job.cancel_requested_at)
+    ).first()
+    return None if row is None else Lease(cancel_requested=row[0] is not None)
 
 
 def request_cancel(session: Session, job_id: str) -> str:
@@ -138,6 +176,30 @@ def expired_running_jobs(session: Session, now: datetime | None = None) -> list[
     return [r[0] for r in rows]
 
 
+def recover_lost_job(session: Session, job_id: str) -> str | None:
+    """A running job whose lease expired (its worker is gone): the state it moves to, None if it moved on.
+
+    A pending cancel wins (back in the queue the claim would refuse it: queued forever); a job that
+    used its last attempt fails; any other goes back to the queue for its next attempt, which resumes
+    from its last checkpoint. The caller re-sends a requeued job's message after committing.
+    """
+    attempt, max_attempts, cancel = session.execute(
+        select(Job.attempt, Job.max_attempts, Job.cancel_requested_at).where(Job.id == job_id)).one()
+    lease_over = Job.lease_expires_at < utcnow()  # still expired: its worker did not come back meanwhile
+    if cancel is not None:
+        to, values = CANCELLED, {"phase": None}
+        event = {"reason": "cancel requested", "stopped_by": "worker lost"}
+    elif attempts_exhausted(attempt + 1, max_attempts):  # the next attempt would be one too many
+        to, values = FAILED, {"error_type": "crashed", "error_detail": f"the worker was lost {attempt} times"}
+        event = None
+    else:
+        to, values = QUEUED, {"lease_owner": None, "lease_expires_at": None}
+        event = {"reason": "worker lost (lease expired)"}
+    if transition(session, job_id, RUNNING, to, extra_where=lease_over, values=values, event=event):
+        return to
+    return None
+
+
 def cancelling(session: Session, job_id: str) -> bool:
     flag = session.execute(select(Job.cancel_requested_at).where(Job.id == job_id)).scalar_one_or_none()
     return flag is not None
@@ -145,6 +207,7 @@ def cancelling(session: Session, job_id: str) -> bool:
 
 __all__ = [
     "CANCELLED", "FAILED", "QUEUED", "RUNNING", "STATES", "SUCCEEDED", "TERMINAL", "TRANSITIONS",
-    "IllegalTransition", "add_event", "cancelling", "claim_job", "expired_running_jobs",
-    "renew_lease", "request_cancel", "transition",
+    "IllegalTransition", "Lease", "add_event", "attempts_exhausted", "cancelling", "claim_job",
+    "expired_running_jobs", "give_up_if_exhausted", "recover_lost_job", "renew_lease", "request_cancel",
+    "transition",
 ]

@@ -10,6 +10,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse
 from starlette.concurrency import run_in_threadpool
 
+from job_process.kinds import CFG_KINDS, kinds_for_cfg
 from service.auth import ReadCaller, WriteCaller
 from service.db.models import Config
 from service.deps import SessionDep, SettingsDep, StoreDep
@@ -19,28 +20,28 @@ from service.schemas import ConfigOut
 from service.uploads import receive_upload
 
 router = APIRouter(prefix="/v1/configs", tags=["configs"])
-CFG_KINDS = ("retrain", "distill")
-# The engine APIs a retrain cfg may feed, and the job kinds that use each (spec §1.2-§1.4).
-RETRAIN_APIS = {"quant": "quant_retrain", "prune": "prune_retrain", "compressed": "compressed_retrain"}
 
 
 def summarise_cfg(text: str, kind: str, filename: str) -> dict:
-    """Parse (ConfigError on a bad file) and say which job kinds accept the cfg, and why not."""
+    """Parse (ConfigError on a bad file) and say which job kinds accept the cfg, and why not.
+
+    Each job kind that takes a cfg of this `kind` gets a verdict: its engine API family's check
+    (spec §1.2-§1.4), or just the parse when it names none (job_process/kinds.py).
+    """
     # Imported on first use: the engine pulls in torch, which the API needs for nothing else.
     from amct_engine.config.cfg_checks import check_cfg_for_api
     from amct_engine.config.cfg_loader import parse_cfg_document
     from amct_engine.config.errors import ConfigError
 
     doc = parse_cfg_document(text, kind, filename)
-    if kind == "distill":
-        return {"job_kinds": {"distill": {"ok": True}}}
     job_kinds = {}
-    for api, job_kind in RETRAIN_APIS.items():
+    for job_kind in kinds_for_cfg(kind):
         try:
-            check_cfg_for_api(doc, api)
-            job_kinds[job_kind] = {"ok": True}
+            if job_kind.engine_api is not None:
+                check_cfg_for_api(doc, job_kind.engine_api)
+            job_kinds[job_kind.name] = {"ok": True}
         except ConfigError as e:
-            job_kinds[job_kind] = {"ok": False, "detail": str(e), "line": e.line, "column": e.column}
+            job_kinds[job_kind.name] = {"ok": False, "detail": str(e), "line": e.line, "column": e.column}
     return {"job_kinds": job_kinds}
 
 
@@ -59,7 +60,7 @@ async def upload_config(request: Request, session: SessionDep, store: StoreDep, 
     try:
         kind = upload.fields.get("kind", "")
         if kind not in CFG_KINDS:
-            raise Problem(422, "kind must be 'retrain' or 'distill'", field="kind")
+            raise Problem(422, f"kind must be {' or '.join(map(repr, CFG_KINDS))}", field="kind")
         name = require_name(upload.fields, upload.filename)
         data = upload.path.read_bytes()
         try:

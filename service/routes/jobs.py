@@ -13,6 +13,7 @@ from sqlalchemy import and_, func, or_, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from job_process.kinds import JOB_KINDS
 from service.auth import ReadCaller, WriteCaller
 from service.db import jobstate
 from service.db.models import Artifact, Config, Dataset, Job, Model
@@ -23,7 +24,6 @@ from service.schemas import ArtifactList, ArtifactOut, JobCreate, JobKind, JobOu
 from service.settings import Settings
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
-LABELLED_KINDS = ("quant_retrain", "prune_retrain", "compressed_retrain")  # trained on labels (cross-entropy)
 
 
 def job_out(job: Job) -> JobOut:
@@ -54,10 +54,14 @@ def check_inputs(session: Session, body: JobCreate, project: str) -> None:
     if model.status != "ready":
         raise Problem(422, f"model {model.id} is {model.status}: {model.status_detail or 'not usable'}",
                       field="model_id")
+    kind = JOB_KINDS[body.kind]
     verdict = config.summary.get("job_kinds", {}).get(body.kind)
-    if verdict is None:
+    if config.kind != kind.cfg_kind:
         raise Problem(422, f"config {config.id} is a {config.kind} cfg; a {body.kind} job needs "
-                      f"{'a distill' if body.kind == 'distill' else 'a retrain'} cfg", field="config_id")
+                      f"a {kind.cfg_kind} cfg", field="config_id")
+    if verdict is None:  # the cfg was checked at upload, before this job kind was registered
+        raise Problem(422, f"config {config.id} was uploaded before the job kind {body.kind} existed; "
+                      "upload it again to have it checked for that kind", field="config_id")
     if not verdict["ok"]:
         raise Problem(422, f"config {config.id} does not suit {body.kind}: {verdict['detail']}", field="config_id",
                       line=verdict.get("line"), column=verdict.get("column"))
@@ -66,7 +70,7 @@ def check_inputs(session: Session, body: JobCreate, project: str) -> None:
     if sample_shape != model.input_shape[1:]:
         raise Problem(422, f"dataset samples have shape {sample_shape} but the model takes "
                       f"{model.input_shape[1:]} (input_shape without the batch dimension)", field="dataset_id")
-    if body.kind in LABELLED_KINDS and not dataset.description["has_labels"]:
+    if kind.needs_labels and not dataset.description["has_labels"]:
         raise Problem(422, f"dataset {dataset.id} has no 'labels'; {body.kind} trains on labels", field="dataset_id")
 
 

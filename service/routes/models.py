@@ -8,7 +8,7 @@ import subprocess
 from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 
-from service import sandbox
+from job_process import sandbox
 from service.auth import ReadCaller, WriteCaller
 from service.db.models import Model
 from service.deps import SessionDep, SettingsDep, StoreDep
@@ -46,7 +46,7 @@ def parse_input_shape(text: str | None) -> list[int]:
 def validate_in_child(upload: Upload, shape: list[int], dtype: str, settings: Settings) -> dict:
     """Load + forward + capture in a sandboxed child; the API process never unpickles user code."""
     try:
-        result = sandbox.run("worker.child.validate_model", [str(upload.path), ",".join(map(str, shape)), dtype],
+        result = sandbox.run("job_process.validate_model", [str(upload.path), ",".join(map(str, shape)), dtype],
                              cwd=settings.tmp_dir, timeout_s=settings.validate_timeout_s,
                              memory_bytes=settings.validate_memory_bytes)
     except subprocess.TimeoutExpired:

@@ -6,7 +6,6 @@ import { TERMINAL, duration, elapsed, h, progressBar, statusChip, when } from ".
 const REFRESH_MS = 4000; // new jobs from other clients appear within this
 // Browsers open about 6 HTTP/1.1 connections per host; each stream holds one, so keep some free.
 const MAX_STREAMS = 4;
-const KINDS = ["compressed_retrain", "quant_retrain", "prune_retrain", "distill"];
 const modelNames = new Map(); // model id -> Promise<name>
 
 export function modelName(id) {
@@ -135,8 +134,21 @@ function field(label, input, hint) {
   return h("label", { class: "field" }, h("span", {}, label), input, hint ? h("small", {}, hint) : null);
 }
 
-function select(name, options, value) {
-  return h("select", { name }, options.map((o) => h("option", { value: o, selected: o === value }, o)));
+// What the server accepts (GET /v1/meta: job kinds, deploy formats, devices), read from its tables, so the
+// form offers what this server runs, never a copy kept here. Fetched again after a failure (e.g. no key yet).
+let metaRequest = null;
+function serverMeta() {
+  if (!metaRequest) metaRequest = getJson("/v1/meta").catch((err) => { metaRequest = null; throw err; });
+  return metaRequest;
+}
+
+// A select the server's choices fill in; empty (and so, being required, unsubmittable) until then.
+function select(name) {
+  return h("select", { name, required: true });
+}
+
+function fill(sel, options, value, title = () => "") {
+  sel.replaceChildren(...options.map((o) => h("option", { value: o, selected: o === value, title: title(o) }, o)));
 }
 
 function randomKey() {
@@ -156,6 +168,7 @@ const FIELD_INPUTS = { model: { file: "model" }, cfg: { file: "cfg" }, dataset: 
 
 function submitForm(onSubmitted) {
   const status = h("p", { class: "form-status", id: "submit-status", role: "status" });
+  const kindHint = h("span", { id: "kind-description" }); // the chosen kind's description, from the server
   const num = (name, value, attrs = {}) => h("input", { name, type: "number", value, required: true, ...attrs });
   const form = h("form", { id: "submit-form", class: "card submit" },
     h("h2", {}, "New job"),
@@ -165,20 +178,32 @@ function submitForm(onSubmitted) {
     field("Config (.cfg)", h("input", { type: "file", name: "cfg", required: true })),
     field("Dataset (.npz / .safetensors)", h("input", { type: "file", name: "dataset", required: true }),
           "arrays inputs and labels"),
-    field("Kind", select("kind", KINDS, "compressed_retrain")),
+    field("Kind", select("kind"), kindHint),
     h("div", { class: "row" },
       field("Epochs", num("epochs", 1, { min: 1, max: 1000 })),
       field("Batch size", num("batch_size", 64, { min: 1 })),
       field("Learning rate", num("lr", 0.001, { min: 0, step: "any" }))),
     h("div", { class: "row" },
-      field("Device", select("device", ["cpu", "cuda", "npu"], "cpu")),
+      field("Device", select("device")),
       field("Held-out share", num("eval_fraction", 0.1, { min: 0, max: 0.99, step: "any" })),
-      field("Deploy format", select("deploy_format", ["onnx", "ascend"], "onnx"))),
+      field("Deploy format", select("deploy_format"))),
     h("button", { type: "submit", class: "primary" }, "Upload and submit"),
     status);
 
   const say = (text, kind = "info") => { status.textContent = text; status.className = `form-status ${kind}`; };
   const input = (name) => form.elements.namedItem(name);
+
+  let kinds = new Map(); // job kind name -> { cfg_kind, needs_labels, description }
+  const describeKind = () => { kindHint.textContent = kinds.get(input("kind").value)?.description || ""; };
+  serverMeta().then((meta) => {
+    kinds = new Map(meta.job_kinds.map((k) => [k.name, k]));
+    fill(input("kind"), [...kinds.keys()], meta.defaults.kind, (name) => kinds.get(name).description);
+    fill(input("device"), meta.devices, meta.defaults.device);
+    const formats = new Map(meta.deploy_formats.map((f) => [f.name, f.summary]));
+    fill(input("deploy_format"), [...formats.keys()], meta.defaults.deploy_format, (name) => formats.get(name));
+    describeKind();
+  }).catch(() => {}); // a 401 is shown by the banner; the key form rebuilds this view
+  input("kind").addEventListener("change", describeKind);
 
   form.addEventListener("submit", async (e) => {
     e.preventDefault();
@@ -194,8 +219,7 @@ function submitForm(onSubmitted) {
       step = "cfg";
       say("Uploading the config…");
       const kind = values.get("kind");
-      const cfg = await postForm("/v1/configs", multipart({ file: values.get("cfg"),
-                                                            kind: kind === "distill" ? "distill" : "retrain" }));
+      const cfg = await postForm("/v1/configs", multipart({ file: values.get("cfg"), kind: kinds.get(kind).cfg_kind }));
       step = "dataset";
       say("Uploading the dataset…");
       const data = await postForm("/v1/datasets", multipart({ file: values.get("dataset") }));

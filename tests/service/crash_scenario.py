@@ -94,7 +94,7 @@ def engine_processes(job_id: str) -> list[int]:
                 cmdline = (entry / "cmdline").read_bytes()
             except OSError:
                 continue
-            if f"job-{job_id}-".encode() in cmdline and b"worker.child.compress" in cmdline:
+            if f"job-{job_id}-".encode() in cmdline and b"job_process.main" in cmdline:
                 pids.append(int(entry.name))
     return pids
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from service.sandbox import stop_group
+from job_process.sandbox import stop_group
 from service.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]

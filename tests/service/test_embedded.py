@@ -18,7 +18,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from service.sandbox import stop_group
+from job_process.sandbox import stop_group
 from tests.service.support import QUANT_CFG, ROOT, wait_until
 
 pytestmark = pytest.mark.slow

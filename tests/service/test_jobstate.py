@@ -115,6 +115,43 @@ def test_an_expired_lease_can_be_reclaimed_as_a_new_attempt(sessions, job_id):
         assert jobstate.renew_lease(s, job_id, "worker-b", 60)
 
 
+def _lose_the_worker(sessions, job_id) -> None:
+    with sessions.begin() as s:
+        s.execute(update(Job).where(Job.id == job_id).values(lease_expires_at=utcnow() - timedelta(seconds=1)))
+
+
+def test_a_job_with_max_attempts_n_runs_n_attempts_when_the_reaper_requeues_it(sessions, job_id):
+    with sessions.begin() as s:
+        s.execute(update(Job).where(Job.id == job_id).values(max_attempts=2))
+    outcomes = []
+    for worker in ("worker-a", "worker-b"):
+        with sessions.begin() as s:
+            job = jobstate.claim_job(s, job_id, worker, lease_s=60)
+            assert not jobstate.give_up_if_exhausted(s, job, worker)  # attempts 1 and 2 both run
+        _lose_the_worker(sessions, job_id)
+        with sessions.begin() as s:
+            outcomes.append(jobstate.recover_lost_job(s, job_id))
+    assert outcomes == ["queued", "failed"]
+    with sessions() as s:
+        job = s.get(Job, job_id)
+    assert (job.attempt, job.error_detail) == (2, "the worker was lost 2 times")
+
+
+def test_a_job_with_max_attempts_n_runs_n_attempts_when_a_redelivery_reclaims_it(sessions, job_id):
+    with sessions.begin() as s:
+        s.execute(update(Job).where(Job.id == job_id).values(max_attempts=2))
+    given_up = []
+    for worker in ("worker-a", "worker-b", "worker-c"):  # no reaper: each lease runs out, the next claims
+        with sessions.begin() as s:
+            job = jobstate.claim_job(s, job_id, worker, lease_s=60)
+            given_up.append(jobstate.give_up_if_exhausted(s, job, worker))
+        _lose_the_worker(sessions, job_id)
+    assert given_up == [False, False, True]
+    with sessions() as s:
+        job = s.get(Job, job_id)
+    assert (job.status, job.attempt, job.error_detail) == ("failed", 3, "gave up after 2 attempts")
+
+
 def test_cancel_of_a_queued_job_is_immediate_and_a_claim_then_fails(sessions, job_id):
     with sessions.begin() as s:
         assert jobstate.request_cancel(s, job_id) == "cancelled"
@@ -146,7 +183,7 @@ class RecordingDispatcher:
 
 
 def test_reaper_requeues_a_job_whose_worker_vanished(db_url, sessions, job_id, tmp_path):
-    from worker.reaper import reap_once
+    from service.reaper import reap_once
 
     with sessions.begin() as s:
         jobstate.claim_job(s, job_id, "worker-a", lease_s=60)
@@ -161,7 +198,7 @@ def test_reaper_requeues_a_job_whose_worker_vanished(db_url, sessions, job_id, t
 
 
 def test_reaper_fails_a_job_that_lost_its_worker_too_often(db_url, sessions, job_id, tmp_path):
-    from worker.reaper import reap_once
+    from service.reaper import reap_once
 
     with sessions.begin() as s:
         jobstate.claim_job(s, job_id, "worker-a", lease_s=60)
@@ -176,7 +213,7 @@ def test_reaper_fails_a_job_that_lost_its_worker_too_often(db_url, sessions, job
 
 def test_reaper_resends_a_queued_job_nobody_claimed_once_per_period(db_url, sessions, job_id, tmp_path):
     """The API committed the row but the message never reached (or was lost by) the broker."""
-    from worker.reaper import reap_once
+    from service.reaper import reap_once
 
     settings = make_settings(tmp_path, database_url=db_url, requeue_after_s=60)
     with sessions.begin() as s:
@@ -196,7 +233,7 @@ def test_reaper_resends_a_queued_job_nobody_claimed_once_per_period(db_url, sess
 
 def test_reaper_does_not_resend_a_job_whose_message_still_waits(db_url, sessions, job_id, tmp_path):
     """A long queue is not a lost message: no duplicates pile up behind a busy worker."""
-    from worker.reaper import reap_once
+    from service.reaper import reap_once
 
     settings = make_settings(tmp_path, database_url=db_url, requeue_after_s=60)
     with sessions.begin() as s:
@@ -210,7 +247,7 @@ def test_reaper_does_not_resend_a_job_whose_message_still_waits(db_url, sessions
 
 def test_reaper_cancels_a_job_that_lost_its_worker_while_cancelling(db_url, sessions, job_id, tmp_path):
     """Back to the queue it would stay queued forever: the claim refuses a job with a pending cancel."""
-    from worker.reaper import reap_once
+    from service.reaper import reap_once
 
     with sessions.begin() as s:
         jobstate.claim_job(s, job_id, "worker-a", lease_s=60)

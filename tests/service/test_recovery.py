@@ -21,7 +21,9 @@ import time
 import pytest
 from pydantic import ValidationError
 
-from service import sandbox
+from job_process import sandbox
+from job_process.launcher import JOB_MODULE
+from job_process.protocol import CHECKPOINT_DIR, RESULT_FILE, RESUME_FILE, SPEC_FILE, parse_line
 from service.db.models import Model
 from tests.service.crash_scenario import (
     FAST_RECOVERY,
@@ -33,8 +35,6 @@ from tests.service.crash_scenario import (
     wait_terminal,
 )
 from tests.service.support import QUANT_CFG, ROOT, Api, Worker, make_settings, open_api, wait_until
-from worker.child.engine_api import missing_functions
-from worker.child.protocol import CHECKPOINT_DIR, RESULT_FILE, RESUME_FILE, SPEC_FILE, parse_line
 from worker.runner import JobRunner
 
 OUTPUTS = {"checkpoint", "config", "deploy", "fake_quant", "fp32_onnx", "log", "record", "report"}
@@ -130,7 +130,7 @@ def test_a_redis_restart_loses_no_job(stack, tmp_path):
 
 def test_the_visibility_timeout_reaches_the_broker_connection(redis_server, tmp_path):
     """celery#7651, #9339: a visibility_timeout that never reached kombu's Redis channel (spec §2a)."""
-    from worker.celery_app import make_celery
+    from service.queue import make_celery
 
     settings = make_settings(tmp_path, broker_url=redis_server.url, job_time_limit_s=7200,
                              visibility_timeout_s=12345)
@@ -149,8 +149,6 @@ def test_settings_refuse_a_visibility_timeout_shorter_than_a_job(tmp_path):
 @pytest.mark.slow
 def test_a_distillation_resumes_after_its_last_finished_group(assets, tmp_path):
     """The engine child killed after distilling group 1 of 3; started again, it distills groups 2-3 only."""
-    if missing_functions("distill"):
-        pytest.skip("the engine has no amct.distill yet")
     spec = {"kind": "distill", "device": "cpu", "input_shape": [1, 1, 28, 28], "input_dtype": "float32",
             "params": {"epochs": 1, "batch_size": 32, "lr": 5e-4, "eval_fraction": 0.1, "seed": 0,
                        "deploy_format": "onnx"},
@@ -161,7 +159,7 @@ def test_a_distillation_resumes_after_its_last_finished_group(assets, tmp_path):
     def engine(until: str | None = None) -> tuple[list[dict], int]:
         messages = []
         with open(tmp_path / "child.log", "ab") as log:
-            proc = sandbox.popen("worker.child.compress", [str(tmp_path)], cwd=tmp_path, stdout=subprocess.PIPE,
+            proc = sandbox.popen(JOB_MODULE, [str(tmp_path)], cwd=tmp_path, stdout=subprocess.PIPE,
                                  stderr=log, text=True)
             for line in proc.stdout:
                 if (message := parse_line(line)) is not None:
@@ -268,7 +266,7 @@ def test_the_engine_child_dies_with_the_worker_that_started_it():
     """PR_SET_PDEATHSIG: a SIGKILLed worker leaves no engine behind (the engine has its own session)."""
     middle = subprocess.Popen(  # plays the worker: starts a child the sandbox way, reports when it is set up
         [sys.executable, "-c",
-         "import subprocess, time; from service import sandbox;"
+         "import subprocess, time; from job_process import sandbox;"
          "p = sandbox.popen('tests.service.sleeper', [], cwd='.', stdout=subprocess.PIPE, text=True);"
          "assert p.stdout.readline().strip() == 'ready'; print(p.pid, flush=True); time.sleep(60)"],
         cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.PIPE, text=True)

@@ -15,7 +15,6 @@ import pytest
 
 from amct_engine.export.ascend import ascend_to_standard_onnx
 from tests.service.support import QUANT_CFG, ROOT, Api, Worker, make_settings, open_api, wait_until
-from worker.child.engine_api import missing_functions
 
 pytestmark = pytest.mark.slow
 
@@ -129,9 +128,6 @@ retrain_data_quant_config { ulq_quantize { dst_type: INT8 } }
     ("compressed_retrain", "retrain", COMPRESSED_CFG, "ascend"),
 ], ids=["distill", "compressed_retrain-ascend"])
 def test_distill_and_compressed_jobs_end_to_end(stack, kind, cfg_kind, cfg, deploy_format):
-    missing = missing_functions(kind)
-    if missing:
-        pytest.skip(f"the engine has no amct.{', amct.'.join(missing)} yet")
     api, worker, ids = stack
     config = api.upload_config(cfg, kind=cfg_kind)
     assert config.status_code == 201, config.text

@@ -1,4 +1,5 @@
-"""What the child tells the worker: JSON lines on stdout, and files in the job folder.
+"""What the job process tells whoever started it (the worker, `amct compress`): JSON lines on stdout,
+and files in the job folder.
 
 `progress`, `phase`, `metric` and `log` lines stream while it runs; at the end it writes
 `result.json` (`metrics`, `artifacts` [{kind, path, media_type}]) or `error.json` (`type`, `detail`).
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 RESULT_FILE = "result.json"
@@ -24,6 +26,7 @@ SPEC_FILE = "spec.json"
 CANCEL_FILE = "cancel"
 CHECKPOINT_DIR = "ckpt"
 RESUME_FILE = "resume.pt"
+LOG_FILE = "child.log"  # the job process's stderr (tracebacks, the user model's prints)
 CANCELLED_EXIT = 3  # the child stopped itself on a cancel request (not a crash)
 TYPES = ("progress", "phase", "metric", "log", "checkpoint", "resumed")
 
@@ -45,3 +48,11 @@ def parse_line(line: str) -> dict | None:
     if not isinstance(message, dict) or message.get("type") not in TYPES:
         return None
     return message
+
+
+def read_json_file(path: Path) -> dict | None:
+    """`result.json` or `error.json` as the child left it; None when it is missing or unreadable."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from worker.child.protocol import CANCEL_FILE, CHECKPOINT_DIR, RESUME_FILE, emit
+from job_process.protocol import CANCEL_FILE, CHECKPOINT_DIR, RESUME_FILE, emit
 
 FORMAT = 1
 

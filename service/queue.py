@@ -1,16 +1,28 @@
-"""The Celery app, configured for hour-long jobs whose truth lives in the database (spec §2a).
+"""The job queue: the Celery app, configured for hour-long jobs whose truth lives in the database
+(spec §2a), and the Dispatcher that hands a job to the queue of its device.
 
-`celery -A worker.main worker -Q amct.jobs.cpu` runs a worker; one queue per device kind.
-With no BROKER_URL the transport is kombu's filesystem one under the data folder: no broker
-server at all (the embedded mode of `python -m service`).
+Both sides build their app here: the API (`make_celery(settings)`, which only sends) and the worker
+(`make_celery(settings, include=["worker.tasks"])` in worker/main.py, which also runs the tasks), so
+the API never imports the worker. `celery -A worker.main worker -Q amct.jobs.cpu` runs a worker; one
+queue per device kind. With no BROKER_URL the transport is kombu's filesystem one under the data
+folder: no broker server at all (the embedded mode of `python -m service`).
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Sequence
+
+from amqp.exceptions import ChannelError
 from celery import Celery
 from kombu import Queue
 
 from service.settings import DEVICES, Settings
+
+log = logging.getLogger(__name__)
+# The tasks by name: the API sends them without importing the module that defines them (worker/tasks.py).
+RUN_JOB_TASK = "worker.tasks.run_job"
+REAP_TASK = "worker.tasks.reap"
 
 
 def _transport_options(settings: Settings) -> dict:
@@ -30,9 +42,10 @@ def _transport_options(settings: Settings) -> dict:
     return {"visibility_timeout": settings.visibility_timeout_s}
 
 
-def make_celery(settings: Settings | None = None) -> Celery:
+def make_celery(settings: Settings | None = None, include: Sequence[str] = ()) -> Celery:
+    """`include`: the task modules this process runs (the worker's); none for a process that only sends."""
     settings = settings or Settings()
-    app = Celery("amct", broker=settings.resolved_broker_url, include=["worker.tasks"])
+    app = Celery("amct", broker=settings.resolved_broker_url, include=list(include))
     app.conf.update(
         broker_transport_options=_transport_options(settings),
         broker_connection_retry_on_startup=True,
@@ -60,10 +73,49 @@ def make_celery(settings: Settings | None = None) -> Celery:
         task_time_limit=settings.job_time_limit_s + 600,
         # `expires`: reap messages that waited behind a long job are dropped, not run back to back
         # (a few intervals, so that one late by less than that on a busy machine still runs).
-        beat_schedule={"reap-lost-jobs": {"task": "worker.tasks.reap", "schedule": settings.reap_interval_s,
+        beat_schedule={"reap-lost-jobs": {"task": REAP_TASK, "schedule": settings.reap_interval_s,
                                           "options": {"queue": settings.queue_for("cpu"),
                                                       "expires": 3 * settings.reap_interval_s}}},
         worker_send_task_events=False,
     )
     app.amct_settings = settings  # the tasks read the same settings the app was built from
     return app
+
+
+class Dispatcher:
+    def __init__(self, celery: Celery) -> None:
+        self.celery = celery
+
+    def enqueue(self, job_id: str, queue: str) -> bool:
+        """Send after the job row is committed; False when the broker is unreachable.
+
+        The row stays `queued` either way: the database, not the message, is the truth, and a
+        re-send (or a second delivery) is harmless because the worker claims the row atomically.
+        """
+        try:
+            self.celery.send_task(RUN_JOB_TASK, args=[job_id], queue=queue, task_id=job_id,
+                                  retry=True, retry_policy={"max_retries": 3, "interval_start": 0.2})
+        except Exception:
+            log.exception("could not enqueue job %s on %s", job_id, queue)
+            return False
+        return True
+
+    def pending_messages(self, queue: str) -> int | None:
+        """Messages waiting in the broker queue (not those a worker holds), or None when it cannot tell."""
+        try:
+            with self.celery.connection_for_write() as conn:
+                conn.ensure_connection(max_retries=1, timeout=2)
+                return conn.default_channel.queue_declare(queue=queue, passive=True).message_count
+        except ChannelError as e:
+            if str(e.reply_code) == "404":  # Redis drops the key of an empty list: no queue is an empty queue
+                return 0
+            log.warning("could not read the depth of queue %s: %s", queue, e)
+            return None
+        except Exception:
+            log.warning("could not read the depth of queue %s", queue, exc_info=True)
+            return None
+
+    def ping(self) -> None:
+        """Raise when the broker cannot be reached (readiness)."""
+        with self.celery.connection_for_write() as conn:
+            conn.ensure_connection(max_retries=1, timeout=2)

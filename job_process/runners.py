@@ -1,12 +1,12 @@
-"""One function per job kind: plain engine calls, the AMCT workflow a user would write by hand.
+"""The runners of the built-in job kinds: plain engine calls, the AMCT workflow a user would write by hand.
 
-Each takes a JobContext and returns the trained model (for PyTorch-side checks) and the files it
-wrote, keyed by artifact kind. Nothing here knows about Celery, HTTP or the database.
+The job-kind table (kinds.py) names these functions. Each takes a JobContext, puts the files it wrote
+in `ctx.files` keyed by artifact kind, and returns the trained model (for PyTorch-side checks).
+Nothing here knows about Celery, HTTP or the database.
 """
 
 from __future__ import annotations
 
-import inspect
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -15,9 +15,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
+import amct_engine as amct
+from job_process.checkpoints import Checkpoints
 from job_process.training import ResumableLoader, make_loader, make_optimizer, train_epochs
-from worker.child.checkpoints import Checkpoints
-from worker.child.engine_api import resolve
 
 IO_NAMES = {"input_names": ["input"], "output_names": ["output"],
             "dynamic_axes": {"input": {0: "batch"}, "output": {0: "batch"}}}
@@ -103,12 +103,12 @@ def _saved(ctx: JobContext, paths) -> None:
 def quant_retrain(ctx: JobContext) -> nn.Module:
     config, record = ctx.path("quant_config.json"), ctx.path("record.txt")
     ctx.phase("creating")
-    resolve("create_quant_retrain_config")(config, ctx.model_path, ctx.example, ctx.cfg_path)
-    model = resolve("create_quant_retrain_model")(config, ctx.model_path, record, ctx.example)
+    amct.create_quant_retrain_config(config, ctx.model_path, ctx.example, ctx.cfg_path)
+    model = amct.create_quant_retrain_model(config, ctx.model_path, record, ctx.example)
     model = train(ctx, model)
     ctx.phase("exporting_onnx")
-    _saved(ctx, resolve("save_quant_retrain_model")(config, model, record, ctx.path("model"), ctx.example,
-                                                     **_export_options(ctx)))
+    _saved(ctx, amct.save_quant_retrain_model(config, model, record, ctx.path("model"), ctx.example,
+                                              **_export_options(ctx)))
     ctx.files.update(config=config, record=record)
     return model
 
@@ -116,11 +116,11 @@ def quant_retrain(ctx: JobContext) -> nn.Module:
 def compressed_retrain(ctx: JobContext) -> nn.Module:
     record = ctx.path("record.txt")
     ctx.phase("creating")
-    model = resolve("create_compressed_retrain_model")(ctx.model_path, ctx.example, ctx.cfg_path, record)
+    model = amct.create_compressed_retrain_model(ctx.model_path, ctx.example, ctx.cfg_path, record)
     model = train(ctx, model)
     ctx.phase("exporting_onnx")
-    _saved(ctx, resolve("save_compressed_retrain_model")(model, record, ctx.path("model"), ctx.example,
-                                                          **_export_options(ctx)))
+    _saved(ctx, amct.save_compressed_retrain_model(model, record, ctx.path("model"), ctx.example,
+                                                   **_export_options(ctx)))
     ctx.files["record"] = record
     return model
 
@@ -128,10 +128,10 @@ def compressed_retrain(ctx: JobContext) -> nn.Module:
 def prune_retrain(ctx: JobContext) -> nn.Module:
     record = ctx.path("record.txt")
     ctx.phase("creating")
-    model = resolve("create_prune_retrain_model")(ctx.model_path, ctx.example, ctx.cfg_path, record)
+    model = amct.create_prune_retrain_model(ctx.model_path, ctx.example, ctx.cfg_path, record)
     model = train(ctx, model)
     ctx.phase("exporting_onnx")
-    _saved(ctx, resolve("save_prune_retrain_model")(model, ctx.path("model"), ctx.example, **_export_options(ctx)))
+    _saved(ctx, amct.save_prune_retrain_model(model, ctx.path("model"), ctx.example, **_export_options(ctx)))
     ctx.files["record"] = record
     return model
 
@@ -139,8 +139,8 @@ def prune_retrain(ctx: JobContext) -> nn.Module:
 def distill(ctx: JobContext) -> nn.Module:
     config, record = ctx.path("distill_config.json"), ctx.path("record.txt")
     ctx.phase("creating")
-    resolve("create_distill_config")(config, ctx.model_path, ctx.example, ctx.cfg_path)
-    student = resolve("create_distill_model")(config, ctx.model_path, ctx.example)
+    amct.create_distill_config(config, ctx.model_path, ctx.example, ctx.cfg_path)
+    student = amct.create_distill_model(config, ctx.model_path, ctx.example)
     ctx.phase("distilling")
     # The teacher is the original model file: the engine captures it with its layer names.
     loader = DeviceLoader(_loader(ctx), ctx.device)
@@ -149,8 +149,7 @@ def distill(ctx: JobContext) -> nn.Module:
     ctx.files["checkpoint"] = ctx.path("checkpoint.pt")
     student.eval()
     ctx.phase("exporting_onnx")
-    _saved(ctx, resolve("save_distill_model")(student, ctx.path("model"), ctx.example, record,
-                                                 **_export_options(ctx)))
+    _saved(ctx, amct.save_distill_model(student, ctx.path("model"), ctx.example, record, **_export_options(ctx)))
     ctx.files.update(config=config, record=record)
     return student
 
@@ -163,10 +162,6 @@ def _distill_groups(ctx: JobContext, student: nn.Module, config: str, loader: De
     (a copy of the config listing only those). The data order of the resumed groups repeats with the
     seed but is not the uninterrupted run's when the teacher is not dumped (`data_dump: false`).
     """
-    run = resolve("distill")
-    kwargs = {"epochs": ctx.params["epochs"], "lr": ctx.params["lr"]}
-    if "progress" not in inspect.signature(run).parameters:  # no progress, no group boundaries
-        return run(ctx.model_path, student, config, loader, **kwargs)
     with open(config) as f:
         body = json.load(f)
     groups = body["distill_group"]
@@ -186,12 +181,6 @@ def _distill_groups(ctx: JobContext, student: nn.Module, config: str, loader: De
         if step % per_group == 0:
             ctx.checkpoints.save_distill(student, step // per_group, step, len(groups), per_group)
 
-    return run(ctx.model_path, student, config, loader, progress=on_step, **kwargs)
+    return amct.distill(ctx.model_path, student, config, loader, epochs=ctx.params["epochs"], lr=ctx.params["lr"],
+                        progress=on_step)
 
-
-RUNNERS: dict[str, Callable[[JobContext], nn.Module]] = {
-    "quant_retrain": quant_retrain,
-    "compressed_retrain": compressed_retrain,
-    "prune_retrain": prune_retrain,
-    "distill": distill,
-}

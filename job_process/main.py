@@ -1,8 +1,9 @@
-"""Child process: run one compression job on files in its folder; `python -m worker.child.compress DIR`.
+"""The job process: run one compression job on files in its folder; `python -m job_process.main DIR`.
 
-DIR/spec.json says what to run; progress goes to stdout as JSON lines (protocol.py); outputs go
-to DIR/out and are listed in DIR/result.json, or the failure in DIR/error.json. The child holds
-no credentials: the worker reads its files and does all database and store writes.
+DIR/spec.json says what to run; its `kind` picks the runner from the job-kind table (kinds.py).
+Progress goes to stdout as JSON lines (protocol.py); outputs go to DIR/out and are listed in
+DIR/result.json, or the failure in DIR/error.json. The process holds no credentials: whoever
+started it (launcher.py) reads its files and does all database and store writes.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ import traceback
 import warnings
 from pathlib import Path
 
-from service.sandbox import limit_self
-from worker.child.protocol import CANCELLED_EXIT, ERROR_FILE, RESULT_FILE, SPEC_FILE, emit
+from job_process.protocol import CANCELLED_EXIT, ERROR_FILE, RESULT_FILE, SPEC_FILE, emit
+from job_process.sandbox import limit_self
 
 # Share of overall progress each stage ends at; training fills the span between.
 TRAIN_START, TRAIN_END = 0.1, 0.8
@@ -77,11 +78,13 @@ def run(workdir: Path, spec: dict) -> dict:
     import torch
 
     from amct_engine.export.save import export_onnx
+    from job_process import report, runners
+    from job_process.arrays import load_arrays
+    from job_process.checkpoints import Checkpoints
+    from job_process.kinds import JOB_KINDS
     from job_process.training import evaluate_accuracy
-    from service.datasets import load_arrays
-    from worker.child import kinds, report
-    from worker.child.checkpoints import Checkpoints
 
+    run_kind = JOB_KINDS[spec["kind"]].load_runner()
     checkpoints = Checkpoints(workdir, spec["kind"], spec.get("checkpoint_every_steps"))
 
     def phase(name: str, **extra) -> None:
@@ -105,16 +108,16 @@ def run(workdir: Path, spec: dict) -> dict:
     phase("baseline", progress=0.05)
     original = torch.jit.load(spec["model"], map_location="cpu").eval()
     fp32_onnx = str(workdir / "out" / "fp32.onnx")
-    export_onnx(original, fp32_onnx, (example,), **kinds.IO_NAMES)
+    export_onnx(original, fp32_onnx, (example,), **runners.IO_NAMES)
     original_parameters = sum(p.numel() for p in original.parameters())
 
-    ctx = kinds.JobContext(
+    ctx = runners.JobContext(
         workdir=workdir, model_path=spec["model"], cfg_path=spec["cfg"], example=example, train_x=train_x,
         train_y=train_y if train_y is not None else torch.zeros(len(train_x), dtype=torch.int64),
         params=spec["params"], device=device, on_step=_progress_fn(spec["params"]["epochs"]),
         phase=phase, checkpoints=checkpoints,
     )
-    model = kinds.RUNNERS[spec["kind"]](ctx)
+    model = run_kind(ctx)
 
     phase("verifying", progress=0.9)
     pytorch_accuracy = evaluate_accuracy(model, eval_x, eval_y) if eval_y is not None else None
@@ -149,7 +152,7 @@ def summary_metrics(rep: dict) -> dict:
 
 
 def _summarise(e: BaseException) -> str:
-    from worker.child.validate_model import summarise
+    from job_process.validate_model import summarise
 
     return summarise(e)
 
@@ -171,7 +174,7 @@ def main(argv: list[str]) -> int:
     _relay_engine_warnings()
     workdir = Path(argv[0]).resolve()
     spec = json.loads((workdir / SPEC_FILE).read_text())
-    from worker.child.checkpoints import Cancelled
+    from job_process.checkpoints import Cancelled
 
     try:
         result = run(workdir, spec)
@@ -179,10 +182,8 @@ def main(argv: list[str]) -> int:
         emit("log", level="info", message="the engine stopped on a cancel request")
         return CANCELLED_EXIT
     except Exception as e:
-        from worker.child.engine_api import EngineUnavailable
-
         traceback.print_exc()
-        error_type = ("unsupported" if isinstance(e, (EngineUnavailable, DeviceUnavailable)) else "engine_error")
+        error_type = "unsupported" if isinstance(e, DeviceUnavailable) else "engine_error"
         (workdir / ERROR_FILE).write_text(json.dumps({"type": error_type, "detail": _summarise(e)}))
         return 1
     (workdir / RESULT_FILE).write_text(json.dumps(result))

@@ -7,7 +7,8 @@ the lease catches it within `lease_s`: a running job whose lease expired goes ba
 again: its message may never have reached the broker (the API could not enqueue) or may have been
 lost with it (a Redis restart without persistence). A duplicate message is harmless: the claim
 lets one delivery run the job and turns the others into no-ops. Runs every `reap_interval_s` from
-celery beat (`worker.tasks.reap`).
+celery beat (`worker.tasks.reap`) and in the API process (service/app.py). What becomes of a lost job
+is jobstate's rule (`recover_lost_job`); this module finds the jobs and talks to the queue.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from sqlalchemy import func, select, update
 from service.db import jobstate
 from service.db.models import Job
 from service.db.session import session_factory
-from service.dispatch import Dispatcher
+from service.queue import Dispatcher
 from service.settings import Settings
 
 
@@ -28,24 +29,13 @@ def reap_once(settings: Settings, dispatcher: Dispatcher) -> dict:
     requeued, failed, cancelled = [], [], []
     with sessions.begin() as session:
         for job_id in jobstate.expired_running_jobs(session):
-            attempt, max_attempts, queue, cancel = session.execute(
-                select(Job.attempt, Job.max_attempts, Job.queue, Job.cancel_requested_at).where(Job.id == job_id)
-            ).one()
-            lease_over = Job.lease_expires_at < jobstate.utcnow()
-            if cancel is not None:  # the claim would refuse it: queued forever otherwise
-                if jobstate.transition(session, job_id, jobstate.RUNNING, jobstate.CANCELLED, extra_where=lease_over,
-                                       values={"phase": None},
-                                       event={"reason": "cancel requested", "stopped_by": "worker lost"}):
-                    cancelled.append(job_id)
-            elif attempt >= max_attempts:
-                if jobstate.transition(session, job_id, jobstate.RUNNING, jobstate.FAILED, extra_where=lease_over,
-                                       values={"error_type": "crashed",
-                                               "error_detail": f"the worker was lost {attempt} times"}):
-                    failed.append(job_id)
-            elif jobstate.transition(session, job_id, jobstate.RUNNING, jobstate.QUEUED, extra_where=lease_over,
-                                     values={"lease_owner": None, "lease_expires_at": None},
-                                     event={"reason": "worker lost (lease expired)"}):
-                requeued.append((job_id, queue))
+            outcome = jobstate.recover_lost_job(session, job_id)
+            if outcome == jobstate.QUEUED:
+                requeued.append((job_id, session.scalar(select(Job.queue).where(Job.id == job_id))))
+            elif outcome == jobstate.FAILED:
+                failed.append(job_id)
+            elif outcome == jobstate.CANCELLED:
+                cancelled.append(job_id)
         resent = _stale_queued(session, settings.requeue_after_s, dispatcher)
     for job_id, queue in requeued + resent:  # after the commit, as at submit
         dispatcher.enqueue(job_id, queue)

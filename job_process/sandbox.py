@@ -2,7 +2,8 @@
 
 `torch.jit.load` has no safe mode (spec §4a), so neither the API nor the worker process ever loads
 a user model itself. This is the process boundary of spec §4b; stronger isolation (nsjail, a
-container per job) wraps the same command line.
+container per job) wraps the same command line. Torch-free: the API starts its model validation
+here, the worker and `amct compress` their job process (through launcher.py).
 """
 
 from __future__ import annotations
@@ -17,11 +18,14 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from job_process.kinds import MODULES_ENV
+
 ROOT = Path(__file__).resolve().parents[1]
 # Only these reach the child: no DATABASE_URL, BROKER_URL, AWS_* or tokens.
 _PASS_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
              "CUDA_VISIBLE_DEVICES", "ASCEND_RT_VISIBLE_DEVICES", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE",
-             "AMCT_FASHION_MNIST_DIR")
+             "AMCT_FASHION_MNIST_DIR",
+             MODULES_ENV)  # so the job process loads the same extra job kinds as its parent
 
 
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:

@@ -2,7 +2,7 @@
 
 Loads it, runs one forward pass on the declared input shape and captures its graph, then prints
 one JSON line: `{"ok": true, "parameters", "output_shapes", "layers"}` or `{"ok": false, "stage",
-"error"}`. Run as `python -m worker.child.validate_model MODEL SHAPE DTYPE`.
+"error"}`. Run as `python -m job_process.validate_model MODEL SHAPE DTYPE`.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import sys
 
-from service.sandbox import limit_self
+from job_process.sandbox import limit_self
 
 
 def example_input(shape: list[int], dtype: str):

@@ -1,0 +1,32 @@
+"""GET /v1/meta: the job kinds, deploy formats, devices and job states this server accepts.
+
+Read from the tables that define them (job_process/kinds.py, amct_engine/export/formats.py,
+service/settings.py, service/db/jobstate.py), so the dashboard's choices are never a copy.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from amct_engine.export.formats import DEPLOY_FORMATS
+from job_process.kinds import DEFAULT_JOB_KIND, JOB_KINDS
+from service.auth import ReadCaller
+from service.db.jobstate import STATES, TERMINAL
+from service.schemas import DeployFormatInfo, JobCreate, JobKindInfo, Meta
+from service.settings import DEVICES
+
+router = APIRouter(prefix="/v1/meta", tags=["meta"])
+
+
+@router.get("", response_model=Meta)
+def get_meta(caller: ReadCaller) -> Meta:
+    return Meta(
+        job_kinds=[JobKindInfo(name=k.name, cfg_kind=k.cfg_kind, needs_labels=k.needs_labels,
+                               description=k.description) for k in JOB_KINDS.values()],
+        deploy_formats=[DeployFormatInfo(name=f.name, summary=f.summary) for f in DEPLOY_FORMATS.values()],
+        devices=list(DEVICES),
+        job_states=list(STATES),
+        terminal_states=[s for s in STATES if s in TERMINAL],
+        defaults={"kind": DEFAULT_JOB_KIND, **{name: JobCreate.model_fields[name].default
+                                               for name in ("device", "deploy_format")}},
+    )

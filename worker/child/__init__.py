@@ -1,1 +1,0 @@
-"""Entry points that run in the sandboxed child process (they load user TorchScript)."""

@@ -1,0 +1,42 @@
+"""A claimed job's inputs, laid out in its folder for the job process: the files and spec.json.
+
+The model, cfg and dataset blobs are fetched from the store; the spec says what to run with them
+(job_process/main.py reads it). When an earlier attempt left a training checkpoint, it is fetched as
+`resume.pt` and the job process resumes from it instead of starting over.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from sqlalchemy.orm import sessionmaker
+
+from job_process.protocol import RESUME_FILE, SPEC_FILE
+from service.db.models import Config, Dataset, Job, Model
+from service.settings import Settings
+from service.storage import BlobStore
+from worker.records import last_checkpoint
+
+log = logging.getLogger(__name__)
+
+
+def stage_inputs(sessions: sessionmaker, store: BlobStore, settings: Settings, job: Job, workdir: Path) -> None:
+    with sessions() as session:
+        model = session.get(Model, job.model_id)
+        config = session.get(Config, job.config_id)
+        dataset = session.get(Dataset, job.dataset_id)
+    files = {"model": (model.sha256, "model.pt"), "cfg": (config.sha256, "job.cfg"),
+             "dataset": (dataset.sha256, f"dataset.{dataset.format}")}
+    for sha256, name in files.values():
+        store.fetch(sha256, workdir / name)
+    spec = {"kind": job.kind, "device": job.device, "params": job.params,
+            "input_shape": model.input_shape, "input_dtype": model.input_dtype,
+            "dataset_format": dataset.format, "checkpoint_every_steps": settings.checkpoint_every_steps,
+            **{k: str(workdir / name) for k, (_, name) in files.items()}}
+    if checkpoint := last_checkpoint(sessions, job.id):
+        # A previous attempt got this far: the job process resumes from here instead of from the start.
+        store.fetch(checkpoint, workdir / RESUME_FILE)
+        log.info("job %s: attempt %d resumes from checkpoint %s", job.id, job.attempt, checkpoint[:12])
+    (workdir / SPEC_FILE).write_text(json.dumps(spec))

@@ -1,0 +1,65 @@
+"""Following a running job process: relay its news, keep the lease, cancel it, stop it at the time limit.
+
+Every heartbeat (at least every `heartbeat_s`, and whenever the process says something) renews the
+lease and records the news in one transaction (worker/records.py). A lost lease means another worker
+owns the job now: the process is killed and nothing more is written. A cancel request is passed on as
+the cancel file, and the process group is killed only if it has not stopped after `cancel_grace_s`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from job_process.launcher import ChildProcess
+from job_process.protocol import CANCELLED_EXIT
+from service.db import jobstate
+from service.settings import Settings
+from worker.records import JobRecords
+
+log = logging.getLogger(__name__)
+LOST = "lost"  # the outcome when the job is no longer ours: someone else records it
+
+
+def supervise(child: ChildProcess, records: JobRecords, settings: Settings) -> str:
+    """Run `child` (started) to its end and record how the job ended; returns that outcome."""
+    job_id = records.job_id
+    deadline = time.monotonic() + settings.job_time_limit_s
+    last_beat, cancel_at = 0.0, None
+    while not child.stdout_closed:
+        batch = child.messages(timeout=min(0.5, settings.heartbeat_s))
+        now = time.monotonic()
+        if batch or child.stdout_closed or now - last_beat >= settings.heartbeat_s:
+            last_beat = now
+            lease = records.heartbeat(child.workdir, batch)
+            if lease is None:
+                log.warning("job %s: lease lost; stopping the child", job_id)
+                child.kill()
+                return LOST
+            if lease.cancel_requested and cancel_at is None:
+                cancel_at = now
+                child.request_cancel()
+                log.info("job %s: cancel requested; asked the engine to stop", job_id)
+        if cancel_at is not None and now - cancel_at > settings.cancel_grace_s:
+            child.kill()  # forced: the child did not stop within the grace period
+            records.cancelled(stopped_by="kill", grace_s=settings.cancel_grace_s)
+            return jobstate.CANCELLED
+        if now > deadline:
+            child.kill()
+            records.fail("max_runtime_exceeded", f"the job ran longer than {settings.job_time_limit_s} s",
+                         child.workdir)
+            return jobstate.FAILED
+    return _record_exit(child, records, child.wait(), cancelling=cancel_at is not None)
+
+
+def _record_exit(child: ChildProcess, records: JobRecords, returncode: int, cancelling: bool) -> str:
+    if returncode == 0 and (result := child.result()) is not None:
+        # A cancel that came too late to stop anything: cancel is not a rollback of finished work.
+        return records.succeed(child.workdir, result)
+    if cancelling:
+        records.cancelled(stopped_by="engine" if returncode == CANCELLED_EXIT else f"exit code {returncode}")
+        return jobstate.CANCELLED
+    error = child.error() or {
+        "type": "crashed", "detail": f"the engine process exited with code {returncode}: {child.log_tail()}"}
+    records.fail(error["type"], error["detail"], child.workdir)
+    return jobstate.FAILED
