@@ -8,7 +8,14 @@ import numpy as np
 import pytest
 import torch
 
+from amct_engine.graph.capture import capture_model
 from amct_engine.prune.bcp import bcp_prune_indices, filter_scores, remain_count, select_pruned_channels
+from amct_engine.prune.dependency import build_channel_groups
+from amct_engine.prune.importance import DEFAULT_IMPORTANCE, IMPORTANCE_CRITERIA
+from amct_engine.prune.passes import filter_prune
+from amct_engine.prune.report import PruneReport
+from amct_engine.prune.settings import FilterPruneSpec, LayerPruneSettings
+from tests.prune_models import LinearStack, PruneResNet, example_input
 
 
 def _oracle(weights: list[np.ndarray], ratio: float, ascend: bool, group: int) -> list[int]:
@@ -87,3 +94,30 @@ def test_lowest_norm_filters_go_first():
 
 def test_equal_filters_prune_the_lowest_indices():
     assert bcp_prune_indices([(torch.ones(8, 3), 0, 8)], 0.5, False) == [0, 1, 2, 3]
+
+
+def test_bcp_is_the_only_and_the_default_importance_criterion():
+    assert IMPORTANCE_CRITERIA.names() == ("bcp",) and DEFAULT_IMPORTANCE == "bcp"
+
+
+def test_bcp_importance_scores_a_group_like_its_producers_weights():
+    model = PruneResNet()
+    deps = build_channel_groups(capture_model(model, example_input(PruneResNet)))
+    group = next(g for g in deps.groups if len(g.producers) > 1)
+    weights = [(model.get_submodule(m.name).weight, m.begin, m.end) for m in group.producers]
+    expected = torch.stack([filter_scores(w, b, e) for w, b, e in weights]).mean(dim=0)
+    assert torch.equal(IMPORTANCE_CRITERIA["bcp"](group, model), expected)
+
+
+def test_filter_prune_ranks_channels_with_the_criterion_it_is_given():
+    cm = capture_model(LinearStack(), example_input(LinearStack))
+    settings = LayerPruneSettings(specs={"fc1": FilterPruneSpec(0.5, ascend_optimized=False)})
+    seen = []
+
+    def last_channels_first(group, model):  # the highest channel index scores lowest
+        seen.append(group.producer_names)
+        return -torch.arange(group.size, dtype=torch.float64)
+
+    (cut,) = filter_prune(cm, settings, PruneReport(), criterion=last_channels_first)
+    assert seen == [["fc1"]]
+    assert list(cut.channels) == list(range(cut.group.size // 2, cut.group.size))

@@ -69,16 +69,16 @@ def quantizable_layers(cm: CapturedModel, types: Sequence[str] = RETRAIN_TYPES) 
 
 def excluded_layers(cm: CapturedModel, types: Sequence[str] = RETRAIN_TYPES) -> dict[str, str]:
     """Layer name → why a layer of a supported type cannot be compressed (spec §4.9)."""
-    owners = _weight_owners(cm.module)
+    shared = shared_weights(cm.module)
     reasons = {}
     for name, type_name in cm.module_types().items():
-        reason = _exclusion_reason(cm, name, owners) if type_name in types else None
+        reason = _exclusion_reason(cm, name, shared) if type_name in types else None
         if reason:
             reasons[name] = reason
     return reasons
 
 
-def _exclusion_reason(cm: CapturedModel, name: str, owners: dict[int, list[str]]) -> str | None:
+def _exclusion_reason(cm: CapturedModel, name: str, shared: dict[str, list[str]]) -> str | None:
     module = cm.get_module(name)
     padding_mode = getattr(module, "padding_mode", "zeros")
     if padding_mode != "zeros":
@@ -88,22 +88,22 @@ def _exclusion_reason(cm: CapturedModel, name: str, owners: dict[int, list[str]]
     calls = cm.call_count(name)
     if calls > 1:
         return f"the module is called {calls} times in forward; reused modules are not supported (spec §4.9)"
-    weight = getattr(module, "weight", None)
-    sharers = [other for other in owners.get(id(weight), []) if other != name] if weight is not None else []
+    sharers = shared.get(name)
     if sharers:
         return (f"its weight Parameter is shared with {', '.join(sharers)}; shared weights are not "
                 "supported (spec §4.9)")
     return None
 
 
-def _weight_owners(root: nn.Module) -> dict[int, list[str]]:
-    # every path that holds a given weight Parameter; two paths mean the weight is shared
+def shared_weights(root: nn.Module) -> dict[str, list[str]]:
+    """Module path → the other paths holding the same weight Parameter (compression and pruning skip them)."""
     owners: dict[int, list[str]] = {}
     for name, module in root.named_modules(remove_duplicate=False):
         weight = module._parameters.get("weight")
         if weight is not None:
             owners.setdefault(id(weight), []).append(name)
-    return owners
+    return {name: [o for o in names if o != name] for names in owners.values() if len(names) > 1
+            for name in names}
 
 
 def conv_bn_act_chains(cm: CapturedModel, types: Sequence[str] = RETRAIN_TYPES) -> list[Chain]:

@@ -41,6 +41,20 @@ def register_amct_module_type(cls_or_name: type | str) -> None:
     AMCT_MODULE_TYPE_NAMES.add(cls_or_name if isinstance(cls_or_name, str) else cls_or_name.__name__)
 
 
+# User layer classes captured as one call each, like torch.nn layers (a layer the pruner table
+# knows must appear in the graph as its module, not as the ops of its forward).
+_USER_LEAF_TYPES: set[type] = set()
+
+
+def register_leaf_module_type(cls: type) -> None:
+    """Capture modules of ``cls`` (and its subclasses) as leaves: one ``call_module`` node each."""
+    _USER_LEAF_TYPES.add(cls)
+
+
+def unregister_leaf_module_type(cls: type) -> None:
+    _USER_LEAF_TYPES.discard(cls)
+
+
 def is_amct_module(module: nn.Module) -> bool:
     cls = type(module)
     return cls.__name__ in AMCT_MODULE_TYPE_NAMES or cls.__module__.startswith(_AMCT_PACKAGES)
@@ -179,10 +193,12 @@ def _capture_torchscript(ts, example_inputs, source, owned, reject_amct_ops) -> 
 
 
 class _LeafTracer(fx.Tracer):
-    """fx tracer: torch.nn modules and AMCT ops are leaves; control flow stops with the node it hit."""
+    """fx tracer: torch.nn modules, AMCT ops and registered user layers are leaves; control flow stops
+    with the node it hit."""
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
-        return is_amct_module(m) or super().is_leaf_module(m, module_qualified_name)
+        return (is_amct_module(m) or isinstance(m, tuple(_USER_LEAF_TYPES))
+                or super().is_leaf_module(m, module_qualified_name))
 
     def to_bool(self, obj: fx.Proxy) -> bool:
         raise _TraceStop(obj.node, "a traced tensor decides Python control flow (`if`/`while` on a tensor "

@@ -2,7 +2,8 @@
 
 A ``PrunePlan`` maps a module path to the absolute channel indices each of its tensors loses, by
 member kind (``dependency.OUT`` / ``IN`` / ``NORM`` / ``DEPTHWISE``). It is built from the chosen
-groups at create time and from the record at restore time, so both remove exactly the same thing.
+groups at create time and from the record at restore time, so both remove exactly the same thing;
+the module's layer pruner (``layer_pruners.py``) does the slicing.
 ``prune_with_forward_check`` applies a plan group by group and gives back the groups whose removal
 breaks the model's forward (found by bisection), restoring their modules (spec §4.4 "Apply").
 """
@@ -16,17 +17,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from amct_engine.prune.channel_groups import (
-    BN_TYPES,
-    CONV_TRANSPOSE_TYPES,
-    CONV_TYPES,
-    DEPTHWISE,
-    IN,
-    NORM,
-    OP,
-    OUT,
-    ChannelGroup,
-)
+from amct_engine.prune.channel_groups import IN, OP, ChannelGroup
+from amct_engine.prune.layer_pruners import layer_pruner_for
 
 PrunePlan = dict[str, dict[str, set[int]]]
 
@@ -50,7 +42,7 @@ def plan_from_cuts(cuts: Sequence[GroupCut]) -> PrunePlan:
 
 
 def apply_plan(model: nn.Module, plan: PrunePlan) -> None:
-    """Remove the planned channels from ``model``'s modules in place."""
+    """Remove the planned channels from ``model``'s modules in place, each through its layer pruner."""
     for name, cuts in plan.items():
         module = model.get_submodule(name)
         try:
@@ -60,92 +52,16 @@ def apply_plan(model: nn.Module, plan: PrunePlan) -> None:
 
 
 def _prune_module(module: nn.Module, cuts: dict[str, set[int]]) -> None:
-    if isinstance(module, BN_TYPES):
-        _prune_norm(module, cuts.get(NORM, set()))
-    elif isinstance(module, CONV_TYPES):
-        if DEPTHWISE in cuts:
-            _prune_depthwise(module, cuts[DEPTHWISE])
+    pruner = layer_pruner_for(module)
+    if pruner is None:
+        raise ValueError("no layer pruner is registered for its type, so it cannot lose channels "
+                         "(amct_engine.prune.register_layer_pruner adds one)")
+    # output side first (OUT; NORM and DEPTHWISE, whose in and out channels are the same), then IN
+    for kind in sorted(cuts, key=lambda k: k == IN):
+        if kind == IN:
+            pruner.prune_in_channels(module, cuts[kind])
         else:
-            _prune_conv(module, cuts.get(OUT, set()), cuts.get(IN, set()))
-    elif isinstance(module, CONV_TRANSPOSE_TYPES):
-        if module.groups != 1 or OUT in cuts:
-            raise ValueError("only the input channels of an ungrouped ConvTranspose can be pruned")
-        module.weight = _param(module.weight, module.weight.detach()[_keep(module.in_channels, cuts.get(IN, set()))])
-        module.in_channels = module.weight.shape[0]
-    elif isinstance(module, nn.Linear):
-        weight = module.weight.detach()
-        keep_out = _keep(module.out_features, cuts.get(OUT, set()))
-        keep_in = _keep(module.in_features, cuts.get(IN, set()))
-        module.weight = _param(module.weight, weight[keep_out][:, keep_in])
-        if module.bias is not None:
-            module.bias = _param(module.bias, module.bias.detach()[keep_out])
-        module.out_features, module.in_features = len(keep_out), len(keep_in)
-    else:
-        raise ValueError("only Conv, ConvTranspose, Linear and BatchNorm layers can lose channels")
-
-
-def _keep(size: int, removed: set[int]) -> list[int]:
-    bad = sorted(i for i in removed if not 0 <= i < size)
-    if bad:
-        raise IndexError(f"channel index {bad[0]} is out of range for {size} channels")
-    if len(removed) >= size:
-        raise ValueError(f"cannot remove all {size} channels")
-    return [i for i in range(size) if i not in removed]
-
-
-def _param(old: nn.Parameter, value: torch.Tensor) -> nn.Parameter:
-    return nn.Parameter(value.clone().contiguous(), requires_grad=old.requires_grad)
-
-
-def _per_group(removed: set[int], size: int, groups: int) -> list[set[int]]:
-    """Split absolute indices into per-group local indices; every group must lose as many."""
-    length = size // groups
-    local = [{i - g * length for i in removed if g * length <= i < (g + 1) * length} for g in range(groups)]
-    if len({len(part) for part in local}) > 1:
-        raise ValueError(f"the {groups} conv groups would lose different channel counts "
-                         f"{[len(p) for p in local]}")
-    return local
-
-
-def _prune_conv(conv: nn.Module, out_removed: set[int], in_removed: set[int]) -> None:
-    groups, weight = conv.groups, conv.weight.detach()
-    keep_out = _keep(conv.out_channels, out_removed)
-    _keep(conv.in_channels, in_removed)  # range check
-    if groups > 1:
-        _per_group(out_removed, conv.out_channels, groups)
-    new = weight[keep_out]
-    if in_removed:
-        in_len, out_len = conv.in_channels // groups, conv.out_channels // groups
-        local = _per_group(in_removed, conv.in_channels, groups)
-        keep_local = [[c for c in range(in_len) if c not in part] for part in local]
-        index = torch.tensor([keep_local[row // out_len] for row in keep_out], dtype=torch.long,
-                             device=new.device)
-        index = index.reshape(*index.shape, *[1] * (new.dim() - 2)).expand(-1, -1, *new.shape[2:])
-        new = torch.gather(new, 1, index)
-    conv.weight = _param(conv.weight, new)
-    if conv.bias is not None:
-        conv.bias = _param(conv.bias, conv.bias.detach()[keep_out])
-    conv.out_channels = len(keep_out)
-    conv.in_channels -= len(in_removed)
-
-
-def _prune_depthwise(conv: nn.Module, removed: set[int]) -> None:
-    keep = _keep(conv.out_channels, removed)
-    conv.weight = _param(conv.weight, conv.weight.detach()[keep])
-    if conv.bias is not None:
-        conv.bias = _param(conv.bias, conv.bias.detach()[keep])
-    conv.in_channels = conv.out_channels = conv.groups = len(keep)
-
-
-def _prune_norm(bn: nn.Module, removed: set[int]) -> None:
-    keep = _keep(bn.num_features, removed)
-    if bn.weight is not None:
-        bn.weight = _param(bn.weight, bn.weight.detach()[keep])
-        bn.bias = _param(bn.bias, bn.bias.detach()[keep])
-    if bn.running_mean is not None:
-        bn.running_mean = bn.running_mean[keep].clone()
-        bn.running_var = bn.running_var[keep].clone()
-    bn.num_features = len(keep)
+            pruner.prune_out_channels(module, cuts[kind])
 
 
 # ---------------------------------------------------------------------- forward check and bisection

@@ -2,7 +2,9 @@
 
 Follows the test oracle (``custom_op/test_bcp.py``), not the shipped op: the channel score is the
 mean over *all* the group's producers of their min-max normalised filter norms (the shipped ``bcp()``
-only ever reads the first producer's norms, spec §8).
+only ever reads the first producer's norms, spec §8). ``bcp_importance`` is the scoring half, the
+"bcp" entry of ``importance.IMPORTANCE_CRITERIA``; ``remain_count`` / ``select_pruned_channels`` are
+the count and the per-group choice every criterion's scores go through.
 """
 
 from __future__ import annotations
@@ -11,6 +13,10 @@ import math
 from collections.abc import Sequence
 
 import torch
+from torch import nn
+
+from amct_engine.prune.channel_groups import ChannelGroup
+from amct_engine.prune.layer_pruners import layer_pruner_for
 
 ASCEND_CHANNEL_MULTIPLE = 16  # spec §4.4: ascend_optimized keeps a multiple of 16 channels
 
@@ -60,6 +66,13 @@ def select_pruned_channels(
     return sorted(pruned)
 
 
+def producer_scores(weights: Sequence[tuple[torch.Tensor, int, int]]) -> torch.Tensor:
+    """The channel score of (weight, begin, end) producer ranges that share one mask: the mean of theirs."""
+    if not weights:
+        raise ValueError("a channel group needs at least one producer")
+    return torch.stack([filter_scores(w, b, e) for w, b, e in weights]).mean(dim=0)
+
+
 def bcp_prune_indices(
     weights: Sequence[tuple[torch.Tensor, int, int]],
     prune_ratio: float,
@@ -67,7 +80,16 @@ def bcp_prune_indices(
     group: int = 1,
 ) -> list[int]:
     """Channels to prune from (weight, begin, end) producer ranges that share one mask."""
-    if not weights:
-        raise ValueError("a channel group needs at least one producer")
-    scores = torch.stack([filter_scores(w, b, e) for w, b, e in weights]).mean(dim=0)
-    return select_pruned_channels(scores, prune_ratio, ascend_optimized, group)
+    return select_pruned_channels(producer_scores(weights), prune_ratio, ascend_optimized, group)
+
+
+def bcp_importance(group: ChannelGroup, model: nn.Module) -> torch.Tensor:
+    """The BCP score of each channel of ``group`` in ``model`` (the "bcp" importance criterion).
+
+    Each producer's filters are the rows of its layer pruner's ``filter_weight``.
+    """
+    weights = []
+    for member in group.producers:
+        layer = model.get_submodule(member.name)
+        weights.append((layer_pruner_for(layer).filter_weight(layer), member.begin, member.end))
+    return producer_scores(weights)

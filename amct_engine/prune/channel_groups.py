@@ -8,15 +8,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from amct_engine.graph.layer_types import BN_TYPES, CONV_TRANSPOSE_TYPES, CONV_TYPES  # noqa: F401 (re-exported)
-
-# Member kinds: which tensors of a layer lose the group's channels.
+# Member kinds: which tensors of a layer lose the group's channels (the layer-pruner flow that
+# gives each is in layer_pruners.py).
 OUT = "out"  # producer: weight rows (Cout / out_features) and bias
 IN = "in"  # consumer: weight input channels (Cin / in_features)
-NORM = "norm"  # BatchNorm: weight, bias, running statistics
+NORM = "norm"  # pass-through layer (BatchNorm): its per-channel parameters and statistics
 DEPTHWISE = "depthwise"  # depthwise conv: its channels in and out, and groups
 OP = "op"  # an add / concat node: nothing to change, listed in the record as AMCT does
-
 
 
 @dataclass(frozen=True)
@@ -71,7 +69,7 @@ class ChannelGroup:
 
 @dataclass
 class ChannelDependencies:
-    """The dependency graph: every channel group, and the Conv/Linear layers that lead none (and why)."""
+    """The dependency graph: every channel group, and the prunable layers that lead none (and why)."""
 
     groups: list[ChannelGroup]
     not_prunable: dict[str, str]

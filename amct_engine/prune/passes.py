@@ -8,16 +8,12 @@ from __future__ import annotations
 
 from torch import nn
 
+from amct_engine.graph.analysis import shared_weights
 from amct_engine.graph.capture import CapturedModel
 from amct_engine.prune.apply import GroupCut, apply_plan, output_shapes, prune_with_forward_check
-from amct_engine.prune.bcp import bcp_prune_indices, remain_count
-from amct_engine.prune.dependency import (
-    OP,
-    ChannelDependencies,
-    ChannelGroup,
-    build_channel_groups,
-    shared_weights,
-)
+from amct_engine.prune.bcp import remain_count, select_pruned_channels
+from amct_engine.prune.dependency import OP, ChannelDependencies, ChannelGroup, build_channel_groups
+from amct_engine.prune.importance import DEFAULT_IMPORTANCE, IMPORTANCE_CRITERIA, ImportanceCriterion
 from amct_engine.prune.records import filter_prune_record, plan_from_records, selective_prune_record
 from amct_engine.prune.report import (
     DISABLED,
@@ -41,7 +37,7 @@ def parameter_count(model: nn.Module) -> int:
 
 
 def _decide(
-    group: ChannelGroup, model: nn.Module, settings: LayerPruneSettings
+    group: ChannelGroup, model: nn.Module, settings: LayerPruneSettings, criterion: ImportanceCriterion
 ) -> tuple[GroupDecision, GroupCut | None]:
     producers = group.producer_names
     consumers = list(dict.fromkeys(m.name for m in group.consumers if m.kind != OP))
@@ -67,21 +63,29 @@ def _decide(
                            f"{group.size}" + (" (ascend_optimized keeps a multiple of 16)"
                                               if decision.ascend_optimized else ""))
         return decision, None
-    weights = [(model.get_submodule(m.name).weight, m.begin, m.end) for m in group.producers]
-    channels = bcp_prune_indices(weights, decision.prune_ratio, decision.ascend_optimized, group.divisions)
+    scores = criterion(group, model)
+    channels = select_pruned_channels(scores, decision.prune_ratio, decision.ascend_optimized, group.divisions)
     decision.status, decision.kept = PRUNED, group.size - len(channels)
     return decision, GroupCut(group, tuple(channels))
 
 
-def filter_prune(cm: CapturedModel, settings: LayerPruneSettings, report: PruneReport) -> list[GroupCut]:
-    """BCP over the channel groups of ``cm`` (spec §4.4); removes channels from ``cm.module`` in place."""
+def filter_prune(
+    cm: CapturedModel,
+    settings: LayerPruneSettings,
+    report: PruneReport,
+    criterion: ImportanceCriterion | None = None,
+) -> list[GroupCut]:
+    """Filter pruning over the channel groups of ``cm`` (spec §4.4); removes channels from ``cm.module``
+    in place. ``criterion`` ranks each group's channels (importance.py); None: the default, BCP."""
+    if criterion is None:
+        criterion = IMPORTANCE_CRITERIA[DEFAULT_IMPORTANCE]
     specs = settings.filter()
     if not specs:
         return []
     deps: ChannelDependencies = build_channel_groups(cm)
     cuts, by_group = [], {}
     for group in deps.groups:
-        decision, cut = _decide(group, cm.module, settings)
+        decision, cut = _decide(group, cm.module, settings, criterion)
         report.groups.append(decision)
         by_group[group.id] = decision
         if cut is not None:

@@ -1,7 +1,8 @@
 """Prune records in the record file (spec §2.3): written at create, replayed at restore.
 
 Filter-prune record: one ``prune_record`` per pruned channel group, with a ``producer`` node per
-producer and a ``consumer`` node per BN / conv / linear input / add / concat. Each node carries
+producer and a ``consumer`` node per BN / conv / linear input / add / concat (any layer of the
+layer-pruner table, which also gives the node's ``type``). Each node carries
 ``type`` (ONNX op type), ``begin`` / ``end`` (the range of its channel dimension the group covers;
 concat inputs keep their offsets), ``group`` (conv groups, when > 1), ``block`` (features per
 channel for a Linear after flatten, our extension; AMCT gives up there) and ``prune_index`` (the
@@ -25,19 +26,12 @@ from torch import nn
 from amct_engine.proto import basic_info_pb2
 from amct_engine.proto import scale_offset_record_pytorch_pb2 as record_pb2
 from amct_engine.prune.apply import GroupCut, PrunePlan
-from amct_engine.prune.channel_groups import (
-    BN_TYPES,
-    CONV_TRANSPOSE_TYPES,
-    CONV_TYPES,
-    DEPTHWISE,
-    IN,
-    NORM,
-    OUT,
-)
+from amct_engine.prune.channel_groups import OUT
+from amct_engine.prune.layer_pruners import layer_pruner_for
+from amct_engine.prune.op_vocabulary import OP_NODE_TYPES
 from amct_engine.record import RecordFile
 
 _Attr = basic_info_pb2.AttrProto
-_OP_NODE_TYPES = frozenset({"Add", "Sub", "Mul", "Div", "Concat"})
 
 
 def filter_prune_record(cut: GroupCut) -> record_pb2.PruneRecord:
@@ -132,7 +126,7 @@ def plan_from_records(records: Iterable[record_pb2.PruneRecord], model: nn.Modul
             where = f"{path}: prune_record[{i}] node '{node.name}'"
             op_type = attrs["type"].s.decode() if "type" in attrs else ""
             if node.name not in modules:
-                if op_type in _OP_NODE_TYPES:
+                if op_type in OP_NODE_TYPES:
                     continue  # an add / concat: nothing to remove
                 raise ValueError(f"{where}: the model has no module of that name; was the record written for "
                                  "another model?")
@@ -144,13 +138,11 @@ def plan_from_records(records: Iterable[record_pb2.PruneRecord], model: nn.Modul
 
 
 def _consumer_kind(module: nn.Module, where: str) -> str:
-    if isinstance(module, BN_TYPES):
-        return NORM
-    if isinstance(module, CONV_TYPES):
-        return DEPTHWISE if module.groups > 1 and module.groups == module.in_channels else IN
-    if isinstance(module, (nn.Linear, *CONV_TRANSPOSE_TYPES)):
-        return IN
-    raise ValueError(f"{where}: a {type(module).__name__} cannot lose channels")
+    """The member kind a consumer node of the record has: its layer pruner says (IN, NORM, DEPTHWISE)."""
+    pruner = layer_pruner_for(module)
+    if pruner is None:
+        raise ValueError(f"{where}: a {type(module).__name__} cannot lose channels")
+    return pruner.input_kind(module)
 
 
 def selective_masks_from_records(records: Iterable[record_pb2.PruneRecord], path: str) -> dict[str, torch.Tensor]:
