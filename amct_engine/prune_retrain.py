@@ -33,6 +33,7 @@ from amct_engine.export.save import (
 )
 from amct_engine.graph.analysis import RETRAIN_TYPES, quantizable_layers
 from amct_engine.graph.capture import CapturedModel, capture_model
+from amct_engine.prune.layer_pruners import weight_layer_type_names
 from amct_engine.prune.passes import (
     filter_prune,
     parameter_count,
@@ -146,7 +147,7 @@ def _create(model, input_data, config_defination, record_file, api: str) -> nn.M
     record = RecordFile(record_file)
     record.create_empty()
     report = PruneReport(params_before=parameter_count(cm.module))
-    settings = prune_settings_from_cfg(doc.message, cm.module_types())
+    settings = prune_settings_from_cfg(doc.message, cm.module_types(), weight_layer_type_names())
     cuts = filter_prune(cm, settings, report)
     report.params_after = parameter_count(cm.module)
     result, cm = _quantise(cm, doc, record, api)
@@ -170,7 +171,7 @@ def _restore(model, input_data, config_defination, record_file, pth_file, state_
     # the quantisation factors are rewritten by the first eval forward; the prune records stay
     record.create_empty()
     write_prune_records(record, records)
-    settings = prune_settings_from_cfg(doc.message, cm.module_types())
+    settings = prune_settings_from_cfg(doc.message, cm.module_types(), weight_layer_type_names())
     result, cm = _quantise(cm, doc, record, api)
     masks = selective_masks_from_records(records, str(record_file))
     selective_prune(result, cm, settings, record, report, masks=masks)

@@ -10,7 +10,7 @@ same batches as the FP32 row and the Torch-Pruning peers (bench/peers.py, listed
 
 Each row also reports parameters and non-zero conv/linear weights after compression.
 
-Run on its own: ``python bench/compress.py [--quick]``.
+Run on its own: ``python bench/engine_table.py [--quick] --only compress``.
 """
 
 from __future__ import annotations
@@ -72,13 +72,3 @@ def methods(setup) -> list[tuple[str, str, Callable[[], Row]]]:
         ("amct M4N2 + INT8", "ours", lambda: amct_compressed(setup, "amct M4N2", M4N2_CFG)),
         *peers.prune_methods(setup),
     ]
-
-
-def main(argv: list[str] | None = None) -> int:
-    from bench import fashion
-
-    return fashion.script_main(__doc__, ["BCP", "M4N2", "Torch-Pruning"], argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

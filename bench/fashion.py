@@ -238,44 +238,5 @@ def mean_step_s(row: Row) -> float:
     return row["train_s"] / max(1, len(row["losses"]))
 
 
-def sections(setup: FashionSetup) -> list[tuple[str, str, Callable[[], Row]]]:
-    """Every method of the engine table as ``(name, family, fn)``, FP32 first (the PTQ row needs its model)."""
-    from bench import compress, ptq, qat
-
-    return [(BASELINE, "baseline", lambda: fp32_control(setup)),
-            *ptq.methods(setup), *qat.methods(setup), *compress.methods(setup)]
-
-
-def run(workdir: Path, quick: bool = False, threads: int = 2, only: list[str] | None = None) -> dict[str, Any]:
-    """The whole engine table: base model once, every method, then the deploy measurements."""
-    torch.set_num_threads(threads)
-    start = time.perf_counter()
-    setup = prepare(workdir, quick=quick, threads=threads)
-    print(f"[engine] FP32 base: top-1 {setup.base_accuracy:.4f} in {setup.base_train_s:.1f} s", file=sys.stderr)
-    rows = [run_row(name, family, fn) for name, family, fn in sections(setup)
-            if not only or name == BASELINE or any(o.lower() in name.lower() for o in only)]
-    measure_deploy(setup, rows)
-    for row in rows:
-        row.pop("onnx", None)  # temporary paths: not worth keeping in the results
-    return {"setup": setup.describe(), "rows": rows, "total_s": time.perf_counter() - start}
-
-
 def rows_by_name(result: Mapping[str, Any]) -> dict[str, Row]:
     return {row["name"]: row for row in result["rows"]}
-
-
-def script_main(doc: str, only: list[str], argv: list[str] | None = None) -> int:
-    """``python bench/<module>.py [--quick] [--threads N]``: the FP32 row and the rows named by ``only``, as a table."""
-    import argparse
-    import tempfile
-
-    from bench import report
-
-    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a few thousand images, for a smoke run")
-    parser.add_argument("--threads", type=int, default=2, help="torch and onnxruntime threads")
-    args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="amct-engine-bench-") as tmp:
-        result = run(Path(tmp), quick=args.quick, threads=args.threads, only=only)
-    print(report.engine_markdown(result))
-    return 0

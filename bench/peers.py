@@ -12,7 +12,7 @@ time to prepare and convert, and the ONNX file that peer deploys to onnxruntime:
   excluded, as our pruner excludes the model output), FP32 fine-tuning, FP32 ONNX; the ``+ ORT PTQ``
   variant quantises that ONNX as bench/ptq.py does: the combination a user would assemble.
 
-Run on its own: ``python bench/peers.py --quick``.
+Run on its own: ``python bench/engine_table.py --quick --only peers``.
 """
 
 from __future__ import annotations
@@ -162,13 +162,3 @@ def prune_methods(setup) -> list[tuple[str, str, Callable[[], Row]]]:
         rows.append((f"Torch-Pruning {pct}", "peer", lambda r=ratio: torch_pruning(setup, r)))
         rows.append((f"Torch-Pruning {pct} + ORT PTQ", "peer", lambda r=ratio: torch_pruning_ptq(setup, r)))
     return rows
-
-
-def main(argv: list[str] | None = None) -> int:
-    from bench import fashion
-
-    return fashion.script_main(__doc__, ["torchao", "NNCF", "Torch-Pruning"], argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -6,7 +6,7 @@ per-channel INT8 weights and INT8 activations, MinMax calibration on training im
 table it quantises the FP32 row's model (same training as everyone else) with the first
 ``CALIBRATION_IMAGES`` training images; the Torch-Pruning rows reuse it for their "+ ORT PTQ" variant.
 
-Run on its own: ``python bench/ptq.py --quick`` (FP32 base, FP32 row and the PTQ row only).
+Run on its own: ``python bench/engine_table.py --quick --only ptq`` (FP32 base, FP32 row and the PTQ row only).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import onnx
 if __package__ in (None, ""):  # run as a script: make `bench` and `amct_engine` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import ort_accuracy, package_versions  # noqa: E402
+from bench.common import ort_accuracy  # noqa: E402
 from bench.fashion import export_fp32  # noqa: E402
 
 CALIBRATION_IMAGES = 512
@@ -78,15 +78,3 @@ def ptq_row(setup) -> dict[str, Any]:
 
 def methods(setup) -> list[tuple[str, str, Callable[[], dict[str, Any]]]]:
     return [(NAME, "peer", lambda: ptq_row(setup))]
-
-
-def main(argv: list[str] | None = None) -> int:
-    from bench import fashion
-
-    code = fashion.script_main(__doc__, ["ORT static PTQ"], argv)
-    print(package_versions("onnxruntime"))
-    return code
-
-
-if __name__ == "__main__":
-    sys.exit(main())

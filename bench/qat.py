@@ -12,8 +12,8 @@ bench/peers.py, which this module's ``methods`` lists next to ours):
   the same epochs on the same images (labels never used); its "train step" is the distillation time per
   batch of images (every group's step on that batch, the teacher's forward included).
 
-Run on its own: ``python bench/qat.py [--quick]`` (prints the table of these rows, the FP32 row and the
-QAT peers).
+Run on its own: ``python bench/engine_table.py [--quick] --only qat`` (prints the table of these rows,
+the FP32 row and the QAT peers).
 """
 
 from __future__ import annotations
@@ -101,13 +101,3 @@ def methods(setup) -> list[tuple[str, str, Callable[[], Row]]]:
         ("amct distill INT8", "ours", lambda: amct_distill(setup)),
         *peers.qat_methods(setup),
     ]
-
-
-def main(argv: list[str] | None = None) -> int:
-    from bench import fashion
-
-    return fashion.script_main(__doc__, ["QAT", "distill"], argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

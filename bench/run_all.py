@@ -51,10 +51,10 @@ VERSIONS = ("torch", "onnx", "onnxruntime", "onnxscript", "numpy", "torchao", "n
 def run_section(name: str, quick: bool) -> dict[str, Any]:
     """The section's result dict; a missing optional benchmark or package answers ``status: skipped``."""
     if name == "engine":
-        from bench import fashion
+        from bench import engine_table
 
         with tempfile.TemporaryDirectory(prefix="amct-bench-engine-") as tmp:
-            return fashion.run(Path(tmp), quick=quick)
+            return engine_table.run(Path(tmp), quick=quick)
     if name == "minilm":
         try:
             from bench.minilm import run_minilm

@@ -125,7 +125,7 @@ def run(workdir: Path, spec: dict) -> dict:
     if "fake_quant" in ctx.files and ctx.files["fake_quant"] != ctx.files["deploy"]:
         onnx_files["fake_quant"] = ctx.files["fake_quant"]
     result_report = report.build_report(spec["kind"], original_parameters, onnx_files, eval_x, eval_y, split,
-                                        batch, pytorch_accuracy)
+                                        batch, pytorch_accuracy, spec["params"].get("deploy_format", "onnx"))
     report_path = workdir / "out" / "report.json"
     report_path.write_text(json.dumps(result_report, indent=2))
     files = {**ctx.files, "fp32_onnx": fp32_onnx, "report": str(report_path)}

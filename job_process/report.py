@@ -1,4 +1,4 @@
-"""report.json: what a user wants to know after compression (DESIGN.md, report.py).
+"""report.json: what a user wants to know after compression (docs/architecture.md, "job_process/").
 
 Parameters, ONNX file sizes, accuracy of the original and the deploy model on held-out data (or
 output agreement with the original when there are no labels), onnxruntime latency FP32 vs deploy.
@@ -15,32 +15,28 @@ import onnx
 import onnxruntime as ort
 import torch
 
-from amct_engine.export.ascend import ascend_to_standard_onnx, is_ascend_model
+from amct_engine.export.formats import DEPLOY_FORMATS
 
 LATENCY_WARMUP, LATENCY_RUNS = 3, 20
 
 
-def _session(path: str) -> ort.InferenceSession:
+def _session(path: str, deploy_format: str = "onnx") -> ort.InferenceSession:
+    """An onnxruntime session on the file, through its format's reference rewrite (e.g. the Ascend
+    layout's custom ops, which have no device here)."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1  # per-model latency without the noise of thread scheduling
-    model = onnx.load(path)
-    if is_ascend_model(model):  # no Ascend device here: run the reference rewrite of its custom ops
-        model = ascend_to_standard_onnx(model)
+    model = DEPLOY_FORMATS[deploy_format].load().to_reference_onnx(onnx.load(path))
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
-def deploy_format(path: str) -> str:
-    return "ascend" if is_ascend_model(onnx.load(path, load_external_data=False)) else "onnx"
-
-
-def predict(path: str, x: np.ndarray, batch: int = 256) -> np.ndarray:
-    session = _session(path)
+def predict(path: str, x: np.ndarray, deploy_format: str = "onnx", batch: int = 256) -> np.ndarray:
+    session = _session(path, deploy_format)
     name = session.get_inputs()[0].name
     return np.concatenate([session.run(None, {name: x[i:i + batch]})[0] for i in range(0, len(x), batch)])
 
 
-def latency_ms(path: str, x: np.ndarray) -> dict:
-    session = _session(path)
+def latency_ms(path: str, x: np.ndarray, deploy_format: str = "onnx") -> dict:
+    session = _session(path, deploy_format)
     name = session.get_inputs()[0].name
     for _ in range(LATENCY_WARMUP):
         session.run(None, {name: x})
@@ -81,10 +77,12 @@ def _agreement(reference: np.ndarray, other: np.ndarray) -> dict:
 
 
 def build_report(kind: str, original_parameters: int, onnx_files: dict[str, str], eval_x: torch.Tensor,
-                 eval_y: torch.Tensor | None, split: str, batch: int, pytorch_accuracy: float | None) -> dict:
-    """`onnx_files`: `fp32`, `deploy` and, when the engine wrote one, `fake_quant`."""
+                 eval_y: torch.Tensor | None, split: str, batch: int, pytorch_accuracy: float | None,
+                 deploy_format: str = "onnx") -> dict:
+    """`onnx_files`: `fp32`, `deploy` (in `deploy_format`) and, when the engine wrote one, `fake_quant`."""
     x = eval_x.numpy()
-    outputs = {name: predict(path, x) for name, path in onnx_files.items()}
+    formats = {name: deploy_format if name == "deploy" else "onnx" for name in onnx_files}
+    outputs = {name: predict(path, x, formats[name]) for name, path in onnx_files.items()}
     report: dict = {
         "kind": kind,
         "eval": {"split": split, "samples": int(len(x))},
@@ -100,10 +98,11 @@ def build_report(kind: str, original_parameters: int, onnx_files: dict[str, str]
         report["accuracy"]["compressed_pytorch"] = pytorch_accuracy
         report["accuracy_drop"] = report["accuracy"]["fp32"] - report["accuracy"]["deploy"]
     sample = np.ascontiguousarray(x[:batch]) if len(x) >= batch else np.repeat(x[:1], batch, axis=0)
-    report["latency_ms"] = {name: latency_ms(onnx_files[name], sample) for name in ("fp32", "deploy")}
+    report["latency_ms"] = {name: latency_ms(onnx_files[name], sample, formats[name]) for name in ("fp32", "deploy")}
     report["latency_ms"]["speedup"] = report["latency_ms"]["fp32"]["median"] / report["latency_ms"]["deploy"]["median"]
     report["size_ratio"] = report["onnx_size_bytes"]["deploy"] / report["onnx_size_bytes"]["fp32"]
-    report["formats"] = {name: deploy_format(path) for name, path in onnx_files.items()}
-    if report["formats"]["deploy"] == "ascend":
-        report["latency_ms"]["deploy"]["note"] = "Ascend layout timed through its onnxruntime reference rewrite"
+    report["formats"] = formats
+    if DEPLOY_FORMATS[deploy_format].load().rewritten_for_reference:
+        note = f"{deploy_format} layout timed through its onnxruntime reference rewrite"
+        report["latency_ms"]["deploy"]["note"] = note
     return report

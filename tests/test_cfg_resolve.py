@@ -11,8 +11,11 @@ from amct_engine.config.cfg_loader import parse_cfg_document
 from amct_engine.config.quant_json import DISTILL, RETRAIN, QuantJsonConfig, config_to_json, layer_specs_from_cfg
 from amct_engine.config.resolve import resolve_layers
 from amct_engine.config.specs import FilterPruneSpec, LayerQuantSpec, SelectivePruneSpec, WeightQuantSpec
-from amct_engine.prune.settings import WEIGHT_LAYER_TYPES, prune_settings_from_cfg
+from amct_engine.prune.layer_pruners import weight_layer_type_names
+from amct_engine.prune.settings import prune_settings_from_cfg
 from amct_engine.quant.registry import WEIGHT_QUANTIZERS
+
+WEIGHT_LAYER_TYPES = weight_layer_type_names()
 
 # {module path: class name}, in model order.
 MODEL = {
@@ -220,7 +223,7 @@ def test_quant_json_and_prune_settings_agree_with_the_resolver_on_the_same_layer
     resolved = resolve_layers(doc, WEIGHT_LAYERS)
     modules = {name: type(t, (), {"groups": 1, "in_channels": 8})() for name, t in WEIGHT_LAYERS.items()}
     quant = layer_specs_from_cfg(doc.message, RETRAIN, modules)
-    prune = prune_settings_from_cfg(doc.message, MODEL)
+    prune = prune_settings_from_cfg(doc.message, MODEL, WEIGHT_LAYER_TYPES)
     assert list(quant) == list(resolved) == list(WEIGHT_LAYERS)
     assert {n: s.enabled for n, s in quant.items()} == {n: r.quantized for n, r in resolved.items()}
     assert prune.specs == {n: r.prune_spec for n, r in resolved.items() if r.prune_spec is not None}

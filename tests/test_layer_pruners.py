@@ -7,10 +7,8 @@ Parameters and a forward that calls ``F.conv2d``. Capture traces *into* a module
 things: it adds the pruner to ``LAYER_PRUNERS`` and registers the class as a capture leaf
 (``amct_engine.graph.capture.register_leaf_module_type``), so the graph holds one ``call_module``
 node ``stem`` of type ``ScaledConv2d``. ``unregister_layer_pruner`` undoes both.
-
-The cfg reader (``amct_engine/prune/settings.py``) still gives prune specs only to the layer type
-names of its own ``WEIGHT_LAYER_TYPES``; until that list comes from the table, the test adds
-``ScaledConv2d`` to it (``configurable_scaled_conv``).
+The cfg reader configures the layer types the table knows (``weight_layer_type_names``), so the
+registered class takes the cfg's prune config like a built-in layer.
 """
 
 from __future__ import annotations
@@ -23,7 +21,6 @@ from torch import nn
 import amct_engine.prune_retrain as amct
 from amct_engine.graph.capture import capture_model, register_leaf_module_type, unregister_leaf_module_type
 from amct_engine.prune import LAYER_PRUNERS, LayerPruner, register_layer_pruner, unregister_layer_pruner
-from amct_engine.prune import settings as prune_settings
 from amct_engine.prune.dependency import IN, OUT, build_channel_groups
 from amct_engine.prune.layer_pruners import PRODUCER, keep_indices, layer_pruner_for, new_parameter
 from amct_engine.prune.records import read_prune_records
@@ -114,13 +111,6 @@ def scaled_conv_pruner():
         unregister_layer_pruner(ScaledConv2d)
 
 
-@pytest.fixture
-def configurable_scaled_conv(monkeypatch):
-    # settings.py reads prune specs for its own list of type names (see the module docstring)
-    monkeypatch.setattr(prune_settings, "WEIGHT_LAYER_TYPES",
-                        prune_settings.WEIGHT_LAYER_TYPES | {ScaledConv2d.__name__})
-
-
 def test_registering_a_pruner_makes_the_layer_one_leaf_of_the_captured_graph(scaled_conv_pruner):
     cm = capture_model(ScaledNet(), _input())
     assert cm.module_types()["stem"] == "ScaledConv2d"
@@ -131,7 +121,7 @@ def test_registering_a_pruner_makes_the_layer_one_leaf_of_the_captured_graph(sca
 
 
 def test_the_user_layer_loses_channels_and_its_consumer_reads_fewer(
-    tmp_path, scaled_conv_pruner, configurable_scaled_conv
+    tmp_path, scaled_conv_pruner
 ):
     torch.manual_seed(0)
     model = ScaledNet()
@@ -148,7 +138,7 @@ def test_the_user_layer_loses_channels_and_its_consumer_reads_fewer(
     assert [n.name for n in stem_record.consumer] == ["conv"]
 
 
-def test_restore_replays_the_user_layer_from_the_record(tmp_path, scaled_conv_pruner, configurable_scaled_conv):
+def test_restore_replays_the_user_layer_from_the_record(tmp_path, scaled_conv_pruner):
     torch.manual_seed(0)
     record = tmp_path / "record.txt"
     pruned = amct.create_prune_retrain_model(ScaledNet(), _input(), _cfg(tmp_path), str(record)).eval()

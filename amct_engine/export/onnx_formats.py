@@ -43,6 +43,11 @@ class OnnxFormat:
     finalize: Callable[[onnx.ModelProto], onnx.ModelProto] | None = None
     to_reference_onnx: Callable[[onnx.ModelProto], onnx.ModelProto] = _as_written
 
+    @property
+    def rewritten_for_reference(self) -> bool:
+        """True when onnxruntime runs this format only through `to_reference_onnx` (timings say so)."""
+        return self.to_reference_onnx is not _as_written
+
 
 # The float graph with QuantizeLinear/DequantizeLinear that matches the PyTorch QAT model.
 FAKE_QUANT = OnnxFormat("fake_quant", FakeQuantBackend)

@@ -279,6 +279,12 @@ def layer_pruner_for(module: nn.Module) -> LayerPruner | None:
     return None
 
 
+def weight_layer_type_names() -> frozenset[str]:
+    """Class names a prune config can apply to: the registered layers that own weights with channels
+    (producers and consumers; the passes decide which of them can really be pruned)."""
+    return frozenset(cls.__name__ for cls, pruner in LAYER_PRUNERS.items() if pruner.flow in (PRODUCER, CONSUMER))
+
+
 # the torch.nn layers are capture leaves already: registered in the table only
 for _conv in CONV_TYPES:
     LAYER_PRUNERS.register(_conv, ConvPruner(leads_groups=_conv is nn.Conv2d))

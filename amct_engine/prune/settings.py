@@ -3,12 +3,12 @@
 What the cfg asks of each layer is the resolver's answer (amct_engine.config.resolve: override
 of the layer > override of its type > the global prune_config; ``skip_layers`` ∪
 ``regular_prune_skip_layers`` and ``skip_layer_types`` ∪ ``regular_prune_skip_types`` win over
-all). This module keeps the conv / linear layers and groups the answer for the prune passes.
+all). This module keeps the layers the layer-pruner table can prune and groups the answer for the prune passes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 from amct_engine.config.resolve import prune_spec_from_cfg, resolve_layers
@@ -16,7 +16,6 @@ from amct_engine.config.specs import FilterPruneSpec, PruneSpec, SelectivePruneS
 from amct_engine.proto import retrain_config_pytorch_pb2 as retrain_pb2
 
 __all__ = [
-    "WEIGHT_LAYER_TYPES",
     "FilterPruneSpec",
     "LayerPruneSettings",
     "PruneSpec",
@@ -24,11 +23,6 @@ __all__ = [
     "prune_settings_from_cfg",
     "spec_from_prune_config",
 ]
-
-# Layers a prune config can apply to (spec §4.9); the passes decide which of them can really be pruned.
-WEIGHT_LAYER_TYPES = frozenset({
-    "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d", "Linear",
-})
 
 spec_from_prune_config = prune_spec_from_cfg
 
@@ -57,11 +51,13 @@ class LayerPruneSettings:
 
 
 def prune_settings_from_cfg(
-    cfg: retrain_pb2.AMCTRetrainConfig, layer_types: Mapping[str, str]
+    cfg: retrain_pb2.AMCTRetrainConfig, layer_types: Mapping[str, str], prunable_types: Collection[str]
 ) -> LayerPruneSettings:
-    """Settings of the conv / linear layers in ``layer_types`` (module path → class name)."""
+    """Settings of the layers in ``layer_types`` (module path → class name) whose class is in
+    ``prunable_types`` (``layer_pruners.weight_layer_type_names()``: the types the layer-pruner table
+    knows, so a registered user layer type is configurable like a built-in one)."""
     settings = LayerPruneSettings()
-    for name, layer in resolve_layers(cfg, layer_types, prune_types=WEIGHT_LAYER_TYPES).items():
+    for name, layer in resolve_layers(cfg, layer_types, prune_types=prunable_types).items():
         skip = layer.prune_skip
         if skip is None:
             settings.specs[name] = layer.prune
