@@ -1,4 +1,5 @@
-"""Distillation API (spec §1.5). create_distill_config writes the distill JSON of spec §3.1."""
+"""Distillation API (docs/spec/engine.md §1.5). create_distill_config writes the distill JSON of
+docs/spec/engine.md §3.1."""
 
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ __all__ = [
 
 
 def create_distill_config(config_file, model, input_data, config_defination=None) -> None:
-    """Find the distillable layers, build the distill groups (spec §6.1) and write the JSON."""
+    """Find the distillable layers, build the distill groups (docs/spec/engine.md §6.1) and write the JSON."""
     cfg = None
     if config_defination is not None:
         if not os.path.isfile(config_defination):
@@ -61,7 +62,7 @@ def create_distill_config(config_file, model, input_data, config_defination=None
 
 
 def create_distill_model(config_file, model, input_data) -> nn.Module:
-    """A deep copy of `model` with every quant_enable Conv2d/Linear in its quantised form (spec §1.5)."""
+    """A deep copy of `model` with every quant_enable Conv2d/Linear in its quantised form (docs/spec/engine.md §1.5)."""
     cm = capture_model(model, as_input_tuple(input_data))
     layer_types = {info.name: info.type_name for info in quantizable_layers(cm, DISTILL_TYPES)}
     config = read_json_config(config_file, DISTILL, layer_types)
@@ -88,7 +89,7 @@ def save_distill_model(
 ) -> dict[str, str]:
     """Write the record and the fake-quant and deploy ONNX models of a distilled student.
 
-    Each BN that follows a quantised conv is folded in first (spec §6.3), exactly as the QAT save
+    Each BN that follows a quantised conv is folded in first (docs/spec/engine.md §6.3), exactly as the QAT save
     does, then the shared export pipeline runs. Returns the paths, `record` included.
     """
     check_deploy_format(deploy_format)  # before the record is rewritten

@@ -1,4 +1,4 @@
-"""Prune retrain and compressed retrain APIs (spec §1.3, §1.4).
+"""Prune retrain and compressed retrain APIs (docs/spec/engine.md §1.3, §1.4).
 
 create: parse the cfg → capture → BCP filter pruning (channels physically removed) → [compressed:
 re-capture, insert QAT layers] → 4:2 selective masks → write the prune records → return the copy.
@@ -57,7 +57,7 @@ from amct_engine.record import RecordFile
 REPORT_ATTR = "amct_prune_report"
 
 
-# ---------------------------------------------------------------------- prune retrain (spec §1.3)
+# ---------------------------------------------------------------------- prune retrain (docs/spec/engine.md §1.3)
 
 
 def create_prune_retrain_model(model, input_data, config_defination, record_file) -> nn.Module:
@@ -79,7 +79,7 @@ def save_prune_retrain_model(
     model, save_path, input_data, input_names=None, output_names=None, dynamic_axes=None, deploy_format="onnx"
 ) -> dict[str, str]:
     """Bake the 4:2 masks and write the pruned float model twice: ``_deploy_model.onnx`` and
-    ``_fake_quant_model.onnx`` with identical content (spec §1.3)."""
+    ``_fake_quant_model.onnx`` with identical content (docs/spec/engine.md §1.3)."""
     _check_save_args(save_path, dynamic_axes, deploy_format)
     if quant_layers(model):
         raise RuntimeError("the model has quantised layers: save it with save_compressed_retrain_model")
@@ -88,13 +88,13 @@ def save_prune_retrain_model(
                        dynamic_axes)
 
 
-# ---------------------------------------------------------------------- compressed retrain (spec §1.4)
+# ---------------------------------------------------------------------- compressed retrain (docs/spec/engine.md §1.4)
 
 
 def create_compressed_retrain_model(model, input_data, config_defination, record_file) -> nn.Module:
     """Prune (BCP and/or 4:2), re-capture, insert QAT layers; a new copy of ``model``.
 
-    Quantisation factors reach the record at the first eval forward after training (spec §1.2).
+    Quantisation factors reach the record at the first eval forward after training (docs/spec/engine.md §1.2).
     """
     return _create(model, input_data, config_defination, record_file, "compressed")
 
@@ -118,9 +118,9 @@ def save_compressed_retrain_model(
 ) -> dict[str, str]:
     """Bake the 4:2 masks, then write ``<save_path>_fake_quant_model.onnx`` and ``_deploy_model.onnx``.
 
-    Without quantised layers (a prune-only cfg) the float model is written twice (spec §1.4).
+    Without quantised layers (a prune-only cfg) the float model is written twice (docs/spec/engine.md §1.4).
     deploy_format: a name in amct_engine.export.formats.DEPLOY_FORMATS: "onnx" (integer model for
-    onnxruntime) or "ascend" (AMCT layout, spec §5).
+    onnxruntime) or "ascend" (AMCT layout, docs/spec/engine.md §5).
     """
     _check_path(record_file, "record_file")
     _check_save_args(save_path, dynamic_axes, deploy_format)
@@ -182,7 +182,8 @@ def _restore(model, input_data, config_defination, record_file, pth_file, state_
 
 
 def _quantise(cm: CapturedModel, doc: CfgDocument, record: RecordFile, api: str):
-    """Compressed mode: re-capture the pruned model and insert QAT layers where the cfg asks (spec §2.2)."""
+    """Compressed mode: re-capture the pruned model and insert QAT layers where the cfg asks
+    (docs/spec/engine.md §2.2)."""
     if api != "compressed":
         return cm.module, cm
     cm = capture_model(cm.module, cm.example_inputs)

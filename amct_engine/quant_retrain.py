@@ -1,4 +1,4 @@
-"""QAT retrain API (spec §1.2): create_quant_retrain_config / _model, restore_…, save_…."""
+"""QAT retrain API (docs/spec/engine.md §1.2): create_quant_retrain_config / _model, restore_…, save_…."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def _layer_modules(cm: CapturedModel) -> dict[str, nn.Module]:
 
 
 def create_quant_retrain_config(config_file, model, input_data, config_defination=None) -> None:
-    """Write the retrain JSON (spec §3.2) for `model`, from the defaults or a simple `.cfg`."""
+    """Write the retrain JSON (docs/spec/engine.md §3.2) for `model`, from the defaults or a simple `.cfg`."""
     cfg = None
     if config_defination is not None:
         if not os.path.isfile(config_defination):
@@ -74,7 +74,7 @@ def create_quant_retrain_model(config_file, model, record_file, input_data) -> n
     record = RecordFile(record_file)
     record.create_empty()
     qmodel = insert_quant_layers(cm, config, record)
-    # save_* checks that the config did not change since create (spec §1.2).
+    # save_* checks that the config did not change since create (docs/spec/engine.md §1.2).
     setattr(qmodel, CONFIG_ATTR, _config_text(config_file))
     return qmodel
 
@@ -112,7 +112,7 @@ def save_quant_retrain_model(
     """Write `<save_path>_fake_quant_model.onnx` and `<save_path>_deploy_model.onnx`.
 
     deploy_format: a name in amct_engine.export.formats.DEPLOY_FORMATS: "onnx" (integer model for
-    onnxruntime) or "ascend" (AMCT layout, spec §5).
+    onnxruntime) or "ascend" (AMCT layout, docs/spec/engine.md §5).
     """
     if getattr(model, CONFIG_ATTR, None) is None or not quant_layers(model):
         raise RuntimeError("model has no quantised layers: pass the model returned by create_quant_retrain_model")
@@ -126,7 +126,7 @@ def save_quant_retrain_model(
 
 
 def records_for_save(model: nn.Module, record_file) -> dict:
-    """The record entries of every quantised layer, or the error AMCT users know (spec §1.2)."""
+    """The record entries of every quantised layer, or the error AMCT users know (docs/spec/engine.md §1.2)."""
     records = RecordFile(record_file).quant_layers()
     wrappers = quant_layers(model)
     missing = [w.layer_name for w in wrappers.values() if w.layer_name not in records or w._record_pending]

@@ -1,4 +1,4 @@
-"""The record file (spec §2.3): a text-format `ScaleOffsetRecord` keyed by module path.
+"""The record file (docs/spec/engine.md §2.3): a text-format `ScaleOffsetRecord` keyed by module path.
 
 One `RecordFile` object belongs to one compressed model (AMCT keeps a process-wide singleton;
 we do not, so two models in one process keep separate records).
@@ -55,7 +55,7 @@ class RecordFile:
         return stat.st_mtime_ns, stat.st_size
 
     def create_empty(self) -> None:
-        """`create_*` and `restore_*` start from an empty record (spec §1.1)."""
+        """`create_*` and `restore_*` start from an empty record (docs/spec/engine.md §1.1)."""
         self._write(record_pb2.ScaleOffsetRecord())
 
     def read(self) -> record_pb2.ScaleOffsetRecord:

@@ -78,7 +78,8 @@ def amct_distill(setup) -> Row:
                         generator=torch.Generator().manual_seed(setup.seed + 1))
     losses: list[float] = []
     start = time.perf_counter()
-    amct.distill(teacher, student, str(config), images, epochs=setup.epochs,  # its default optimiser (spec §6.2)
+    # its default optimiser (docs/spec/engine.md §6.2)
+    amct.distill(teacher, student, str(config), images, epochs=setup.epochs,
                  progress=lambda e: losses.append(float(e["loss"])))
     train_s = time.perf_counter() - start
     accuracy = evaluate_accuracy(student, setup.x_test, setup.y_test)

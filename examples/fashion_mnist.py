@@ -1,7 +1,7 @@
 """Fashion-MNIST from the Debian package ``dataset-fashion-mnist`` (offline, no downloads).
 
 The package ships the four original IDX gz files under ``/usr/share/datasets/fashion-mnist``
-(see spec/offline-assets.md, "Fashion-MNIST"). ``AMCT_FASHION_MNIST_DIR`` points elsewhere.
+(see docs/spec/offline-assets.md, "Fashion-MNIST"). ``AMCT_FASHION_MNIST_DIR`` points elsewhere.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
 ENV_VAR = "AMCT_FASHION_MNIST_DIR"
 
-# Statistics of x/255 over the training images (spec/offline-assets.md).
+# Statistics of x/255 over the training images (docs/spec/offline-assets.md).
 MEAN = 0.2860
 STD = 0.3530
 

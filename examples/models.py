@@ -10,7 +10,7 @@ class SmallFashionCnn(nn.Module):
     """conv(1→16)-bn-relu-maxpool, conv(16→32, stride 2)-bn-relu, linear(1568→10); 20,586 params.
 
     Sized for 1x28x28 inputs (Fashion-MNIST). One epoch of Adam(2e-3), batch 128 reaches ~0.88 test
-    accuracy (spec/offline-assets.md, "Fashion-MNIST").
+    accuracy (docs/spec/offline-assets.md, "Fashion-MNIST").
     """
 
     def __init__(self, num_classes: int = 10) -> None:

@@ -80,7 +80,7 @@ def train(ctx: JobContext, model: nn.Module) -> nn.Module:
     model.cpu()
     torch.save(model.state_dict(), ctx.path("checkpoint.pt"))
     ctx.files["checkpoint"] = ctx.path("checkpoint.pt")
-    # One eval-mode forward writes the final quantisation factors to the record (spec §1.2).
+    # One eval-mode forward writes the final quantisation factors to the record (docs/spec/engine.md §1.2).
     ctx.phase("calibrating")
     model.eval()
     with torch.no_grad():
@@ -88,12 +88,13 @@ def train(ctx: JobContext, model: nn.Module) -> nn.Module:
     return model
 
 
-def _export_options(ctx: JobContext) -> dict:
+def export_options(ctx: JobContext) -> dict:
     """Input/output names and the deploy layout the job asked for (default: onnx)."""
     return {**IO_NAMES, "deploy_format": ctx.params.get("deploy_format", "onnx")}
 
 
-def _saved(ctx: JobContext, paths) -> None:
+def add_saved_models(ctx: JobContext, paths) -> None:
+    """Record the fake-quant and deploy files a `save_*` call wrote (its return value, or the default names)."""
     from amct_engine.export.save import output_paths
 
     paths = paths or output_paths(ctx.path("model"))
@@ -107,8 +108,8 @@ def quant_retrain(ctx: JobContext) -> nn.Module:
     model = amct.create_quant_retrain_model(config, ctx.model_path, record, ctx.example)
     model = train(ctx, model)
     ctx.phase("exporting_onnx")
-    _saved(ctx, amct.save_quant_retrain_model(config, model, record, ctx.path("model"), ctx.example,
-                                              **_export_options(ctx)))
+    add_saved_models(ctx, amct.save_quant_retrain_model(config, model, record, ctx.path("model"), ctx.example,
+                                              **export_options(ctx)))
     ctx.files.update(config=config, record=record)
     return model
 
@@ -119,8 +120,8 @@ def compressed_retrain(ctx: JobContext) -> nn.Module:
     model = amct.create_compressed_retrain_model(ctx.model_path, ctx.example, ctx.cfg_path, record)
     model = train(ctx, model)
     ctx.phase("exporting_onnx")
-    _saved(ctx, amct.save_compressed_retrain_model(model, record, ctx.path("model"), ctx.example,
-                                                   **_export_options(ctx)))
+    add_saved_models(ctx, amct.save_compressed_retrain_model(model, record, ctx.path("model"), ctx.example,
+                                                   **export_options(ctx)))
     ctx.files["record"] = record
     return model
 
@@ -131,7 +132,7 @@ def prune_retrain(ctx: JobContext) -> nn.Module:
     model = amct.create_prune_retrain_model(ctx.model_path, ctx.example, ctx.cfg_path, record)
     model = train(ctx, model)
     ctx.phase("exporting_onnx")
-    _saved(ctx, amct.save_prune_retrain_model(model, ctx.path("model"), ctx.example, **_export_options(ctx)))
+    add_saved_models(ctx, amct.save_prune_retrain_model(model, ctx.path("model"), ctx.example, **export_options(ctx)))
     ctx.files["record"] = record
     return model
 
@@ -149,7 +150,8 @@ def distill(ctx: JobContext) -> nn.Module:
     ctx.files["checkpoint"] = ctx.path("checkpoint.pt")
     student.eval()
     ctx.phase("exporting_onnx")
-    _saved(ctx, amct.save_distill_model(student, ctx.path("model"), ctx.example, record, **_export_options(ctx)))
+    paths = amct.save_distill_model(student, ctx.path("model"), ctx.example, record, **export_options(ctx))
+    add_saved_models(ctx, paths)
     ctx.files.update(config=config, record=record)
     return student
 

@@ -1,7 +1,7 @@
 """Run untrusted work (user TorchScript) in a child process: no credentials, bounded memory and time.
 
-`torch.jit.load` has no safe mode (spec §4a), so neither the API nor the worker process ever loads
-a user model itself. This is the process boundary of spec §4b; stronger isolation (nsjail, a
+`torch.jit.load` has no safe mode (docs/spec/service.md §4a), so neither the API nor the worker process ever loads
+a user model itself. This is the process boundary of docs/spec/service.md §4b; stronger isolation (nsjail, a
 container per job) wraps the same command line. Torch-free: the API starts its model validation
 here, the worker and `amct compress` their job process (through launcher.py).
 """

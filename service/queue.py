@@ -1,5 +1,5 @@
 """The job queue: the Celery app, configured for hour-long jobs whose truth lives in the database
-(spec §2a), and the Dispatcher that hands a job to the queue of its device.
+(docs/spec/service.md §2a), and the Dispatcher that hands a job to the queue of its device.
 
 Both sides build their app here: the API (`make_celery(settings)`, which only sends) and the worker
 (`make_celery(settings, include=["worker.tasks"])` in worker/main.py, which also runs the tasks), so
@@ -57,11 +57,11 @@ def make_celery(settings: Settings | None = None, include: Sequence[str] = ()) -
         task_acks_late=True,  # ack after the run: a lost worker's job is delivered again…
         task_reject_on_worker_lost=True,  # …and a killed child re-queues instead of acking
         worker_prefetch_multiplier=1,  # a long job must not hold the next one hostage
-        # No worker_max_tasks_per_child=1 (spec §2a, to free GPU memory and whatever a user model left
+        # No worker_max_tasks_per_child=1 (docs/spec/service.md §2a, to free GPU memory and whatever a user model left
         # behind): this process never imports torch or loads a model, the engine child it starts per job
         # does. Recycling it would cost a fork and initialisation after every task, reaps included
         # (seconds under load, measured: recovery after a crash took 3 forks longer).
-        # Spec §2a suggests True "so a broker blip does not leave two copies running". Here the claim
+        # docs/spec/service.md §2a suggests True "so a broker blip does not leave two copies running". Here the claim
         # and the fenced lease already allow one copy only, and True would kill every running job at
         # each Redis restart or failover (its work since the last checkpoint lost, then a lease of
         # waiting for the reaper). False: the job runs on; its late ack after the reconnect is a

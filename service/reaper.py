@@ -1,6 +1,6 @@
 """The reaper: jobs that lost their worker or their message get going again.
 
-Redis only re-delivers a dead worker's message after the visibility timeout (hours, spec §2b);
+Redis only re-delivers a dead worker's message after the visibility timeout (hours, docs/spec/service.md §2b);
 the lease catches it within `lease_s`: a running job whose lease expired goes back to the queue
 (its next attempt resumes from the last checkpoint), or fails after `max_attempts`, or becomes
 `cancelled` when a cancel was pending. A queued job nobody claimed for `requeue_after_s` is sent

@@ -57,7 +57,7 @@ class Settings(BaseSettings):
     heartbeat_s: float = 5.0
     max_attempts: int = 3
     job_time_limit_s: int = 24 * 3600
-    # Redis re-delivers unacked messages after this; it must outlive the longest job (spec §2a).
+    # Redis re-delivers unacked messages after this; it must outlive the longest job (docs/spec/service.md §2a).
     visibility_timeout_s: int = 26 * 3600
     # Recovery (docs/service.md): training checkpoints at every epoch end and every N steps (0: epochs
     # only); a cancelled job's engine gets cancel_grace_s to stop by itself before it is killed; the

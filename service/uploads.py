@@ -1,7 +1,7 @@
 """Streamed multipart uploads: the file part goes to disk while it is hashed and counted.
 
 Starlette's `request.form()` spools a whole file before a route sees it and has no size limit
-for files (spec §3), so uploads read `request.stream()` through python-multipart's push parser
+for files (docs/spec/service.md §3), so uploads read `request.stream()` through python-multipart's push parser
 and stop with 413 the moment the limit is passed.
 """
 

@@ -159,7 +159,7 @@ class TwoInputNet(nn.Module):
 
 
 class ExclusionNet(nn.Module):
-    """One layer for each spec §4.9 exclusion next to supported layers. Input [N, 2, 6, 6, 6]."""
+    """One layer for each docs/spec/engine.md §4.9 exclusion next to supported layers. Input [N, 2, 6, 6, 6]."""
 
     input_shape = (1, 2, 6, 6, 6)
 
@@ -232,7 +232,7 @@ def example_input(model_cls: type[nn.Module], batch: int = 2, seed: int = 0) -> 
 
 
 class BranchesNet(nn.Module):
-    """Two convs read one ReLU output: their activation quantisers are shared (spec §4.8)."""
+    """Two convs read one ReLU output: their activation quantisers are shared (docs/spec/engine.md §4.8)."""
 
     def __init__(self):
         super().__init__()

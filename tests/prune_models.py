@@ -2,7 +2,7 @@
 
 ``PruneResNet`` is the issue's acceptance net: residual adds with identity and 1x1-downsample
 shortcuts, a concat branch, a depthwise-separable block and a flatten→Linear head. The others port
-the AMCT prune tests (spec §7.3) or pin one rule each.
+the AMCT prune tests (docs/spec/engine.md §7.3) or pin one rule each.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ class PruneResNet(nn.Module):
 
 
 class EltwiseConv(nn.Module):
-    """AMCT's EltwiseConv (spec §7.3): four grouped convs 16→160 (g=2) joined by adds, two g=2
+    """AMCT's EltwiseConv (docs/spec/engine.md §7.3): four grouped convs 16→160 (g=2) joined by adds, two g=2
     consumers 160→80, circular padding on layer1. Input [N, 16, 12, 12]."""
 
     input_shape = (1, 16, 12, 12)

@@ -1,4 +1,5 @@
-"""Ascend deploy layout (spec §5): AscendQuant / AscendDequant, INT8 weights, INT32 bias, packed params."""
+"""Ascend deploy layout (docs/spec/engine.md §5): AscendQuant / AscendDequant, INT8 weights, INT32 bias, packed
+params."""
 
 from __future__ import annotations
 
@@ -94,7 +95,7 @@ def test_every_dequant_param_decodes_bit_by_bit_to_the_record(ascend):
         expected = (np.float32(entry.scale_d) * np.asarray(entry.scale_w, np.float32)).astype(np.float32)
         for word, value in zip(words.tolist(), expected, strict=True):
             assert word & 0xFFFFFFFF == int(np.float32(value).view(np.uint32))  # deq_scale float32 bits
-            assert (word >> 32) & 0xFF == 0  # shift_N: searchN is gone (spec §4.7)
+            assert (word >> 32) & 0xFF == 0  # shift_N: searchN is gone (docs/spec/engine.md §4.7)
             assert (word >> 40) & 0xFF == 0  # offset_w: symmetric weights
             assert word >> 48 == 0
 
@@ -104,7 +105,7 @@ def test_int32_bias_matches_an_independent_computation(ascend):
     for layer in ("conv1", "conv2", "fc"):
         wrapper = qmodel.get_submodule(layer)
         bias = wrapper.layer.bias.detach().double().numpy()
-        if wrapper.bn is not None:  # fold the BN by hand (spec §4.6)
+        if wrapper.bn is not None:  # fold the BN by hand (docs/spec/engine.md §4.6)
             bn = wrapper.bn
             k = (bn.weight / torch.sqrt(bn.running_var + bn.eps)).detach().double().numpy()
             bias = (bias - bn.running_mean.double().numpy()) * k + bn.bias.detach().double().numpy()

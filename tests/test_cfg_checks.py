@@ -110,7 +110,7 @@ def test_empty_prune_blocks_are_rejected():
 
 
 def test_overrides_may_mix_prune_kinds():
-    # Spec §1.3: one prune kind per scope, but an override may use the other kind.
+    # docs/spec/engine.md §1.3: one prune kind per scope, but an override may use the other kind.
     msg = doc_of(
         """
         prune_config { filter_pruner { balanced_l2_norm_filter_prune { prune_ratio: 0.3 } } }

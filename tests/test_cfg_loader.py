@@ -82,7 +82,7 @@ def test_distill_full_example_loads():
 def test_distill_minimal_example_loads_with_defaults():
     msg = load_distill_cfg(EXAMPLES / "distill_minimal.cfg")
     assert msg.data_dump is True
-    assert (msg.batch_num, msg.group_size) == (1, 1)  # proto defaults, spec §2.1
+    assert (msg.batch_num, msg.group_size) == (1, 1)  # proto defaults, docs/spec/engine.md §2.1
     assert not msg.HasField("distill_data_quant_config")
 
 

@@ -1,4 +1,5 @@
-"""Compressed retrain API (spec §1.4): prune, re-capture, QAT; restore bit-exactly; export both models."""
+"""Compressed retrain API (docs/spec/engine.md §1.4): prune, re-capture, QAT; restore bit-exactly; export both
+models."""
 
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ def _cfg(tmp_path, text: str) -> str:
 
 
 def _train_then_eval(model: nn.Module, steps: int = 3) -> torch.Tensor:
-    """A few SGD steps, then the eval forward that writes the quantisation factors (spec §1.2)."""
+    """A few SGD steps, then the eval forward that writes the quantisation factors (docs/spec/engine.md §1.2)."""
     gen = torch.Generator().manual_seed(1)
     opt = torch.optim.SGD(model.parameters(), lr=0.02)
     model.train()

@@ -1,4 +1,4 @@
-"""Distillation (spec §1.5, §3.1, §6): config JSON, student creation, block-wise loop, save."""
+"""Distillation (docs/spec/engine.md §1.5, §3.1, §6): config JSON, student creation, block-wise loop, save."""
 
 from __future__ import annotations
 

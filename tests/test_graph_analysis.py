@@ -1,4 +1,5 @@
-"""Layer discovery (spec §4.9), conv→BN→activation chains and distill groups (spec §6.1)."""
+"""Layer discovery (docs/spec/engine.md §4.9), conv→BN→activation chains and distill groups
+(docs/spec/engine.md §6.1)."""
 
 from __future__ import annotations
 
@@ -76,7 +77,7 @@ def test_reused_module_is_excluded_with_its_call_count():
 
     assert [layer.name for layer in quantizable_layers(cm)] == ["head"]
     assert excluded_layers(cm) == {"conv": "the module is called 2 times in forward; reused modules are "
-                                           "not supported (spec §4.9)"}
+                                           "not supported (docs/spec/engine.md §4.9)"}
 
 
 def test_shared_weight_excludes_both_holders():
@@ -144,7 +145,7 @@ def test_input_from_relu_unknown_layer():
         input_from_relu(_capture(ConvBnReluNet), "nope")
 
 
-# --- distill groups (spec §6.1) --------------------------------------------------------------------
+# --- distill groups (docs/spec/engine.md §6.1) --------------------------------------------------------------------
 
 
 def test_default_distill_groups_are_minimal_units():

@@ -119,7 +119,7 @@ def test_model_must_be_a_module_or_a_path():
 
 
 class Conv2dQAT(nn.Conv2d):
-    """Named like an AMCT distill op (spec §1.1 AMCT_OPERATIONS)."""
+    """Named like an AMCT distill op (docs/spec/engine.md §1.1 AMCT_OPERATIONS)."""
 
 
 class _MyWrapper(nn.Module):

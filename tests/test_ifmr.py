@@ -1,4 +1,4 @@
-"""IFMR clip search (spec §4.3) against a brute-force numpy reference."""
+"""IFMR clip search (docs/spec/engine.md §4.3) against a brute-force numpy reference."""
 
 import numpy as np
 import pytest
@@ -11,7 +11,7 @@ FLT_EPSILON = 1.192092896e-7
 
 
 def reference_ifmr(data, bits, with_offset=False, max_pct=0.999999, min_pct=0.999999):
-    """Spec §4.3 written out in float64 numpy: returns (scale, offset, clip_max, clip_min)."""
+    """docs/spec/engine.md §4.3 written out in float64 numpy: returns (scale, offset, clip_max, clip_min)."""
     x = np.asarray(data, dtype=np.float64).reshape(-1)
     length = x.size
     max_index = 1 if 1 - max_pct < FLT_EPSILON else length - int(max_pct * length)

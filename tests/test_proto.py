@@ -41,6 +41,6 @@ def test_an_amct_record_file_round_trips():
     prune_record { producer { name: "conv1" attr { name: "type" type: STRING s: "Conv" }
       attr { name: "prune_index" type: INTS ints: 1 ints: 3 } } }"""
     record = text_format.Parse(text, record_pb2.ScaleOffsetRecord())
-    assert record.record[0].value.skip_fusion is False  # the repo proto's default (spec §2.3)
+    assert record.record[0].value.skip_fusion is False  # the repo proto's default (docs/spec/engine.md §2.3)
     assert list(record.prune_record[0].producer[0].attr[1].ints) == [1, 3]
     assert text_format.Parse(text_format.MessageToString(record), record_pb2.ScaleOffsetRecord()) == record

@@ -1,4 +1,5 @@
-"""BCP channel selection against the spec §4.4 numbers and a numpy oracle (AMCT's test_bcp.py, §7.4)."""
+"""BCP channel selection against the docs/spec/engine.md §4.4 numbers and a numpy oracle (AMCT's test_bcp.py,
+docs/spec/engine.md §7.4)."""
 
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ def _oracle(weights: list[np.ndarray], ratio: float, ascend: bool, group: int) -
 @pytest.mark.parametrize(
     ("channels", "ratio", "ascend", "group", "kept"),
     [
-        (20, 0.25, False, 1, 15),  # spec §4.4 / HIASCEND 0397
+        (20, 0.25, False, 1, 15),  # docs/spec/engine.md §4.4 / HIASCEND 0397
         (20, 0.25, True, 1, 16),
         (160, 0.25, False, 2, 120),  # AMCT EltwiseConv
         (160, 0.3, True, 1, 112),
@@ -71,7 +72,7 @@ def test_single_producer_matches_the_numpy_oracle(channels, group, ascend):
 
 
 def test_several_producers_average_their_normalised_scores():
-    # spec §4.4: the mean over all producers, not only the first one (the shipped op's bug)
+    # docs/spec/engine.md §4.4: the mean over all producers, not only the first one (the shipped op's bug)
     gen = torch.Generator().manual_seed(3)
     a, b = torch.randn(64, 8, 3, 3, generator=gen), torch.randn(64, 16, generator=gen) * 5
     got = bcp_prune_indices([(a, 0, 64), (b, 0, 64)], 0.5, False)

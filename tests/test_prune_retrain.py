@@ -1,4 +1,4 @@
-"""Prune retrain API (spec §1.3): BCP filter pruning on real graph shapes, restore, save, the report."""
+"""Prune retrain API (docs/spec/engine.md §1.3): BCP filter pruning on real graph shapes, restore, save, the report."""
 
 from __future__ import annotations
 
@@ -166,7 +166,7 @@ def test_skip_lists_and_overrides_pick_each_layers_prune(tmp_path):
 
 
 def test_global_selective_with_a_filter_override_mixes_both_kinds(tmp_path):
-    # spec §7.3 "Mixed test": 4:2 everywhere, BCP 0.5 on one layer
+    # docs/spec/engine.md §7.3 "Mixed test": 4:2 everywhere, BCP 0.5 on one layer
     cfg = _cfg(tmp_path, """
         prune_config { n_out_of_m_pruner { l1_selective_prune { n_out_of_m_type: M4N2 } } }
         override_layer_configs { layer_name: "layer1.conv1" prune_config { filter_pruner {

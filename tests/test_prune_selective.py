@@ -1,4 +1,5 @@
-"""4-of-2 selective masks (spec §4.5, §7.4 test_selective_mask_gen), update_freq, record packing (§2.3)."""
+"""4-of-2 selective masks (docs/spec/engine.md §4.5, §7.4 test_selective_mask_gen), update_freq, record packing
+(docs/spec/engine.md §2.3)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Quantisation primitives (spec §4.0) against hand-computed values."""
+"""Quantisation primitives (docs/spec/engine.md §4.0) against hand-computed values."""
 
 import pytest
 import torch

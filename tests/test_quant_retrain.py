@@ -1,4 +1,4 @@
-"""QAT retrain API: config JSON, quantised model, record, save to ONNX, restore (spec §1.2, §5)."""
+"""QAT retrain API: config JSON, quantised model, record, save to ONNX, restore (docs/spec/engine.md §1.2, §5)."""
 
 from __future__ import annotations
 
@@ -108,7 +108,7 @@ def test_create_returns_a_quantised_copy_with_bn_inside_the_wrapper(tmp_path):
     assert isinstance(qmodel.bn, nn.Identity) and qmodel.conv1.bn is not None
     assert qmodel.fc.bn is None
     assert record.exists() and RecordFile(record).quant_layers() == {}
-    # spec §4.1: fixed_min defaults to true when the input comes from a ReLU.
+    # docs/spec/engine.md §4.1: fixed_min defaults to true when the input comes from a ReLU.
     assert qmodel.conv2.act_quant.fixed_min is True and qmodel.conv1.act_quant.fixed_min is False
 
 
@@ -271,7 +271,7 @@ def test_other_bit_widths_export_and_match(tmp_path, cfg_text, act_type, wts_typ
     if act_type == "INT8":  # integer kernels need 8-bit inputs; INT16 layers stay QDQ
         codes = _integer_weight_codes(onnx.load(paths["deploy"]))
         bound = 8 if wts_type == "INT4" else 128
-        # conv1 has one input channel: INT4 needs an even Cin, so it stays INT8 (spec §2.2).
+        # conv1 has one input channel: INT4 needs an even Cin, so it stays INT8 (docs/spec/engine.md §2.2).
         assert int(codes[0].max()) - int(codes[0].min()) > 16
         assert all(w.min() >= -bound and w.max() < bound for w in codes[1:])
     np.testing.assert_allclose(_ort_run(paths["deploy"], INPUT), expected, atol=0.05 * np.abs(expected).max())

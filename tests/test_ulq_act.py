@@ -1,4 +1,4 @@
-"""ULQ activation quantiser (spec §4.1): forward, clip gradients, guards and IFMR initialisation."""
+"""ULQ activation quantiser (docs/spec/engine.md §4.1): forward, clip gradients, guards and IFMR initialisation."""
 
 import math
 import weakref
@@ -12,7 +12,7 @@ from amct_engine.quant.ulq_act import UlqActFunction, UlqActQuantizer
 
 
 def reference_ulq_grads(x, g, cmax, cmin, bits):
-    """Spec §4.1 backward in float64 numpy: (dL/dx, dL/dcmax, dL/dcmin)."""
+    """docs/spec/engine.md §4.1 backward in float64 numpy: (dL/dx, dL/dcmax, dL/dcmin)."""
     x, g = np.asarray(x, np.float64), np.asarray(g, np.float64)
     levels = 2**bits - 1
     scale = (max(cmax, 0.0) - min(cmin, 0.0)) / levels

@@ -1,4 +1,4 @@
-"""ARQ and ULQ weight quantisers (spec §4.2), plus a CPU/CUDA agreement check for every quantiser."""
+"""ARQ and ULQ weight quantisers (docs/spec/engine.md §4.2), plus a CPU/CUDA agreement check for every quantiser."""
 
 import math
 

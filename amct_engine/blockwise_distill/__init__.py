@@ -1,1 +1,1 @@
-"""Block-wise distillation (spec §6): teacher = float model, student = quantised copy."""
+"""Block-wise distillation (docs/spec/engine.md §6): teacher = float model, student = quantised copy."""

@@ -1,6 +1,6 @@
 """Inputs and outputs of one distill group (a chain of modules) inside a whole model.
 
-A group is run by calling its modules one after another (spec §6.2), so its input is captured
+A group is run by calling its modules one after another (docs/spec/engine.md §6.2), so its input is captured
 with a forward pre-hook on its first module, and the rest of the model's forward is skipped by
 raising from that hook.
 """
@@ -51,7 +51,7 @@ def resolve_group(model: nn.Module, names: list[str], role: str) -> list[nn.Modu
 
 
 def pick_student_input(teacher_in: torch.Tensor, student_in: torch.Tensor) -> torch.Tensor:
-    """spec §6.2: use the teacher's input when the student's has drifted too far from it."""
+    """docs/spec/engine.md §6.2: use the teacher's input when the student's has drifted too far from it."""
     drift = torch.mean((teacher_in - student_in) ** 2)
     limit = 0.5 * torch.minimum(torch.mean(teacher_in**2), torch.mean(student_in**2))
     return teacher_in if drift > limit else student_in

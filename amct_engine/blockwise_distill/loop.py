@@ -1,4 +1,4 @@
-"""The block-wise distillation loop (spec §6.2), labels never needed."""
+"""The block-wise distillation loop (docs/spec/engine.md §6.2), labels never needed."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from amct_engine.graph.capture import CapturedModel, capture_model
 from amct_engine.quant.retrain_layer import QuantRetrainLayer
 
 ProgressFn = Callable[[dict], None]
-CLIP_LR, WEIGHT_SCALE_LR = 0.1, 1e-4  # spec §6.2 default optimizer
+CLIP_LR, WEIGHT_SCALE_LR = 0.1, 1e-4  # docs/spec/engine.md §6.2 default optimizer
 
 
 def distill(
@@ -75,7 +75,7 @@ def distill(
 
 
 def check_module_chain(captured: CapturedModel, names: list[str]) -> None:
-    """A group runs its modules one after another, so each must feed only the next (spec §6.2)."""
+    """A group runs its modules one after another, so each must feed only the next (docs/spec/engine.md §6.2)."""
     for name in names:
         if captured.call_count(name) != 1:
             raise ValueError(f"distill group {names}: module {name!r} is not called exactly once by the model")
@@ -103,7 +103,7 @@ def _steps_per_epoch(loader) -> int | None:
 
 @torch.no_grad()
 def _calibrate(student: nn.Module, loader, sample, batch_num: int, device) -> None:
-    """IFMR initialisation of the activation quantisers over `batch_num` batches (spec §6.2 step 1).
+    """IFMR initialisation of the activation quantisers over `batch_num` batches (docs/spec/engine.md §6.2 step 1).
 
     Eval mode, so BN running statistics stay those of the float model.
     """

@@ -1,4 +1,4 @@
-"""Picking the model inputs out of a data-loader batch (spec §1.5 DistillSampleBase)."""
+"""Picking the model inputs out of a data-loader batch (docs/spec/engine.md §1.5 DistillSampleBase)."""
 
 from __future__ import annotations
 

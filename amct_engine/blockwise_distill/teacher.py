@@ -1,6 +1,6 @@
 """Where the teacher's block inputs and outputs come from: computed live, or dumped once.
 
-`data_dump` (spec §3.1) runs the teacher once per batch for all groups and keeps the block
+`data_dump` (docs/spec/engine.md §3.1) runs the teacher once per batch for all groups and keeps the block
 inputs/outputs in a private temporary directory that is always removed (AMCT used a fixed
 `./tmp`). Both sources yield, per training step, the model inputs, the teacher's input of a stage
 (groups that read the same tensor) and the teacher's output of each of its groups.

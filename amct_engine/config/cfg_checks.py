@@ -67,7 +67,7 @@ def _weight_dst(layout: CfgLayout, scope: Scope) -> tuple[int, str]:
 
 
 def _clip_errors(doc: CfgDocument, layout: CfgLayout, scope: Scope) -> Iterator[ConfigError]:
-    # Spec §3.2: clip_max > 0 and clip_min < 0 (both required by the proto).
+    # docs/spec/engine.md §3.2: clip_max > 0 and clip_min < 0 (both required by the proto).
     data_path = scope.field_path(layout.data_config)
     ulq = getattr(scope.message, layout.data_config).ulq_quantize
     if not ulq.HasField("clip_max_min"):
@@ -80,7 +80,7 @@ def _clip_errors(doc: CfgDocument, layout: CfgLayout, scope: Scope) -> Iterator[
 
 
 def _duplicate_overrides(doc: CfgDocument, layout: CfgLayout) -> Iterator[ConfigError]:
-    # Spec §2.2: repeated override names/types raise (AMCT: ValueError), here at the repeat.
+    # docs/spec/engine.md §2.2: repeated override names/types raise (AMCT: ValueError), here at the repeat.
     for override in layout.overrides:
         list_name, key = override.field, override.key
         first_seen: dict[str, str] = {}
@@ -97,7 +97,7 @@ def _duplicate_overrides(doc: CfgDocument, layout: CfgLayout) -> Iterator[Config
 
 
 def _dedupe_skip_lists(doc: CfgDocument, layout: CfgLayout) -> None:
-    # Spec §2.2: repeated skip items produce a warning and are de-duplicated (AMCT does the
+    # docs/spec/engine.md §2.2: repeated skip items produce a warning and are de-duplicated (AMCT does the
     # same for the distill quant_skip lists).
     for list_name in layout.skip_lists():
         values = getattr(doc.message, list_name)
@@ -148,7 +148,7 @@ def _prune_errors(doc: CfgDocument, scope: Scope) -> Iterator[ConfigError]:
         if not bcp.HasField("prune_ratio"):
             yield doc.error(bcp_path, 'missing required field "prune_ratio" in balanced_l2_norm_filter_prune')
         elif not 0 < bcp.prune_ratio < 1:
-            # Spec §2.2: prune_ratio must lie in (0, 1) exclusive.
+            # docs/spec/engine.md §2.2: prune_ratio must lie in (0, 1) exclusive.
             yield doc.error(
                 f"{bcp_path}.prune_ratio",
                 f"prune_ratio must be between 0 and 1 (both excluded), got {_fmt(bcp.prune_ratio)}",
@@ -156,7 +156,7 @@ def _prune_errors(doc: CfgDocument, scope: Scope) -> Iterator[ConfigError]:
 
 
 def _retrain_dtype_errors(doc: CfgDocument, scope: Scope) -> Iterator[ConfigError]:
-    # Spec §2.2: allowed (activation, weight) pairs, and INT4 activations are refused.
+    # docs/spec/engine.md §2.2: allowed (activation, weight) pairs, and INT4 activations are refused.
     act, act_path = _act_dst(RETRAIN_LAYOUT, scope)
     wts, wts_path = _weight_dst(RETRAIN_LAYOUT, scope)
     a, w = retrain_pb2.DataType.Name(act), retrain_pb2.DataType.Name(wts)
@@ -185,7 +185,7 @@ def _retrain_errors(doc: CfgDocument) -> Iterator[ConfigError]:
 
 
 def check_retrain_cfg(doc: CfgDocument) -> None:
-    """Semantic checks of an AMCTRetrainConfig (spec §2.2). Raises the first ConfigError
+    """Semantic checks of an AMCTRetrainConfig (docs/spec/engine.md §2.2). Raises the first ConfigError
     in file order; then warns about and removes repeated skip-list entries (in place)."""
     _raise_first(_retrain_errors(doc))
     _dedupe_skip_lists(doc, RETRAIN_LAYOUT)
@@ -195,7 +195,7 @@ def check_retrain_cfg(doc: CfgDocument) -> None:
 
 
 def _distill_dtype_errors(doc: CfgDocument, scope: Scope) -> Iterator[ConfigError]:
-    # Spec §2.1: activation and weight dst_type of a layer must be equal (INT4 or INT8).
+    # docs/spec/engine.md §2.1: activation and weight dst_type of a layer must be equal (INT4 or INT8).
     act, act_path = _act_dst(DISTILL_LAYOUT, scope)
     wts, wts_path = _weight_dst(DISTILL_LAYOUT, scope)
     if act != wts:
@@ -225,7 +225,7 @@ def _distill_errors(doc: CfgDocument) -> Iterator[ConfigError]:
 
 
 def check_distill_cfg(doc: CfgDocument) -> None:
-    """Semantic checks of an AMCTDistillConfig (spec §2.1, §3.1). Raises the first
+    """Semantic checks of an AMCTDistillConfig (docs/spec/engine.md §2.1, §3.1). Raises the first
     ConfigError in file order; then de-duplicates the skip lists with a warning."""
     _raise_first(_distill_errors(doc))
     _dedupe_skip_lists(doc, DISTILL_LAYOUT)
@@ -266,7 +266,7 @@ def _reject(doc: CfgDocument, paths: list[str], kind: str, config: str) -> None:
 
 
 def check_cfg_for_api(cfg: CfgDocument | Message, api: CfgApi, path: str | Path | None = None) -> None:
-    """Check that a retrain ``.cfg`` suits the API it is given to (spec §1.2-§1.4).
+    """Check that a retrain ``.cfg`` suits the API it is given to (docs/spec/engine.md §1.2-§1.4).
 
     ``quant`` (create_quant_retrain_config): no pruning settings anywhere.
     ``prune`` (create_prune_retrain_model): no quantization settings, and some pruning.

@@ -1,6 +1,6 @@
 """Load AMCT "simple config" ``.cfg`` files (protobuf text format) with precise errors.
 
-Two schemas (spec §2.1 ``AMCTDistillConfig``, §2.2 ``AMCTRetrainConfig``). Parsing is
+Two schemas (docs/spec/engine.md §2.1 ``AMCTDistillConfig``, docs/spec/engine.md §2.2 ``AMCTRetrainConfig``). Parsing is
 done by ``google.protobuf.text_format.Parse``; everything it reports is turned into a
 ``ConfigError`` with ``path:line:column`` and a sentence that names the field
 (cfg_parse_errors). The result is a ``CfgDocument`` (cfg_document): the message plus the
@@ -78,12 +78,12 @@ def load_cfg_document(path: str | Path, kind: CfgKind, check: bool = True) -> Cf
 
 
 def load_retrain_cfg(path: str | Path) -> retrain_config_pytorch_pb2.AMCTRetrainConfig:
-    """Load a retrain / prune / compressed ``.cfg`` (spec §2.2), checked."""
+    """Load a retrain / prune / compressed ``.cfg`` (docs/spec/engine.md §2.2), checked."""
     return load_cfg_document(path, "retrain").message
 
 
 def load_distill_cfg(path: str | Path) -> distill_config_pytorch_pb2.AMCTDistillConfig:
-    """Load a distillation ``.cfg`` (spec §2.1), checked."""
+    """Load a distillation ``.cfg`` (docs/spec/engine.md §2.1), checked."""
     return load_cfg_document(path, "distill").message
 
 

@@ -1,4 +1,4 @@
-"""Errors raised while reading AMCT ``.cfg`` files (protobuf text format, spec §2.1/§2.2).
+"""Errors raised while reading AMCT ``.cfg`` files (protobuf text format, docs/spec/engine.md §2.1/§2.2).
 
 A ``ConfigError`` points at the place in the user's file that is wrong, in the
 ``path:line:column: message`` form that editors and compilers use, so a user can

@@ -1,6 +1,6 @@
 """Warn about layer names and types in a ``.cfg`` that the user's model does not have.
 
-Layer names in configs are PyTorch module paths (spec §1.1, e.g. ``layer1.0.conv1``) and
+Layer names in configs are PyTorch module paths (docs/spec/engine.md §1.1, e.g. ``layer1.0.conv1``) and
 layer types are module class names (``Conv2d``). A name that matches nothing is silently
 ignored by AMCT, so a typo quietly disables a skip or an override; we say so, with the
 closest real names. These are warnings, not errors: shared example cfgs use placeholders

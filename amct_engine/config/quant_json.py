@@ -1,6 +1,7 @@
-"""The detailed JSON configs of spec §3: build them from a parsed `.cfg`, write them, read them back.
+"""The detailed JSON configs of docs/spec/engine.md §3: build them from a parsed `.cfg`, write them, read them back.
 
-The retrain JSON (§3.2) and the distill JSON (§3.1) carry the same per-layer information under
+The retrain JSON (docs/spec/engine.md §3.2) and the distill JSON (docs/spec/engine.md §3.1) carry the same per-layer
+information under
 different key names, so one `JsonDialect` describes the names and one builder/reader serves both.
 """
 
@@ -51,7 +52,8 @@ __all__ = [
 
 @dataclass(frozen=True)
 class JsonDialect:
-    """Key names of one JSON config family (spec §3.1 vs §3.2), and the .cfg it is built from."""
+    """Key names of one JSON config family (docs/spec/engine.md §3.1 vs docs/spec/engine.md §3.2), and the .cfg it is
+    built from."""
 
     kind: str
     enable_key: str
@@ -110,7 +112,7 @@ def layer_specs_from_cfg(
     """Per-layer quantisation settings of the quantisable ``layers`` (module path -> module, in
     topological order); the cfg's precedence is the resolver's (resolve). ``cfg`` None: defaults.
 
-    `only_configured`: compressed mode (spec §2.2) enables quant only on layers that the cfg
+    `only_configured`: compressed mode (docs/spec/engine.md §2.2) enables quant only on layers that the cfg
     configures (a global quant config, or an override for the layer or its type).
     """
     message = cfg if cfg is not None else dialect.cfg.message_class()
@@ -124,7 +126,7 @@ def layer_specs_from_cfg(
 
 
 def _fit_weight_to_layer(name: str, module: nn.Module, weight: WeightQuantSpec) -> WeightQuantSpec:
-    """Layer-shape adjustments AMCT makes at config time (spec §2.2): INT4 needs plain convs."""
+    """Layer-shape adjustments AMCT makes at config time (docs/spec/engine.md §2.2): INT4 needs plain convs."""
     groups = getattr(module, "groups", 1)
     in_channels = getattr(module, "in_channels", getattr(module, "in_features", 0))
     if weight.bits == 4 and (groups > 1 or in_channels % 2):

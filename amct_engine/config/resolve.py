@@ -85,7 +85,7 @@ def resolve_layers(
     """Settings of every layer in ``layers`` (module path -> class name), in the same order.
 
     ``quant_types`` / ``prune_types``: the layer types each mode handles (None: every layer
-    given). ``quant_only_configured``: compressed mode (spec §2.2) quantizes only the layers
+    given). ``quant_only_configured``: compressed mode (docs/spec/engine.md §2.2) quantizes only the layers
     the cfg configures (a global quant config, or an override for the layer or its type).
     """
     msg = cfg.message if isinstance(cfg, CfgDocument) else cfg
@@ -146,7 +146,7 @@ class _Resolver:
             weight = _weight_from_cfg(weight_cfg, weight, layout)
             per_channel_requested = _explicit_channel_wise(weight_cfg, per_channel_requested, layout)
         # A global `channel_wise` (meant for convs) leaves Linear per-tensor, as in AMCT; an override
-        # of the layer or of its type that states `channel_wise: true` is honoured (spec §4.9).
+        # of the layer or of its type that states `channel_wise: true` is honoured (docs/spec/engine.md §4.9).
         if type_name in NO_CHANNEL_WISE_TYPES and weight.channel_wise and not per_channel_requested:
             weight = replace(weight, channel_wise=False)
         return QuantSettings(act, weight, configured)

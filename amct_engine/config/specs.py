@@ -18,7 +18,7 @@ RETRAIN_ACT_WTS_BITS = ((8, 8), (16, 8), (8, 4))
 # AMCT's weight quantiser when a cfg or a JSON config names none (a WEIGHT_QUANTIZERS name).
 DEFAULT_WEIGHT_ALGO = "arq"
 
-# spec §4.9: AMCT allows only per-tensor weight scales for these layer types. We keep that as the
+# docs/spec/engine.md §4.9: AMCT allows only per-tensor weight scales for these layer types. We keep that as the
 # default but honour an explicit `channel_wise: true` (a cfg override of the layer or its type, or
 # the JSON): a transformer's FFN output projection has weight outliers (all-MiniLM-L6-v2: max|W|
 # is 175 standard deviations) that leave most of its weights at 0 under one per-tensor INT8 scale.
@@ -33,7 +33,7 @@ def pair_name(act_bits: int, weight_bits: int) -> str:
 
 @dataclass(frozen=True)
 class ActQuantSpec:
-    """ULQ activation quantiser settings (spec §4.1)."""
+    """ULQ activation quantiser settings (docs/spec/engine.md §4.1)."""
 
     bits: int = 8
     clip_max: float | None = None
@@ -43,7 +43,7 @@ class ActQuantSpec:
 
 @dataclass(frozen=True)
 class WeightQuantSpec:
-    """Weight quantiser settings (spec §4.2); ``algo`` is a WEIGHT_QUANTIZERS name."""
+    """Weight quantiser settings (docs/spec/engine.md §4.2); ``algo`` is a WEIGHT_QUANTIZERS name."""
 
     algo: str = DEFAULT_WEIGHT_ALGO
     channel_wise: bool = True
@@ -59,7 +59,7 @@ class LayerQuantSpec:
 
 @dataclass(frozen=True)
 class FilterPruneSpec:
-    """``balanced_l2_norm_filter_prune`` (BCP, spec §4.4)."""
+    """``balanced_l2_norm_filter_prune`` (BCP, docs/spec/engine.md §4.4)."""
 
     prune_ratio: float
     ascend_optimized: bool = True
@@ -67,7 +67,7 @@ class FilterPruneSpec:
 
 @dataclass(frozen=True)
 class SelectivePruneSpec:
-    """``l1_selective_prune`` (4-of-2, spec §4.5)."""
+    """``l1_selective_prune`` (4-of-2, docs/spec/engine.md §4.5)."""
 
     n_out_of_m_type: str = "M4N2"
     update_freq: int = 0

@@ -1,10 +1,10 @@
-"""AMCT's Ascend deploy layout (spec §5) and a numpy/onnxruntime reference for its custom ops.
+"""AMCT's Ascend deploy layout (docs/spec/engine.md §5) and a numpy/onnxruntime reference for its custom ops.
 
 The `ascend` back end emits, per quantised layer:
   AscendQuant(x) -> Conv|MatMul(+Add) on INT8 (or INT4) weights and an INT32 bias -> AscendDequant
 with `AscendQuant` attributes scale = 1/scale_d, offset = offset_d, dst_type, and the UINT64
 `<layer>.dequant.param` packing deq_scale = scale_w * scale_d (float32 bits [31:0]), shift_N
-([39:32], always 0: searchN is gone, spec §4.7) and offset_w ([47:40], always 0 for symmetric
+([39:32], always 0: searchN is gone, docs/spec/engine.md §4.7) and offset_w ([47:40], always 0 for symmetric
 weights). `finalize_ascend_model` then names nodes and initialisers as AMCT does and merges
 identical AscendQuant nodes; `ascend_to_standard_onnx` rewrites the custom ops into standard ones
 so onnxruntime can run the model here, where no Ascend device exists.
@@ -125,7 +125,7 @@ def _store_layer_tensors(graph, node, layer: str, wts_type: str, initializers) -
 
 
 def _merge_identical_quants(graph: onnx.GraphProto) -> None:
-    """spec §5 QuantFusion: one AscendQuant per (tensor, scale, offset, dst_type)."""
+    """docs/spec/engine.md §5 QuantFusion: one AscendQuant per (tensor, scale, offset, dst_type)."""
     first: dict[tuple, onnx.NodeProto] = {}
     drop = []
     for node in graph.node:
@@ -150,7 +150,7 @@ def _qrange(dst_type: str) -> tuple[float, float]:
 
 
 def ascend_to_standard_onnx(model: onnx.ModelProto) -> onnx.ModelProto:
-    """spec §5 fake-quant rewrite: AscendQuant -> Div/Round/Add/Clip/Sub, integer weights through a
+    """docs/spec/engine.md §5 fake-quant rewrite: AscendQuant -> Div/Round/Add/Clip/Sub, integer weights through a
     unit-scale DequantizeLinear, INT32 bias -> float tensor of the same integers, AscendDequant ->
     Mul(deq_scale).
 

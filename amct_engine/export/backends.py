@@ -6,7 +6,7 @@ Every writer receives the same `ExportQuantLayer` (folded layer + factors from t
   onnxruntime runs it and matches the PyTorch QAT model (the fake-quant model).
 - `IntegerDeployBackend`: integer weights as INT8 initialisers, the activation quantised once, and
   the layer as ConvInteger/MatMulInteger with an int32 bias, then one float rescale (the
-  onnxruntime form of AMCT's AscendQuant -> int layer -> AscendDequant, spec §5).
+  onnxruntime form of AMCT's AscendQuant -> int layer -> AscendDequant, docs/spec/engine.md §5).
 - `AscendDeployBackend`: AMCT's AscendQuant/AscendDequant layout for the ATC converter.
 
 We emit nodes from the autograd function's `symbolic` of the TorchScript-based exporter: it lets a
@@ -90,7 +90,7 @@ def _integer_activation(g, x, module: ExportQuantLayer, unsigned: bool = False):
         zero_point = _const(g, offset)
         codes = g.op("QuantizeLinear", x, scale, zero_point)
         return g.op("DequantizeLinear", codes, _const(g, torch.tensor(1.0)), zero_point)
-    # INT16 needs opset 21 QuantizeLinear; AMCT's float emulation (spec §5) computes the same.
+    # INT16 needs opset 21 QuantizeLinear; AMCT's float emulation (docs/spec/engine.md §5) computes the same.
     qn, qp = -(2 ** (f.act_bits - 1)), 2 ** (f.act_bits - 1) - 1
     offset = _const(g, offset)
     q = g.op("Add", g.op("Round", g.op("Div", x, scale)), offset)
@@ -209,7 +209,7 @@ class IntegerDeployBackend:
 
 
 class AscendDeployBackend:
-    """AMCT's deploy layout for the ATC converter (spec §5); finished by export.ascend.
+    """AMCT's deploy layout for the ATC converter (docs/spec/engine.md §5); finished by export.ascend.
 
     Weights and bias are emitted as float tensors holding the integer values: the exporter's type
     promotion would otherwise cast INT8 weights to the bias's INT32. `finalize_ascend_model`

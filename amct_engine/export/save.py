@@ -1,4 +1,4 @@
-"""Write the fake-quant and deploy ONNX models of a quantised model (spec §1.1, §5).
+"""Write the fake-quant and deploy ONNX models of a quantised model (docs/spec/engine.md §1.1, §5).
 
 Pipeline, once per file: swap every QuantRetrainLayer for an ExportQuantLayer (BN folded, record
 factors applied) written by the file's `OnnxFormat`, export, apply the format's finaliser, then
@@ -28,7 +28,7 @@ from amct_engine.quant.retrain_layer import QuantRetrainLayer
 from amct_engine.record import LayerQuantRecord
 
 OPSET = 17
-FILE_MODE = 0o640  # spec §1.1
+FILE_MODE = 0o640  # docs/spec/engine.md §1.1
 
 
 def output_paths(save_path: str) -> dict[str, str]:
@@ -48,7 +48,7 @@ def build_export_model(
 ) -> nn.Module:
     """A CPU copy of `model` whose quantised layers are ExportQuantLayers written by `onnx_format`.
 
-    Every back end folds BN and takes every factor from the record (spec §5). `requant` (layer
+    Every back end folds BN and takes every factor from the record (docs/spec/engine.md §5). `requant` (layer
     path -> next quantised layer path, see export.requant) lets a layer quantise its output with
     the next layer's input quantiser.
     """
@@ -116,7 +116,7 @@ def check_onnx(
 
 
 def validate_dynamic_axes(dynamic_axes: dict | None) -> None:
-    """spec §1.1: dict str -> list[int] or str -> dict[int, str]; axes must be >= 0."""
+    """docs/spec/engine.md §1.1: dict str -> list[int] or str -> dict[int, str]; axes must be >= 0."""
     if dynamic_axes is None:
         return
     if not isinstance(dynamic_axes, dict):
@@ -141,7 +141,7 @@ def save_quantized_onnx(
 
     `deploy_format` names the deploy model's format in `amct_engine.export.formats.DEPLOY_FORMATS`:
     "onnx", the portable integer model onnxruntime runs; "ascend", AMCT's layout with
-    AscendQuant/AscendDequant for the ATC converter (spec §5).
+    AscendQuant/AscendDequant for the ATC converter (docs/spec/engine.md §5).
     """
     deploy = check_deploy_format(deploy_format).load()
     validate_dynamic_axes(dynamic_axes)

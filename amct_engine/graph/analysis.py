@@ -1,5 +1,5 @@
-"""Analyses over a ``CapturedModel``: which layers can be compressed (spec §4.9), conv→BN→activation
-chains, and distillation groups (spec §6.1).
+"""Analyses over a ``CapturedModel``: which layers can be compressed (docs/spec/engine.md §4.9), conv→BN→activation
+chains, and distillation groups (docs/spec/engine.md §6.1).
 
 "Consumer" always means an fx user of a node. A ``call_function``/``call_method`` user (flatten, view,
 add) is not a module, so it ends a chain: the module after it is not a single consumer of the one
@@ -18,7 +18,7 @@ from amct_engine.graph import layer_types
 from amct_engine.graph.capture import CapturedModel
 from amct_engine.graph.lifting import op_name
 
-# spec §4.9 RETRAIN_TYPES, without LSTM, GRU and ConvTranspose1d for now: add their names here
+# docs/spec/engine.md §4.9 RETRAIN_TYPES, without LSTM, GRU and ConvTranspose1d for now: add their names here
 RETRAIN_TYPES: tuple[str, ...] = ("Conv1d", "Conv2d", "Conv3d", "ConvTranspose2d", "Linear")
 DISTILL_TYPES: tuple[str, ...] = ("Conv2d", "Linear")
 DISTILL_BN_TYPES: tuple[str, ...] = ("BatchNorm2d",)
@@ -61,14 +61,14 @@ class Chain:
 
 
 def quantizable_layers(cm: CapturedModel, types: Sequence[str] = RETRAIN_TYPES) -> list[LayerInfo]:
-    """Layers of the given class names that pass the spec §4.9 exclusions, in topological order."""
+    """Layers of the given class names that pass the docs/spec/engine.md §4.9 exclusions, in topological order."""
     excluded = excluded_layers(cm, types)
     return [LayerInfo(name, type_name, cm.get_module(name))
             for name, type_name in cm.module_types().items() if type_name in types and name not in excluded]
 
 
 def excluded_layers(cm: CapturedModel, types: Sequence[str] = RETRAIN_TYPES) -> dict[str, str]:
-    """Layer name → why a layer of a supported type cannot be compressed (spec §4.9)."""
+    """Layer name → why a layer of a supported type cannot be compressed (docs/spec/engine.md §4.9)."""
     shared = shared_weights(cm.module)
     reasons = {}
     for name, type_name in cm.module_types().items():
@@ -82,16 +82,17 @@ def _exclusion_reason(cm: CapturedModel, name: str, shared: dict[str, list[str]]
     module = cm.get_module(name)
     padding_mode = getattr(module, "padding_mode", "zeros")
     if padding_mode != "zeros":
-        return f"padding_mode is '{padding_mode}'; only 'zeros' is supported (spec §4.9)"
+        return f"padding_mode is '{padding_mode}'; only 'zeros' is supported (docs/spec/engine.md §4.9)"
     if type(module).__name__ == "Conv3d" and module.dilation[0] != 1:
-        return f"Conv3d with dilation[0] = {module.dilation[0]}; only 1 is supported (spec §4.9)"
+        return f"Conv3d with dilation[0] = {module.dilation[0]}; only 1 is supported (docs/spec/engine.md §4.9)"
     calls = cm.call_count(name)
     if calls > 1:
-        return f"the module is called {calls} times in forward; reused modules are not supported (spec §4.9)"
+        return (f"the module is called {calls} times in forward; reused modules are not supported "
+                "(docs/spec/engine.md §4.9)")
     sharers = shared.get(name)
     if sharers:
         return (f"its weight Parameter is shared with {', '.join(sharers)}; shared weights are not "
-                "supported (spec §4.9)")
+                "supported (docs/spec/engine.md §4.9)")
     return None
 
 
@@ -145,7 +146,7 @@ def distill_groups(
     group_size: int = 1,
     user_groups: Iterable[Any] = (),
 ) -> list[list[str]]:
-    """Distillation groups per spec §6.1, sorted by the position of each group's first module.
+    """Distillation groups per docs/spec/engine.md §6.1, sorted by the position of each group's first module.
 
     ``user_groups`` holds (start, end) layer-name pairs, or objects with ``start_layer_name`` and
     ``end_layer_name`` (the cfg's ``distill_group``).
@@ -163,7 +164,7 @@ def distill_groups(
 
 
 def _distill_units(cm: CapturedModel, taken: set[str]) -> list[list[fx.Node]]:
-    """spec §6.1 step 1: [layer, BatchNorm2d, activation], [layer, activation] or [layer]."""
+    """docs/spec/engine.md §6.1 step 1: [layer, BatchNorm2d, activation], [layer, activation] or [layer]."""
     units = []
     for info in quantizable_layers(cm, DISTILL_TYPES):
         if info.name in taken:
@@ -181,7 +182,7 @@ def _distill_units(cm: CapturedModel, taken: set[str]) -> list[list[fx.Node]]:
 
 
 def _cascade(units: list[list[fx.Node]], group_size: int) -> list[list[str]]:
-    """spec §6.1 step 2: join a unit to the next while its last node feeds only that unit's layer."""
+    """docs/spec/engine.md §6.1 step 2: join a unit to the next while its last node feeds only that unit's layer."""
     index_of_start = {unit[0]: i for i, unit in enumerate(units)}
     used: set[int] = set()
     groups = []
@@ -201,7 +202,7 @@ def _cascade(units: list[list[fx.Node]], group_size: int) -> list[list[str]]:
 
 
 def _expand_user_group(cm: CapturedModel, start: str, end: str) -> list[str]:
-    """spec §6.1 step 3: the modules on the only route from ``start`` to ``end``."""
+    """docs/spec/engine.md §6.1 step 3: the modules on the only route from ``start`` to ``end``."""
     label = f"Distill group {start} → {end}"
     for name in (start, end):
         if not cm.nodes_of(name):
@@ -252,7 +253,7 @@ def _ancestors(nodes: set[fx.Node]) -> set[fx.Node]:
 
 
 def _check_disjoint(cm: CapturedModel, groups: list[list[str]]) -> None:
-    # spec §6.1: groups must not intersect; a reused activation module may sit in several
+    # docs/spec/engine.md §6.1: groups must not intersect; a reused activation module may sit in several
     for i, first in enumerate(groups):
         for second in groups[i + 1:]:
             common = [name for name in first if name in second and not _shareable(cm, name)]
@@ -267,7 +268,7 @@ def _free(cm: CapturedModel, name: str, taken: set[str]) -> bool:
 
 
 def _shareable(cm: CapturedModel, name: str) -> bool:
-    # spec §6.1: a reused activation module may sit in several groups (it holds no state to train)
+    # docs/spec/engine.md §6.1: a reused activation module may sit in several groups (it holds no state to train)
     return cm.call_count(name) > 1 and _module_type(cm, name) in DISTILL_ACTIVATION_TYPES
 
 

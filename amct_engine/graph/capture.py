@@ -1,4 +1,4 @@
-"""Capture any supported model as one IR: a ``torch.fx.GraphModule`` of named leaf modules (spec §1.1).
+"""Capture any supported model as one IR: a ``torch.fx.GraphModule`` of named leaf modules (docs/spec/engine.md §1.1).
 
 Every later pass (layer discovery, quantiser insertion, pruning, distill groups, export) asks the
 ``CapturedModel`` built here; layer names are module paths (``layer1.0.conv1``) whatever the input was:
@@ -26,7 +26,7 @@ from amct_engine.graph.errors import GraphCaptureError, first_line
 from amct_engine.graph.lifting import Scope, lift_leaf_modules, quiet_export
 from amct_engine.graph.torchscript import graph_module_from_torchscript, load_torchscript
 
-# spec §1.1 / CG/capacity/capacity_config.csv AMCT_OPERATIONS: a model holding one was already compressed
+# docs/spec/engine.md §1.1 / CG/capacity/capacity_config.csv AMCT_OPERATIONS: a model holding one was already compressed
 AMCT_MODULE_TYPE_NAMES: set[str] = {
     "IFMR", "HFMG", "Recorder", "AscendQuant", "AscendDeQuant", "RetrainQuant", "RNNRetrainQuant",
     "MarkedQuantizableModule", "QuantIdentity", "SelectiveMaskGen", "DMQBalancer", "Conv2dQAT",
@@ -126,7 +126,7 @@ def capture_model(
 ) -> CapturedModel:
     """Capture ``model`` (nn.Module, ScriptModule or TorchScript file path) with ``input_data``.
 
-    ``input_data`` is a tensor or a tuple/list of tensors (spec §1.1: only used for tracing).
+    ``input_data`` is a tensor or a tuple/list of tensors (docs/spec/engine.md §1.1: only used for tracing).
     Raises TypeError for other inputs, ValueError for a model that already holds AMCT ops, and
     GraphCaptureError when the model cannot become one static graph.
     """
@@ -158,14 +158,14 @@ def _as_input_tuple(input_data: Any) -> tuple[torch.Tensor, ...]:
 
 
 def _unwrap_parallel(model: nn.Module) -> nn.Module:
-    # spec §1.1: a DistributedDataParallel wrapper is unwrapped; DataParallel has the same .module
+    # docs/spec/engine.md §1.1: a DistributedDataParallel wrapper is unwrapped; DataParallel has the same .module
     if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
         return model.module
     return model
 
 
 def _copy_model(model: nn.Module) -> nn.Module:
-    # spec §1.1: deep-copied where possible; otherwise the original is modified, with a warning
+    # docs/spec/engine.md §1.1: deep-copied where possible; otherwise the original is modified, with a warning
     try:
         with warnings.catch_warnings():
             # a rebuilt GraphModule carries pytree specs whose copy trips a torch deprecation notice

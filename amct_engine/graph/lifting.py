@@ -2,7 +2,7 @@
 
 ``torch.export`` and the TorchScript converter both give a GraphModule of aten calls on ``get_attr``
 tensors (``layer1.0.conv1.weight``). Quantisation, pruning and distillation work on leaf modules
-named by module path (spec §1.1), so each conv / linear / batch-norm call, and each activation whose
+named by module path (docs/spec/engine.md §1.1), so each conv / linear / batch-norm call, and each activation whose
 module is known, becomes a ``call_module`` on a real ``nn.Conv2d`` / ``nn.Linear`` / … registered at
 that path, holding the very tensors the call used.
 """

@@ -1,4 +1,4 @@
-"""TorchScript → IR: a ``torch.fx.GraphModule`` whose layers are real leaf modules (DESIGN.md graph/).
+"""TorchScript → IR: a ``torch.fx.GraphModule`` whose layers are real leaf modules (docs/architecture.md graph/).
 
 ``TS2EPConverter`` turns the TorchScript graph into an ``ExportedProgram`` that keeps the parameter
 names (``layer1.0.conv1.weight``); ``lifting.lift_leaf_modules`` then turns each conv/linear/BN call

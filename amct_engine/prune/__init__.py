@@ -1,4 +1,4 @@
-"""Pruning (spec §4.4, §4.5): channel dependency groups, BCP filter pruning, 4-of-2 selective sparsity.
+"""Pruning (docs/spec/engine.md §4.4, §4.5): channel dependency groups, BCP filter pruning, 4-of-2 selective sparsity.
 
 Every pruning decision asks one structure, the channel dependency graph (``dependency.py`` builds
 it from the captured fx graph, ``channel_groups.py`` holds it): which layers must lose the same

@@ -1,11 +1,11 @@
-"""Physical channel removal (spec §4.4 step 4): slice weights, biases, BN statistics, fix attributes.
+"""Physical channel removal (docs/spec/engine.md §4.4 step 4): slice weights, biases, BN statistics, fix attributes.
 
 A ``PrunePlan`` maps a module path to the absolute channel indices each of its tensors loses, by
 member kind (``dependency.OUT`` / ``IN`` / ``NORM`` / ``DEPTHWISE``). It is built from the chosen
 groups at create time and from the record at restore time, so both remove exactly the same thing;
 the module's layer pruner (``layer_pruners.py``) does the slicing.
 ``prune_with_forward_check`` applies a plan group by group and gives back the groups whose removal
-breaks the model's forward (found by bisection), restoring their modules (spec §4.4 "Apply").
+breaks the model's forward (found by bisection), restoring their modules (docs/spec/engine.md §4.4 "Apply").
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
-"""Balanced L2-norm filter pruning (BCP): which channels of a group go (spec §4.4 step 3).
+"""Balanced L2-norm filter pruning (BCP): which channels of a group go (docs/spec/engine.md §4.4 step 3).
 
 Follows the test oracle (``custom_op/test_bcp.py``), not the shipped op: the channel score is the
 mean over *all* the group's producers of their min-max normalised filter norms (the shipped ``bcp()``
-only ever reads the first producer's norms, spec §8). ``bcp_importance`` is the scoring half, the
+only ever reads the first producer's norms, docs/spec/engine.md §8). ``bcp_importance`` is the scoring half, the
 "bcp" entry of ``importance.IMPORTANCE_CRITERIA``; ``remain_count`` / ``select_pruned_channels`` are
 the count and the per-group choice every criterion's scores go through.
 """
@@ -18,11 +18,11 @@ from torch import nn
 from amct_engine.prune.channel_groups import ChannelGroup
 from amct_engine.prune.layer_pruners import layer_pruner_for
 
-ASCEND_CHANNEL_MULTIPLE = 16  # spec §4.4: ascend_optimized keeps a multiple of 16 channels
+ASCEND_CHANNEL_MULTIPLE = 16  # docs/spec/engine.md §4.4: ascend_optimized keeps a multiple of 16 channels
 
 
 def remain_count(channels: int, prune_ratio: float, ascend_optimized: bool, group: int = 1) -> int:
-    """How many of ``channels`` stay (spec §4.4 "Count", the oracle's ``cal_prune_num``).
+    """How many of ``channels`` stay (docs/spec/engine.md §4.4 "Count", the oracle's ``cal_prune_num``).
 
     20 channels at 0.25 keep 15 (16 with ascend_optimized); 160 at 0.25 with group 2 keep 120.
     """

@@ -1,4 +1,4 @@
-"""The channel dependency graph's data: channel groups and their members (spec §4.4 records).
+"""The channel dependency graph's data: channel groups and their members (docs/spec/engine.md §4.4 records).
 
 ``dependency.build_channel_groups`` fills these from the captured graph; BCP, physical removal, the
 record and the report all read them.

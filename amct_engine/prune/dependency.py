@@ -1,4 +1,5 @@
-"""Channel dependency groups over the captured fx graph (spec §4.4 steps 1-2; Torch-Pruning's DependencyGraph).
+"""Channel dependency groups over the captured fx graph (docs/spec/engine.md §4.4 steps 1-2; Torch-Pruning's
+DependencyGraph).
 
 A *channel group* is a set of channels that must go together from every layer that touches them. It
 starts at a producer (a layer whose output channels can be removed: a Conv2d, a Linear, any type

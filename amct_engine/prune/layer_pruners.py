@@ -115,7 +115,7 @@ class ConvPruner(LayerPruner):
     def not_leading_reason(self, conv: nn.Module) -> str:
         if _is_depthwise(conv):
             return "depthwise conv: it follows the channels of its producer"
-        return f"{type(conv).__name__}: only Conv2d and Linear layers lead a channel group (spec §4.9)"
+        return f"{type(conv).__name__}: only Conv2d and Linear layers lead a channel group (docs/spec/engine.md §4.9)"
 
     def input_problem(self, conv: nn.Module) -> str | None:
         if _is_depthwise(conv) and conv.out_channels != conv.in_channels:
@@ -168,7 +168,7 @@ class ConvTransposePruner(LayerPruner):
     flow = CONSUMER
 
     def not_leading_reason(self, conv: nn.Module) -> str:
-        return f"{type(conv).__name__} output channels are not pruned (spec §4.4)"
+        return f"{type(conv).__name__} output channels are not pruned (docs/spec/engine.md §4.4)"
 
     def input_problem(self, conv: nn.Module) -> str | None:
         return "is a grouped ConvTranspose; its input channels are not pruned" if conv.groups != 1 else None

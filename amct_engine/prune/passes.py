@@ -51,7 +51,7 @@ def _decide(
         decision.reason = (f"its channels are shared with a layer that is not filter-pruned: {why}" if shared
                            else why)
         return decision, None
-    decision.prune_ratio = min(specs[p].prune_ratio for p in producers)  # spec §4.4: merged records
+    decision.prune_ratio = min(specs[p].prune_ratio for p in producers)  # docs/spec/engine.md §4.4: merged records
     decision.ascend_optimized = any(specs[p].ascend_optimized for p in producers)
     if group.disabled:
         decision.status, decision.reason = DISABLED, "; ".join(group.disabled)
@@ -75,7 +75,7 @@ def filter_prune(
     report: PruneReport,
     criterion: ImportanceCriterion | None = None,
 ) -> list[GroupCut]:
-    """Filter pruning over the channel groups of ``cm`` (spec §4.4); removes channels from ``cm.module``
+    """Filter pruning over the channel groups of ``cm`` (docs/spec/engine.md §4.4); removes channels from ``cm.module``
     in place. ``criterion`` ranks each group's channels (importance.py); None: the default, BCP."""
     if criterion is None:
         criterion = IMPORTANCE_CRITERIA[DEFAULT_IMPORTANCE]
@@ -101,7 +101,7 @@ def filter_prune(
 
 
 def replay_filter_prune(cm: CapturedModel, records, path: str, report: PruneReport) -> None:
-    """Remove the channels the record lists (restore never recomputes BCP, spec §1.3)."""
+    """Remove the channels the record lists (restore never recomputes BCP, docs/spec/engine.md §1.3)."""
     plan = plan_from_records(records, cm.module, path)
     if not plan:
         return
@@ -156,7 +156,7 @@ def selective_prune(
 
 def _selective_skip_reason(cm: CapturedModel, name: str, layer: nn.Module) -> str | None:
     if not isinstance(layer, SELECTIVE_TYPES):
-        return f"{type(layer).__name__} is not a Conv2d, Linear or ConvTranspose2d (spec §4.5)"
+        return f"{type(layer).__name__} is not a Conv2d, Linear or ConvTranspose2d (docs/spec/engine.md §4.5)"
     calls = cm.call_count(name)
     if calls != 1:
         return f"it is called {calls} times in forward (reused modules are never pruned)"

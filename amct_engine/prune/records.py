@@ -1,4 +1,4 @@
-"""Prune records in the record file (spec §2.3): written at create, replayed at restore.
+"""Prune records in the record file (docs/spec/engine.md §2.3): written at create, replayed at restore.
 
 Filter-prune record: one ``prune_record`` per pruned channel group, with a ``producer`` node per
 producer and a ``consumer`` node per BN / conv / linear input / add / concat (any layer of the
@@ -51,7 +51,7 @@ def filter_prune_record(cut: GroupCut) -> record_pb2.PruneRecord:
 
 
 def pack_mask(mask: torch.Tensor) -> list[int]:
-    """(mask != 0) → packbits (big-endian bits) → zero-pad to 8-byte words → int64 (spec §2.3)."""
+    """(mask != 0) → packbits (big-endian bits) → zero-pad to 8-byte words → int64 (docs/spec/engine.md §2.3)."""
     packed = np.packbits(mask.detach().cpu().numpy().reshape(-1) != 0)
     packed = np.pad(packed, (0, (-packed.size) % 8))
     return packed.view("<i8").tolist()

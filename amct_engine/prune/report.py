@@ -1,6 +1,6 @@
 """What pruning did and why: one decision per channel group and per 4:2 layer, logged and returned.
 
-AMCT users see "no pruning happened" without a reason (spec §8); here every group says whether it
+AMCT users see "no pruning happened" without a reason (docs/spec/engine.md §8); here every group says whether it
 was pruned, how much, or what stopped it. ``create_*`` attach the report to the returned model as
 ``model.amct_prune_report`` and log it on the ``amct_engine.prune`` logger.
 """

@@ -1,4 +1,4 @@
-"""4-of-2 selective pruning (``l1_selective_prune``, M4N2; spec §4.5).
+"""4-of-2 selective pruning (``l1_selective_prune``, M4N2; docs/spec/engine.md §4.5).
 
 In every group of 4 weights along Cin, the 2 smallest |w| are masked. ``SelectiveMask`` holds the
 mask of one weight and refreshes it per ``update_freq``; it masks the weight where the weight is
@@ -30,7 +30,7 @@ SELECTIVE_TYPES = (nn.Conv2d, nn.Linear, nn.ConvTranspose2d)
 
 
 def cin_axis(layer: nn.Module) -> int:
-    """Cin is axis 0 of a ConvTranspose weight [Cin, Cout/g, kh, kw], axis 1 otherwise (spec §4.5)."""
+    """Cin is axis 0 of a ConvTranspose weight [Cin, Cout/g, kh, kw], axis 1 otherwise (docs/spec/engine.md §4.5)."""
     return 0 if isinstance(layer, nn.ConvTranspose2d) else 1
 
 
@@ -59,7 +59,7 @@ class SelectiveMask(nn.Module):
     """The 4:2 mask of one weight, refreshed from the weight every ``update_freq`` training batches.
 
     ``update_freq`` 0: the mask of the first batch is kept (computed at creation: the weights are
-    the same); k: refreshed when ``prune_cur_batch % k == 0`` (spec §4.5). Unlike AMCT the counter
+    the same); k: refreshed when ``prune_cur_batch % k == 0`` (docs/spec/engine.md §4.5). Unlike AMCT the counter
     only counts training forwards, so evaluating never changes the mask; it is a buffer, so a
     restored checkpoint continues where training stopped. A refreshed mask is written to the record
     at the next eval forward (AMCT rewrites the record file on every refresh, inside training).
@@ -104,7 +104,7 @@ class SelectiveMask(nn.Module):
 
 
 class MaskedWeightQuantizer(WeightQuantizer):
-    """Selective mask, then the layer's weight quantiser: prune before quantise (spec §4.5)."""
+    """Selective mask, then the layer's weight quantiser: prune before quantise (docs/spec/engine.md §4.5)."""
 
     def __init__(self, selective: SelectiveMask, quant: WeightQuantizer):
         super().__init__()
@@ -159,7 +159,8 @@ def selective_masks(model: nn.Module) -> dict[str, SelectiveMask]:
 
 
 def bake_selective_masks(model: nn.Module) -> None:
-    """W ← W ⊙ mask and remove the masking (spec §4.5 "Save"); ``model`` should be a copy in eval mode."""
+    """W ← W ⊙ mask and remove the masking (docs/spec/engine.md §4.5 "Save"); ``model`` should be a copy in eval
+    mode."""
     for module in list(model.modules()):
         if isinstance(module, QuantRetrainLayer) and isinstance(module.weight_quant, MaskedWeightQuantizer):
             with torch.no_grad():

@@ -1,4 +1,4 @@
-"""Per-layer prune settings from a retrain ``.cfg`` (spec §2.2, §3.2 ``regular_prune_config``).
+"""Per-layer prune settings from a retrain ``.cfg`` (docs/spec/engine.md §2.2, §3.2 ``regular_prune_config``).
 
 What the cfg asks of each layer is the resolver's answer (amct_engine.config.resolve: override
 of the layer > override of its type > the global prune_config; ``skip_layers`` ∪

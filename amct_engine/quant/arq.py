@@ -1,4 +1,4 @@
-"""ARQ weight quantiser: symmetric scale recomputed from the current weights every step (spec §4.2)."""
+"""ARQ weight quantiser: symmetric scale recomputed from the current weights every step (docs/spec/engine.md §4.2)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from .weight_quantizer import SymmetricWeightQuantizer
 
 
 def arq_scale(weight_cm: torch.Tensor, bits: int, channel_wise: bool) -> torch.Tensor:
-    """Symmetric scale per row of W reshaped to [Cout, -1], or per tensor ([1]) (spec §4.0, §4.2)."""
+    """Symmetric scale per row of W reshaped to [Cout, -1], or per tensor ([1]) (docs/spec/engine.md §4.0, §4.2)."""
     rows = weight_cm.shape[0] if channel_wise else 1
     w_min, w_max = torch.aminmax(weight_cm.detach().reshape(rows, -1).to(torch.float32), dim=1)
     scale = symmetric_scale(w_max, w_min, bits)
@@ -25,7 +25,7 @@ def arq_scale(weight_cm: torch.Tensor, bits: int, channel_wise: bool) -> torch.T
 
 
 class ArqWeightFunction(torch.autograd.Function):
-    """Fake quantisation (offset 0) with the straight-through estimator dL/dW = g (spec §4.2)."""
+    """Fake quantisation (offset 0) with the straight-through estimator dL/dW = g (docs/spec/engine.md §4.2)."""
 
     @staticmethod
     def forward(ctx, weight: torch.Tensor, scale: torch.Tensor, bits: int):
@@ -38,7 +38,7 @@ class ArqWeightFunction(torch.autograd.Function):
 
 
 class ArqWeightQuantizer(SymmetricWeightQuantizer):
-    """`arq_retrain` / `arq_distill` weight quantiser (spec §4.2).
+    """`arq_retrain` / `arq_distill` weight quantiser (docs/spec/engine.md §4.2).
 
     `wts_scales` (float32 buffer) / `wts_offsets` (int32 zeros) hold the factors of the last forward.
     """

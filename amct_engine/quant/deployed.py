@@ -2,7 +2,7 @@
 
 The integer-domain math shared by the QAT layer's eval forward (`QuantRetrainLayer`) and every
 export back end (`amct_engine.export`), derived from the record's factors (docs/spec/engine.md
-§4.0, §5). Export imports this module; nothing here imports export.
+docs/spec/engine.md §4.0, §5). Export imports this module; nothing here imports export.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def fold_batch_norm(layer: nn.Module, bn: nn.Module | None, weight: torch.Tensor
 
 @dataclass(frozen=True)
 class QuantFactors:
-    """What a deployed layer computes with, derived once from the record (spec §4.0, §5)."""
+    """What a deployed layer computes with, derived once from the record (docs/spec/engine.md §4.0, §5)."""
 
     scale_d: float
     offset_d: int
@@ -60,7 +60,7 @@ def per_out_channel(values: torch.Tensor, layer: nn.Module) -> torch.Tensor:
     """A per-output-channel vector (or a scalar) spread to the layer's weight shape.
 
     Conv/Linear weights have Cout on axis 0; ConvTranspose weights are [Cin, Cout/groups, k...],
-    so output channel c = group * Cout/groups + j lives in rows of its group, column j (spec §4.0).
+    so output channel c = group * Cout/groups + j lives in rows of its group, column j (docs/spec/engine.md §4.0).
     """
     weight = layer.weight
     values = values.to(weight.device).float().reshape(-1)
@@ -81,7 +81,7 @@ def compute_factors(name: str, layer: nn.Module, record: LayerQuantRecord) -> Qu
     weight_q = torch.clamp(torch.round(weight / weight_scale), qn, qp)
     bias_q = None
     if layer.bias is not None:
-        # spec §5 InsertBiasQuant: q_b = round(b / (scale_w * scale_d)), must fit int32.
+        # docs/spec/engine.md §5 InsertBiasQuant: q_b = round(b / (scale_w * scale_d)), must fit int32.
         bias_q = torch.round(layer.bias.detach().double() / (scale_w.double() * record.scale_d))
         if bias_q.abs().max() > INT32_MAX:
             raise RuntimeError(
@@ -118,7 +118,7 @@ def output_channel_shape(layer: nn.Module, n: int, rank: int) -> list[int]:
 
 def deployed_forward(layer: nn.Module, f: QuantFactors, x: torch.Tensor) -> torch.Tensor:
     """What the deployed layer computes, in the integer domain: quantised input codes, integer
-    weight codes, int32 bias, then one rescale by scale_w * scale_d (AscendDequant, spec §5).
+    weight codes, int32 bias, then one rescale by scale_w * scale_d (AscendDequant, docs/spec/engine.md §5).
 
     Sums of integer-valued float32 products are exact (below 2**24), so the QAT model's eval forward,
     the fake-quant ONNX and the Ascend reference compute bit-identical outputs, not just close ones.

@@ -1,4 +1,4 @@
-"""IFMR: clip search for activation calibration and ULQ initialisation (spec §4.3).
+"""IFMR: clip search for activation calibration and ULQ initialisation (docs/spec/engine.md §4.3).
 
 The candidates' MSE losses are evaluated together, a chunk of candidates at a time, so memory stays
 bounded (about `_CHUNK_ELEMENTS` floats per temporary) whatever the tensor size.
@@ -28,7 +28,7 @@ class IfmrResult(NamedTuple):
 
 
 def _percentile_index(percentile: float, length: int) -> int:
-    # spec §4.3 step 1: 1-based rank from the extreme end, computed with Python floats like AMCT.
+    # docs/spec/engine.md §4.3 step 1: 1-based rank from the extreme end, computed with Python floats like AMCT.
     if 1.0 - percentile < FLT_EPSILON:
         return 1
     return min(max(length - int(percentile * length), 1), length)
@@ -37,7 +37,7 @@ def _percentile_index(percentile: float, length: int) -> int:
 def percentile_init(
     data: torch.Tensor, max_percentile: float, min_percentile: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """max0 = max_index-th largest (>= 0), min0 = min_index-th smallest (<= 0) (spec §4.3 step 1)."""
+    """max0 = max_index-th largest (>= 0), min0 = min_index-th smallest (<= 0) (docs/spec/engine.md §4.3 step 1)."""
     length = data.numel()
     max_index = _percentile_index(max_percentile, length)
     min_index = _percentile_index(min_percentile, length)
@@ -48,7 +48,7 @@ def percentile_init(
 
 
 def search_ratios(start: float, end: float, step: float, device) -> torch.Tensor:
-    """start + k*step for k < n, end exclusive (spec §4.3: 0.7..1.3 by 0.01 gives 60 candidates).
+    """start + k*step for k < n, end exclusive (docs/spec/engine.md §4.3: 0.7..1.3 by 0.01 gives 60 candidates).
 
     `torch.arange(0.7, 1.3, 0.01)` yields 61 values because (1.3-0.7)/0.01 is 60.000000000000014 in
     floating point; we follow the spec's exclusive end and round the quotient to 9 digits first.
@@ -82,7 +82,7 @@ def ifmr_search(
     search_end: float = 1.3,
     search_step: float = 0.01,
 ) -> IfmrResult:
-    """Search the clip that minimises the quantisation MSE of `data` (spec §4.3)."""
+    """Search the clip that minimises the quantisation MSE of `data` (docs/spec/engine.md §4.3)."""
     _check_search_args(max_percentile, min_percentile, search_start, search_end, search_step)
     check_quantizable(data, "calibration data")
     if data.numel() == 0:
@@ -92,7 +92,7 @@ def ifmr_search(
     max0, min0 = percentile_init(x, max_percentile, min_percentile)
     candidates = search_ratios(search_start, search_end, search_step, x.device)
     if with_offset:
-        # spec §4.3: only the max is searched; min0 stays fixed.
+        # docs/spec/engine.md §4.3: only the max is searched; min0 stays fixed.
         candidates = candidates * max0
         scales = (candidates - min0) / ((1 << bits) - 1)
         low = min0.expand_as(candidates)
@@ -107,7 +107,7 @@ def ifmr_search(
     offset = torch.zeros((), dtype=torch.int32, device=x.device)
     if with_offset:
         offset = (qn - torch.round(min0 / scale)).to(torch.int32)
-    # spec §4.3 step 3: the clip range the chosen (scale, offset) can represent.
+    # docs/spec/engine.md §4.3 step 3: the clip range the chosen (scale, offset) can represent.
     clip_max = (qp - offset) * scale
     clip_min = -(-qn + offset) * scale
     return IfmrResult(scale, offset, clip_max, clip_min)
@@ -125,7 +125,7 @@ def _check_search_args(max_pct, min_pct, start, end, step) -> None:
 
 
 class IfmrObserver(nn.Module):
-    """Accumulates the first `batch_num` batches, then runs `ifmr_search` once (spec §4.3, §4.1).
+    """Accumulates the first `batch_num` batches, then runs `ifmr_search` once (docs/spec/engine.md §4.3, §4.1).
 
     Batches are kept detached on their own device; they are released as soon as the search ran.
     """

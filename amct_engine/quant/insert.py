@@ -1,4 +1,4 @@
-"""The pass that swaps quantised training layers in by module path (spec §1.2, §4.6, §4.8)."""
+"""The pass that swaps quantised training layers in by module path (docs/spec/engine.md §1.2, §4.6, §4.8)."""
 
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ def insert_quant_layers(
 ) -> nn.Module:
     """Replace every enabled layer of `cm.module` with a QuantRetrainLayer; returns `cm.module`.
 
-    Retrain (spec §4.6) moves a following BN into the wrapper and defaults `fixed_min` to "input
-    comes from a ReLU". Distillation (spec §4.1, §6) keeps the BN in place, because distill groups
+    Retrain (docs/spec/engine.md §4.6) moves a following BN into the wrapper and defaults `fixed_min` to "input
+    comes from a ReLU". Distillation (docs/spec/engine.md §4.1, §6) keeps the BN in place, because distill groups
     call their modules one by one, and remembers its path so saving can fold it; its `fixed_min`
     defaults to false. Without that ReLU detection AMCT's symmetric IFMR start spends half of the
     codes on negative values that one-sided inputs never take (a GELU output in [-0.17, 24] gets
@@ -40,7 +40,7 @@ def insert_quant_layers(
     for name in config.enabled_layers():
         spec = config.layers[name]
         from_relu = False if distill else input_from_relu(cm, name)
-        # spec §4.8: retrain layers reading the same tensor with identical settings share one
+        # docs/spec/engine.md §4.8: retrain layers reading the same tensor with identical settings share one
         # quantiser. Distillation does not (AMCT's single-op QAT layers own theirs): its groups
         # train one after another, and a quantiser shared across groups would move under a group
         # that has already been trained.

@@ -1,4 +1,4 @@
-"""Quantisation primitives shared by every quantiser (spec §4.0).
+"""Quantisation primitives shared by every quantiser (docs/spec/engine.md §4.0).
 
 Everything here is elementwise tensor code: a per-channel max/min vector gives a per-channel scale
 vector with the same calls as a per-tensor scalar. Results stay on the input's device.
@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import torch
 
-# spec §4.0: scales below FLT_EPSILON are replaced by 1 (C's FLT_EPSILON, float32 machine epsilon).
+# docs/spec/engine.md §4.0: scales below FLT_EPSILON are replaced by 1 (C's FLT_EPSILON, float32 machine epsilon).
 FLT_EPSILON = 1.192092896e-7
 SUPPORTED_BITS = (4, 8, 16)
 QUANTIZABLE_DTYPES = (torch.float32, torch.float16)
 
 
 def quant_range(bits: int) -> tuple[int, int]:
-    """(Qn, Qp) = (-2^(b-1), 2^(b-1)-1) for the supported INT4/INT8/INT16 widths (spec §4 notation)."""
+    """(Qn, Qp) = (-2^(b-1), 2^(b-1)-1) for the supported INT4/INT8/INT16 widths (docs/spec/engine.md §4 notation)."""
     if bits not in SUPPORTED_BITS:
         raise ValueError(f"unsupported bit width {bits!r}: expected one of {SUPPORTED_BITS}")
     half = 1 << (bits - 1)
@@ -34,7 +34,7 @@ def _as_float_tensor(value, like: torch.Tensor | None = None) -> torch.Tensor:
 
 
 def symmetric_scale(max_val, min_val, bits: int) -> torch.Tensor:
-    """Symmetric scale (offset is 0), elementwise over per-channel max/min (spec §4.0).
+    """Symmetric scale (offset is 0), elementwise over per-channel max/min (docs/spec/engine.md §4.0).
 
     scope is Qp, or Qp+1 when |min| > |max|: a dominant negative extreme may use -2^(b-1).
     The raw scale may be 0; callers pass it through `process_scale`.
@@ -47,7 +47,7 @@ def symmetric_scale(max_val, min_val, bits: int) -> torch.Tensor:
 
 
 def asymmetric_scale_offset(max_val, min_val, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Asymmetric scale and int32 offset (spec §4.0); the range always contains 0.
+    """Asymmetric scale and int32 offset (docs/spec/engine.md §4.0); the range always contains 0.
 
     The raw scale may be 0 (max == min == 0); callers pass the pair through `process_scale`.
     """
@@ -65,7 +65,7 @@ def asymmetric_scale_offset(max_val, min_val, bits: int) -> tuple[torch.Tensor, 
 def process_scale(
     scale: torch.Tensor, offset: torch.Tensor, bits: int, asymmetric: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Replace scales below FLT_EPSILON by 1 (offset Qn when asymmetric); NaN/Inf raise (spec §4.0)."""
+    """Replace scales below FLT_EPSILON by 1 (offset Qn when asymmetric); NaN/Inf raise (docs/spec/engine.md §4.0)."""
     qn, _ = quant_range(bits)
     offset = torch.as_tensor(offset, device=scale.device)
     # One device sync for both checks: AMCT raises here rather than export a broken factor.
@@ -90,7 +90,8 @@ def broadcast_along_axis0(factor: torch.Tensor, ndim: int, channels: int) -> tor
 
 
 def fake_quantize(x: torch.Tensor, scale, offset, bits: int) -> torch.Tensor:
-    """(clamp(round(x/scale + offset), Qn, Qp) - offset) * scale, per channel along axis 0 (spec §4.0)."""
+    """(clamp(round(x/scale + offset), Qn, Qp) - offset) * scale, per channel along axis 0
+    (docs/spec/engine.md §4.0)."""
     qn, qp = quant_range(bits)
     channels = x.shape[0] if x.dim() > 0 else 1
     scale = broadcast_along_axis0(_as_float_tensor(scale, x).to(x.device), x.dim(), channels)
@@ -100,7 +101,7 @@ def fake_quantize(x: torch.Tensor, scale, offset, bits: int) -> torch.Tensor:
 
 
 def check_quantizable(x: torch.Tensor, what: str = "tensor", finite: bool = True) -> None:
-    """Only finite float32/float16 tensors can be quantised (spec §4.0 input checks).
+    """Only finite float32/float16 tensors can be quantised (docs/spec/engine.md §4.0 input checks).
 
     `finite=False` checks the dtype only: the full scan costs a pass over the tensor and a host
     sync, which a training step should not pay on every activation.
@@ -112,7 +113,7 @@ def check_quantizable(x: torch.Tensor, what: str = "tensor", finite: bool = True
 
 
 def to_cout_major(weight: torch.Tensor, transpose_groups: int | None = None) -> torch.Tensor:
-    """Return the weight with Cout on axis 0 (spec §4.0).
+    """Return the weight with Cout on axis 0 (docs/spec/engine.md §4.0).
 
     Conv/Linear weights already are [Cout, ...]. A ConvTranspose weight is [Cin, Cout/g, *k]; output
     channel gi*(Cout/g)+j of group gi lives at rows gi*(Cin/g):(gi+1)*(Cin/g), column j, so it becomes

@@ -1,4 +1,4 @@
-"""The quantised training form of one Conv/Linear layer (AMCT's RetrainQuant, spec §4.6)."""
+"""The quantised training form of one Conv/Linear layer (AMCT's RetrainQuant, docs/spec/engine.md §4.6)."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ class QuantRetrainLayer(nn.Module):
     """ULQ-quantised input, ARQ/ULQ-quantised weight, then the layer and its following BN.
 
     The BN trains unfolded inside the wrapper (its parent slot becomes nn.Identity) and is folded
-    at save time (spec §4.6). Quantisation factors go to the record on the first eval forward
-    after training (spec §1.2, "Important").
+    at save time (docs/spec/engine.md §4.6). Quantisation factors go to the record on the first eval forward
+    after training (docs/spec/engine.md §1.2, "Important").
 
     In eval mode the layer computes what the deployed model computes (BN folded, integer weight
     codes, int32 bias; `deployed_forward`), from exactly the factors it writes to the record, so
@@ -47,7 +47,7 @@ class QuantRetrainLayer(nn.Module):
         self.bn = bn
         self.record = record
         self.fakequant_precision_mode = fakequant_precision_mode
-        # Distillation keeps a following BN outside the wrapper; saving folds it in (spec §6.3).
+        # Distillation keeps a following BN outside the wrapper; saving folds it in (docs/spec/engine.md §6.3).
         self.following_bn: str | None = None
         self._deployed: tuple[nn.Module, QuantFactors] | None = None
         # New weights (a checkpoint) invalidate the factors cached for eval.
@@ -75,7 +75,7 @@ class QuantRetrainLayer(nn.Module):
         return deployed_forward(layer, factors, x)
 
     def training_forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Fake-quantised input and weight, the layer, then the unfolded BN (spec §4.6)."""
+        """Fake-quantised input and weight, the layer, then the unfolded BN (docs/spec/engine.md §4.6)."""
         x_q = self.act_quant(x)
         transpose_groups = self.layer.groups if isinstance(self.layer, nn.ConvTranspose2d) else None
         w_q = self.weight_quant(self.layer.weight, transpose_groups)
@@ -98,12 +98,12 @@ class QuantRetrainLayer(nn.Module):
         scale_d, offset_d = self.act_quant.scale_offset()
         scale_d, offset_d = float(scale_d), int(offset_d)
         if self.fakequant_precision_mode == "FORCE_FP16_QUANT":
-            scale_d = float(torch.tensor(scale_d).half())  # spec §2.2: scale_d at fp16 precision
+            scale_d = float(torch.tensor(scale_d).half())  # docs/spec/engine.md §2.2: scale_d at fp16 precision
         scale_d = reciprocal_stable(scale_d)
         scale_w = self.weight_quant.scale_offset()[0].reshape(-1)  # the scale the forward used
         bn_factor = self.bn_fold_factor()
         if bn_factor is not None:
-            # spec §4.6: matches the Conv+BN folding done at save time.
+            # docs/spec/engine.md §4.6: matches the Conv+BN folding done at save time.
             scale_w = scale_w.expand(bn_factor.numel()) * bn_factor.abs()
         scale_w = torch.where(scale_w < FLT_EPSILON, torch.ones_like(scale_w), scale_w)
         return LayerQuantRecord(
@@ -128,7 +128,7 @@ class QuantRetrainLayer(nn.Module):
 def reciprocal_stable(scale: float) -> float:
     """The float32 scale next to `scale` whose float32 reciprocal maps back to it.
 
-    The Ascend layout stores 1/scale_d (spec §5); with this, 1/(1/scale_d) is scale_d again, so a
+    The Ascend layout stores 1/scale_d (docs/spec/engine.md §5); with this, 1/(1/scale_d) is scale_d again, so a
     reference that recovers scale_d quantises exactly like the fake-quant model (moves <= 1 ulp).
     """
     one = np.float32(1)
@@ -161,7 +161,7 @@ def make_act_quantizer(
     spec: LayerQuantSpec, batch_num: int, input_from_relu: bool, asymmetric_init: bool = False
 ) -> UlqActQuantizer:
     act = spec.act
-    # spec §4.1: fixed_min defaults to true when the layer's input comes from a ReLU.
+    # docs/spec/engine.md §4.1: fixed_min defaults to true when the layer's input comes from a ReLU.
     fixed_min = input_from_relu if act.fixed_min is None else act.fixed_min
     return UlqActQuantizer(
         bits=act.bits,

@@ -1,4 +1,4 @@
-"""ULQ activation quantiser: learnable asymmetric clip range with IFMR initialisation (spec §4.1)."""
+"""ULQ activation quantiser: learnable asymmetric clip range with IFMR initialisation (docs/spec/engine.md §4.1)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from .primitives import (
 
 
 def guard_clips(clip_max, clip_min, clip_max_pre, clip_min_pre, fixed_min: bool):
-    """Forward steps 1-2 of spec §4.1, as tensor selects (no host sync).
+    """Forward steps 1-2 of docs/spec/engine.md §4.1, as tensor selects (no host sync).
 
     fixed_min forces cmin = 0; then an empty range reverts both clips to `_pre`, else a negative
     cmax reverts cmax, else a positive cmin reverts cmin.
@@ -37,13 +37,13 @@ def guard_clips(clip_max, clip_min, clip_max_pre, clip_min_pre, fixed_min: bool)
 
 
 def clip_scale_offset(cmax: torch.Tensor, cmin: torch.Tensor, bits: int):
-    """Asymmetric (scale, offset) of a clip range, made safe by `process_scale` (spec §4.0)."""
+    """Asymmetric (scale, offset) of a clip range, made safe by `process_scale` (docs/spec/engine.md §4.0)."""
     scale, offset = asymmetric_scale_offset(cmax, cmin, bits)
     return process_scale(scale, offset, bits, asymmetric=True)
 
 
 def ulq_act_backward(x, grad_y, cmax, cmin, scale, offset, bits: int):
-    """spec §4.1 backward: clip gradients (LSQ/PACT-like) and the straight-through input gradient.
+    """docs/spec/engine.md §4.1 backward: clip gradients (LSQ/PACT-like) and the straight-through input gradient.
 
     With t = cmax/s above the range, cmin/s below it and x/s inside, and e = (round(t) - t)/(2^b - 1):
         dL/dcmax = sum((e + upper) * g),  dL/dcmin = sum((lower - e) * g).
@@ -71,7 +71,7 @@ def ulq_act_backward(x, grad_y, cmax, cmin, scale, offset, bits: int):
 
 
 def _fast_fake_quantize(x, scale, offset, bits: int):
-    """spec §4.0 fake quantisation through torch's fused kernel (one pass instead of five).
+    """docs/spec/engine.md §4.0 fake quantisation through torch's fused kernel (one pass instead of five).
 
     The kernel multiplies by 1/scale where the formula divides, which can move a value sitting
     exactly on a rounding tie; training tolerates that, and eval/export use the exact formula.
@@ -86,7 +86,7 @@ class UlqActFunction(torch.autograd.Function):
     """y = fake-quantised x over the guarded clip range; returns (y, scale, offset, cmax, cmin).
 
     Only y is differentiable. Tensors needed by backward go through `save_for_backward`: AMCT kept
-    the input on a ctx attribute and leaked it across steps (spec §8).
+    the input on a ctx attribute and leaked it across steps (docs/spec/engine.md §8).
     """
 
     @staticmethod
@@ -112,7 +112,7 @@ class UlqActFunction(torch.autograd.Function):
 
 
 def _ddp_mean(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """Averages across DDP ranks (spec §4.1); identity outside a multi-process group.
+    """Averages across DDP ranks (docs/spec/engine.md §4.1); identity outside a multi-process group.
 
     Works on copies: the Function's clip outputs are also saved for its backward.
     """
@@ -127,11 +127,11 @@ def _ddp_mean(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
 
 
 class UlqActQuantizer(nn.Module):
-    """Learnable-clip asymmetric activation quantiser (spec §4.1).
+    """Learnable-clip asymmetric activation quantiser (docs/spec/engine.md §4.1).
 
     Initialisation: explicit `clip_max`/`clip_min` skip IFMR. Otherwise the first `batch_num`
     forwards feed an IFMR observer, in train *or* eval mode (as AMCT's wrapper does), so a model can
-    be exported right after creation. The search is symmetric as in AMCT (spec §4.1) unless
+    be exported right after creation. The search is symmetric as in AMCT (docs/spec/engine.md §4.1) unless
     `asymmetric_init`: then it keeps the data's minimum and searches the maximum (IFMR with offset),
     which suits one-sided inputs that no `fixed_min` covers. Batches before the last one pass through
     unquantised while the clips follow their max/min; the batch that completes the search is
@@ -207,7 +207,7 @@ class UlqActQuantizer(nn.Module):
         if self.observer(x):
             self._apply_ifmr(self.observer.result)
             return True
-        # spec §4.1: until IFMR finishes, the clips follow the batch range (the batch is unquantised).
+        # docs/spec/engine.md §4.1: until IFMR finishes, the clips follow the batch range (the batch is unquantised).
         with torch.no_grad():
             cmax, cmin = x.detach().max(), x.detach().min()
             self._store_clips(cmax, cmin, pre=False)
@@ -217,7 +217,7 @@ class UlqActQuantizer(nn.Module):
         return False
 
     def _apply_ifmr(self, result: IfmrResult) -> None:
-        # spec §4.1: symmetric IFMR gives clip_max = Qp*s and clip_min = -2^(b-1)*s, also into _pre;
+        # docs/spec/engine.md §4.1: symmetric IFMR gives clip_max = Qp*s and clip_min = -2^(b-1)*s, also into _pre;
         # with offset o, clip_max = (Qp - o)*s and clip_min = -(2^(b-1) + o)*s.
         cmax, cmin = _ddp_mean(result.clip_max, result.clip_min)
         self._store_clips(cmax, cmin, pre=True)
@@ -253,7 +253,8 @@ class UlqActQuantizer(nn.Module):
 
 
 def _check_clip_args(clip_max: float | None, clip_min: float | None) -> bool:
-    """True when explicit clips are given; they come as a pair with clip_max > 0 > clip_min (§3.2)."""
+    """True when explicit clips are given; they come as a pair with clip_max > 0 > clip_min
+    (docs/spec/engine.md §3.2)."""
     if clip_max is None and clip_min is None:
         return False
     if clip_max is None or clip_min is None:

@@ -1,4 +1,4 @@
-"""ULQ weight quantiser: learnable symmetric scale with LSQ gradient scaling (spec §4.2)."""
+"""ULQ weight quantiser: learnable symmetric scale with LSQ gradient scaling (docs/spec/engine.md §4.2)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def _scale_view(scale: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 def ulq_weight_scale_grad(weight, grad_output, scale, bits: int) -> torch.Tensor:
-    """dL/ds of spec §4.2, shaped like `scale` ([Cout] or [1]).
+    """dL/ds of docs/spec/engine.md §4.2, shaped like `scale` ([Cout] or [1]).
 
     dW^/ds is round(w~)-w~ inside the range, Qn below, Qp above; it is scaled by 1/sqrt(N*Qp), N =
     elements sharing one scale (a channel, or the whole tensor), and summed with g.
@@ -40,7 +40,7 @@ def ulq_weight_scale_grad(weight, grad_output, scale, bits: int) -> torch.Tensor
 
 
 def effective_scale(scale: torch.Tensor) -> torch.Tensor:
-    """|s|, at least FLT_EPSILON: the scale the forward quantises with and the record holds (spec §4.6).
+    """|s|, at least FLT_EPSILON: the scale the forward quantises with and the record holds (docs/spec/engine.md §4.6).
 
     A learnt scale can step through zero (Adam moves it by ~lr per step; a conv followed by BN does
     not care about its channel's magnitude, so nothing pulls the scale back). The record always held
@@ -74,7 +74,7 @@ class UlqWeightFunction(torch.autograd.Function):
 
 
 class UlqWeightQuantizer(SymmetricWeightQuantizer):
-    """`ulq_retrain` weight quantiser (spec §4.2): learnable `wts_scales`, `wts_offsets` zeros.
+    """`ulq_retrain` weight quantiser (docs/spec/engine.md §4.2): learnable `wts_scales`, `wts_offsets` zeros.
 
     The scale is initialised on the first forward (s = max|W|/Qp per channel or per tensor); a
     loaded checkpoint with finite scales counts as initialised.
@@ -107,7 +107,7 @@ class UlqWeightQuantizer(SymmetricWeightQuantizer):
 
     @torch.no_grad()
     def _arq_init(self, weight_cm: torch.Tensor) -> None:
-        # spec §4.2: ARQ initialisation s = max|W|/Qp; an all-zero channel gets s = 1 (process_scale).
+        # docs/spec/engine.md §4.2: ARQ initialisation s = max|W|/Qp; an all-zero channel gets s = 1 (process_scale).
         _, qp = quant_range(self.bits)
         rows = weight_cm.shape[0] if self.channel_wise else 1
         abs_max = weight_cm.detach().reshape(rows, -1).abs().amax(dim=1).to(torch.float32)

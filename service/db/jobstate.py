@@ -2,7 +2,7 @@
 
 Every change is one conditional UPDATE (`WHERE status = :from`) plus its job_events row, in the
 caller's transaction: the API, the worker and the reaper all go through here, so two of them
-racing on the same job cannot both win (spec §2d, §7c). The lifecycle rules live here too: how many
+racing on the same job cannot both win (docs/spec/service.md §2d, §7c). The lifecycle rules live here too: how many
 attempts a job gets (`attempts_exhausted`), and what becomes of a job that lost its worker
 (`recover_lost_job`).
 """

@@ -26,7 +26,7 @@ def summarise_cfg(text: str, kind: str, filename: str) -> dict:
     """Parse (ConfigError on a bad file) and say which job kinds accept the cfg, and why not.
 
     Each job kind that takes a cfg of this `kind` gets a verdict: its engine API family's check
-    (spec §1.2-§1.4), or just the parse when it names none (job_process/kinds.py).
+    (docs/spec/engine.md §1.2-§1.4), or just the parse when it names none (job_process/kinds.py).
     """
     # Imported on first use: the engine pulls in torch, which the API needs for nothing else.
     from amct_engine.config.cfg_checks import check_cfg_for_api

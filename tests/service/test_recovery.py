@@ -1,4 +1,4 @@
-"""Crashes, broker restarts, lost messages and cancel, with real processes (spec §2, §5).
+"""Crashes, broker restarts, lost messages and cancel, with real processes (docs/spec/service.md §2, §5).
 
 - a worker SIGKILLed mid-training: a new worker finishes the job from its last checkpoint;
 - Redis killed and restarted while a job runs, and a job submitted while it is down: both finish;
@@ -129,7 +129,7 @@ def test_a_redis_restart_loses_no_job(stack, tmp_path):
 
 
 def test_the_visibility_timeout_reaches_the_broker_connection(redis_server, tmp_path):
-    """celery#7651, #9339: a visibility_timeout that never reached kombu's Redis channel (spec §2a)."""
+    """celery#7651, #9339: a visibility_timeout that never reached kombu's Redis channel (docs/spec/service.md §2a)."""
     from service.queue import make_celery
 
     settings = make_settings(tmp_path, broker_url=redis_server.url, job_time_limit_s=7200,

@@ -94,7 +94,7 @@ def test_a_message_delivered_twice_runs_once(stack):
     submit = api.submit(kind="quant_retrain", model_id=ids["model_id"], config_id=ids["config_id"],
                         dataset_id=ids["small_id"], epochs=1, batch_size=64, lr=5e-4)
     job_id = submit.json()["id"]
-    # The broker hands the same task out again (a visibility-timeout redelivery, spec §2b).
+    # The broker hands the same task out again (a visibility-timeout redelivery, docs/spec/service.md §2b).
     api.client.app.state.dispatcher.enqueue(job_id, api.settings.queue_for("cpu"))
     job = _wait_terminal(api, job_id)
     assert job["status"] == "succeeded" and job["attempt"] == 1
