@@ -9,8 +9,7 @@ the engine's tables without it.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from amct_engine.registry import lazy_exports
 
 # Public name -> the module that defines it.
 _EXPORTS = {
@@ -36,14 +35,4 @@ _EXPORTS = {
 }
 __all__ = list(_EXPORTS)
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'amct_engine' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

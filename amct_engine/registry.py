@@ -80,3 +80,21 @@ def load_object(path: str) -> Any:
     for part in attribute.split("."):
         value = getattr(value, part)
     return value
+
+
+def lazy_exports(package: str, exports: dict[str, str]):
+    """PEP 562 ``__getattr__`` and ``__dir__`` for a package whose public names (name -> defining
+    module) load on first use, so importing the package imports none of them (nor torch)."""
+
+    def __getattr__(name: str) -> Any:
+        module = exports.get(name)
+        if module is None:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(module), name)
+        vars(importlib.import_module(package))[name] = value  # later lookups skip this function
+        return value
+
+    def __dir__() -> list[str]:
+        return sorted(set(vars(importlib.import_module(package))) | set(exports))
+
+    return __getattr__, __dir__

@@ -1,4 +1,6 @@
-"""report.json: what a user wants to know after compression (docs/architecture.md, "job_process/: the process that runs a job").
+"""report.json: what a user wants to know after compression.
+
+(docs/architecture.md, "job_process/: the process that runs a job".)
 
 Parameters, ONNX file sizes, accuracy of the original and the deploy model on held-out data (or
 output agreement with the original when there are no labels), onnxruntime latency FP32 vs deploy.

@@ -20,21 +20,13 @@ from amct_engine.export.ascend import (
 )
 from amct_engine.export.quant_layer import compute_factors
 from amct_engine.record import LayerQuantRecord, RecordFile
-from tests.models import BranchesNet, ConvBnReluNet
-from tests.test_quant_retrain import INPUT, _train_steps
+from tests.models import BranchesNet
+from tests.test_quant_retrain import INPUT, trained_qat_model
 
 
 @pytest.fixture
 def ascend(tmp_path):
-    torch.manual_seed(0)
-    model = ConvBnReluNet()
-    config, record = tmp_path / "c.json", tmp_path / "r.txt"
-    amct.create_quant_retrain_config(str(config), model, INPUT)
-    qmodel = amct.create_quant_retrain_model(str(config), model, str(record), INPUT)
-    _train_steps(qmodel, 3)
-    qmodel.eval()
-    with torch.no_grad():
-        expected = qmodel(INPUT).numpy()
+    config, qmodel, record, expected = trained_qat_model(tmp_path)
     paths = amct.save_quant_retrain_model(
         str(config), qmodel, str(record), str(tmp_path / "net"), INPUT, deploy_format="ascend"
     )

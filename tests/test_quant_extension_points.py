@@ -30,8 +30,7 @@ from amct_engine.quant.retrain_layer import make_weight_quantizer
 from amct_engine.quant.ulq_weight import UlqWeightQuantizer
 from amct_engine.quant.weight_quantizer import WeightQuantizer
 from amct_engine.record import RecordFile
-from tests.models import ConvBnReluNet
-from tests.test_quant_retrain import INPUT, _train_steps
+from tests.test_quant_retrain import INPUT, _train_steps, trained_qat_model
 
 # ---------------------------------------------------------------------------------------------
 # weight quantisers
@@ -156,15 +155,7 @@ def mine_format():
 
 @pytest.fixture
 def qat(tmp_path):
-    torch.manual_seed(0)
-    model = ConvBnReluNet()
-    config, record = tmp_path / "c.json", tmp_path / "r.txt"
-    amct.create_quant_retrain_config(str(config), model, INPUT)
-    qmodel = amct.create_quant_retrain_model(str(config), model, str(record), INPUT)
-    _train_steps(qmodel, 3)
-    qmodel.eval()
-    with torch.no_grad():
-        expected = qmodel(INPUT).numpy()
+    config, qmodel, record, expected = trained_qat_model(tmp_path)
     return config, qmodel, record, expected
 
 

@@ -32,6 +32,21 @@ def _train_steps(model: nn.Module, steps: int = 5) -> None:
         opt.step()
 
 
+def trained_qat_model(tmp_path):
+    """A ConvBnReluNet through create_quant_retrain_*, 3 training steps, then its eval output on INPUT
+    (the first eval forward also writes the record): ``(config, qmodel, record, expected)``."""
+    torch.manual_seed(0)
+    model = ConvBnReluNet()
+    config, record = tmp_path / "c.json", tmp_path / "r.txt"
+    amct.create_quant_retrain_config(str(config), model, INPUT)
+    qmodel = amct.create_quant_retrain_model(str(config), model, str(record), INPUT)
+    _train_steps(qmodel, 3)
+    qmodel.eval()
+    with torch.no_grad():
+        expected = qmodel(INPUT).numpy()
+    return config, qmodel, record, expected
+
+
 @pytest.fixture
 def qat(tmp_path):
     """A created QAT model of ConvBnReluNet, trained a little and run once in eval mode."""

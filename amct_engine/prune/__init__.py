@@ -16,8 +16,7 @@ The names below load on first use (PEP 562), so ``import amct_engine.prune.setti
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from amct_engine.registry import lazy_exports
 
 # Public name -> the module that defines it.
 _EXPORTS = {
@@ -30,14 +29,4 @@ _EXPORTS = {
 __all__ = list(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'amct_engine.prune' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -99,7 +99,20 @@ class LayerPruner:
         return module.weight
 
 
-class ConvPruner(LayerPruner):
+class _ConvChannels:
+    """Channel counts and groups of a Conv / ConvTranspose, read from the module's attributes."""
+
+    def groups(self, conv: nn.Module) -> int:
+        return conv.groups
+
+    def get_out_channels(self, conv: nn.Module) -> int:
+        return conv.out_channels
+
+    def get_in_channels(self, conv: nn.Module) -> int:
+        return conv.in_channels
+
+
+class ConvPruner(_ConvChannels, LayerPruner):
     """Conv1d/2d/3d, grouped and depthwise; only Conv2d leads a group (docs/spec/engine.md §4.4, §4.9)."""
 
     op_type = "Conv"
@@ -122,15 +135,6 @@ class ConvPruner(LayerPruner):
             return (f"is a depthwise conv with channel multiplier {conv.out_channels // conv.in_channels}; "
                     "only multiplier 1 is followed")
         return None
-
-    def groups(self, conv: nn.Module) -> int:
-        return conv.groups
-
-    def get_out_channels(self, conv: nn.Module) -> int:
-        return conv.out_channels
-
-    def get_in_channels(self, conv: nn.Module) -> int:
-        return conv.in_channels
 
     def prune_out_channels(self, conv: nn.Module, indices: Iterable[int]) -> None:
         removed = set(indices)
@@ -161,7 +165,7 @@ class ConvPruner(LayerPruner):
         conv.in_channels -= len(removed)
 
 
-class ConvTransposePruner(LayerPruner):
+class ConvTransposePruner(_ConvChannels, LayerPruner):
     """ConvTranspose1d/2d/3d: a passive consumer; only the input channels of an ungrouped one go."""
 
     op_type = "ConvTranspose"
@@ -172,15 +176,6 @@ class ConvTransposePruner(LayerPruner):
 
     def input_problem(self, conv: nn.Module) -> str | None:
         return "is a grouped ConvTranspose; its input channels are not pruned" if conv.groups != 1 else None
-
-    def groups(self, conv: nn.Module) -> int:
-        return conv.groups
-
-    def get_out_channels(self, conv: nn.Module) -> int:
-        return conv.out_channels
-
-    def get_in_channels(self, conv: nn.Module) -> int:
-        return conv.in_channels
 
     def prune_out_channels(self, conv: nn.Module, indices: Iterable[int]) -> None:
         raise ValueError("only the input channels of an ungrouped ConvTranspose can be pruned")
