@@ -23,9 +23,9 @@ from amct_engine.config.quant_json import (
 from amct_engine.export.formats import check_deploy_format
 from amct_engine.export.save import quant_layers, save_quantized_onnx
 from amct_engine.graph.analysis import DISTILL_TYPES, distill_groups, quantizable_layers
-from amct_engine.graph.capture import capture_model
+from amct_engine.graph.capture import as_input_tuple, capture_model
 from amct_engine.quant.insert import insert_quant_layers
-from amct_engine.quant_retrain import as_input_tuple, records_for_save
+from amct_engine.quant_retrain import records_for_save
 from amct_engine.record import RecordFile
 
 __all__ = [

@@ -32,7 +32,7 @@ from amct_engine.export.save import (
     validate_dynamic_axes,
 )
 from amct_engine.graph.analysis import RETRAIN_TYPES, quantizable_layers
-from amct_engine.graph.capture import CapturedModel, capture_model
+from amct_engine.graph.capture import CapturedModel, as_input_tuple, capture_model
 from amct_engine.prune.layer_pruners import weight_layer_type_names
 from amct_engine.prune.passes import (
     filter_prune,
@@ -51,7 +51,7 @@ from amct_engine.prune.report import PruneReport
 from amct_engine.prune.selective import bake_selective_masks, selective_masks
 from amct_engine.prune.settings import prune_settings_from_cfg
 from amct_engine.quant.insert import insert_quant_layers
-from amct_engine.quant_retrain import as_input_tuple, load_checkpoint, records_for_save
+from amct_engine.quant_retrain import load_checkpoint, records_for_save
 from amct_engine.record import RecordFile
 
 REPORT_ATTR = "amct_prune_report"

@@ -19,19 +19,11 @@ from amct_engine.config.quant_json import (
 )
 from amct_engine.export.save import quant_layers, save_quantized_onnx
 from amct_engine.graph.analysis import RETRAIN_TYPES, quantizable_layers
-from amct_engine.graph.capture import CapturedModel, capture_model
+from amct_engine.graph.capture import CapturedModel, as_input_tuple, capture_model
 from amct_engine.quant.insert import insert_quant_layers
 from amct_engine.record import RecordFile
 
 CONFIG_ATTR = "_amct_retrain_config"
-
-
-def as_input_tuple(input_data) -> tuple[torch.Tensor, ...]:
-    if isinstance(input_data, torch.Tensor):
-        return (input_data,)
-    if isinstance(input_data, (tuple, list)) and all(isinstance(t, torch.Tensor) for t in input_data):
-        return tuple(input_data)
-    raise TypeError("input_data must be a tensor or a tuple of tensors")
 
 
 def _layer_modules(cm: CapturedModel) -> dict[str, nn.Module]:

@@ -130,7 +130,7 @@ def capture_model(
     Raises TypeError for other inputs, ValueError for a model that already holds AMCT ops, and
     GraphCaptureError when the model cannot become one static graph.
     """
-    example_inputs = _as_input_tuple(input_data)
+    example_inputs = as_input_tuple(input_data)
     if isinstance(model, (str, os.PathLike)):
         source = f"TorchScript file {os.fspath(model)}"
         return _capture_torchscript(load_torchscript(model), example_inputs, source, True, reject_amct_ops)
@@ -146,7 +146,8 @@ def capture_model(
     return _capture_module(_copy_model(model), example_inputs, allow_export_fallback)
 
 
-def _as_input_tuple(input_data: Any) -> tuple[torch.Tensor, ...]:
+def as_input_tuple(input_data: Any) -> tuple[torch.Tensor, ...]:
+    """The example input of every API call as a tuple of tensors (a single tensor is a 1-tuple)."""
     if isinstance(input_data, torch.Tensor):
         return (input_data,)
     is_seq = isinstance(input_data, (tuple, list))
