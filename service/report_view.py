@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from rich.table import Table
 
-NONZERO_LABEL = "weights ≠ 0 (int codes ≠ zero point)"
+NONZERO_LABEL = "nonzero weights¹"
+NONZERO_NOTE = "¹ of the weight tensors only; an integer code counts when ≠ its zero point"
 
 
 def _bytes(n: float) -> str:
@@ -53,7 +54,9 @@ def report_rows(report: dict) -> list[tuple[str, str, str, str]]:
 
 
 def summary_table(report: dict, title: str | None = None) -> Table:
-    table = Table(title=title or f"{report.get('kind', 'compression')}: FP32 → deploy", title_justify="left")
+    notes = NONZERO_NOTE if any(row[0] == NONZERO_LABEL for row in report_rows(report)) else None
+    table = Table(title=title or f"{report.get('kind', 'compression')}: FP32 → deploy", title_justify="left",
+                  caption=notes, caption_justify="left")
     table.add_column("")
     table.add_column("before (FP32)", justify="right")
     table.add_column("after (deploy)", justify="right")

@@ -9,6 +9,9 @@ import { applyEvent, modelName } from "./jobs.js";
 
 const ratio = (before, after) => (before ? `${(after / before).toFixed(2)}×` : "–");
 const LOG_TAIL_LINES = 40;
+// service/report_view.py's label and note, word for word.
+const NONZERO_LABEL = "nonzero weights¹";
+const NONZERO_NOTE = "¹ of the weight tensors only; an integer code counts when ≠ its zero point";
 
 // The rows service/report_view.py prints in the CLI: FP32 model against the deploy model.
 export function reportRows(r) {
@@ -21,7 +24,7 @@ export function reportRows(r) {
   // Weight tensors only; in the deploy model the integer codes that differ from their zero point.
   const nonzero = [r.parameters.fp32.nonzero_weights, r.parameters.deploy.nonzero_weights];
   if (nonzero.every((n) => n !== undefined)) {
-    rows.push(["weights ≠ 0 (int codes ≠ zero point)", number(nonzero[0]), number(nonzero[1]),
+    rows.push([NONZERO_LABEL, number(nonzero[0]), number(nonzero[1]),
                ratio(nonzero[0], nonzero[1])]);
   }
   if (r.accuracy) {
@@ -174,9 +177,11 @@ export function jobView(id) {
   }
 
   function showReport(r) {
+    const rows = reportRows(r);
     el.report.replaceChildren(h("table", { id: "report-table", class: "report" },
       h("thead", {}, h("tr", {}, ["", "before (FP32)", "after (deploy)", "change"].map((t) => h("th", {}, t)))),
-      h("tbody", {}, reportRows(r).map((row) => h("tr", {}, row.map((c, i) => h(i ? "td" : "th", { class: i ? "num" : "" }, c)))))));
+      h("tbody", {}, rows.map((row) => h("tr", {}, row.map((c, i) => h(i ? "td" : "th", { class: i ? "num" : "" }, c)))))),
+      rows.some((row) => row[0] === NONZERO_LABEL) ? h("p", { class: "muted note" }, NONZERO_NOTE) : "");
   }
 
   async function showConfig() {
