@@ -58,15 +58,85 @@ def _weight_tensors(graph: onnx.GraphProto):
             yield from (a.t for a in node.attribute if a.name == "value")
 
 
+# Which input of a layer op is its weight, and (integer ops) how many inputs later its zero point comes.
+WEIGHT_INPUT = {"Conv": 1, "ConvTranspose": 1, "Gemm": 1, "MatMul": 1, "ConvInteger": 1, "MatMulInteger": 1,
+                "QLinearConv": 3, "QLinearMatMul": 3}
+ZERO_POINT_AFTER = {"ConvInteger": 2, "MatMulInteger": 2, "QLinearConv": 2, "QLinearMatMul": 2}
+# The axis a per-channel zero point runs along: the output channel of a conv, the output column of a matmul.
+ZERO_POINT_AXIS = {"ConvInteger": 0, "QLinearConv": 0, "MatMulInteger": -1, "QLinearMatMul": -1}
+# Ops the exporters put between a stored weight and its layer without changing which values are zero.
+PASS_THROUGH = {"Transpose", "Cast", "Reshape", "Identity", "Squeeze", "Unsqueeze"}
+
+
+def _attribute(node: onnx.NodeProto, name: str, default):
+    return next((onnx.helper.get_attribute_value(a) for a in node.attribute if a.name == name), default)
+
+
+def _along(zero_point, ndim: int, axis: int):
+    """A scalar or per-channel zero point, shaped to broadcast against codes of `ndim` dimensions."""
+    zero_point = np.asarray(zero_point)
+    if zero_point.size <= 1:
+        return zero_point.reshape(())
+    shape = [1] * ndim
+    shape[axis] = -1
+    return zero_point.reshape(shape)
+
+
+def _stored_weight(name: str, producers: dict, constants: dict):
+    """The stored tensor behind a layer's weight input and the value that means zero in it: 0 for floats,
+    the zero point for the integer codes a DequantizeLinear reads. None when the input is not a constant
+    (a MatMul of two activations)."""
+    for _ in range(8):  # a weight is a few pass-through ops away from its tensor at most
+        if name in constants:
+            return constants[name], 0
+        node = producers.get(name)
+        if node is None:
+            return None
+        if node.op_type == "DequantizeLinear":
+            codes = constants.get(node.input[0])
+            if codes is None:
+                return None
+            zero_point = constants.get(node.input[2], 0) if len(node.input) > 2 and node.input[2] else 0
+            return codes, _along(zero_point, codes.ndim, _attribute(node, "axis", 1))
+        if node.op_type not in PASS_THROUGH:
+            return None
+        name = node.input[0]
+    return None
+
+
 def onnx_parameters(path: str) -> dict:
-    """Stored weight elements (scalars such as scales and zero points included); nonzero shows pruning."""
+    """`total`: every stored element (weights, biases, scales, zero points); `weights`: the elements of the
+    layers' weight tensors; `nonzero_weights`: those not zero, which for an integer model means the codes
+    that differ from their zero point (a code equal to it dequantises to 0). Pruning and sparsity show in
+    `nonzero_weights`; quantisation does not change it beyond the weights that round to zero."""
     model = onnx.load(path, load_external_data=False)
-    total = nonzero = 0
+    constants, total = {}, 0
     for tensor in _weight_tensors(model.graph):
-        arr = onnx.numpy_helper.to_array(tensor)
-        total += arr.size
-        nonzero += int(np.count_nonzero(arr))
-    return {"total": int(total), "nonzero": int(nonzero)}
+        constants[tensor.name] = onnx.numpy_helper.to_array(tensor)
+        total += constants[tensor.name].size
+    for node in model.graph.node:  # Constant nodes' tensors are named by the node's output
+        if node.op_type == "Constant" and node.output:
+            value = next((a.t for a in node.attribute if a.name == "value"), None)
+            if value is not None:
+                constants[node.output[0]] = onnx.numpy_helper.to_array(value)
+    producers = {out: node for node in model.graph.node for out in node.output}
+    weights = nonzero = 0
+    for node in model.graph.node:
+        slot = WEIGHT_INPUT.get(node.op_type)
+        if slot is None or len(node.input) <= slot:
+            continue
+        found = _stored_weight(node.input[slot], producers, constants)
+        if found is None and node.op_type == "MatMul":  # x @ W or W @ x
+            found = _stored_weight(node.input[0], producers, constants)
+        if found is None:
+            continue
+        codes, zero_point = found
+        zp_slot = slot + ZERO_POINT_AFTER.get(node.op_type, len(node.input))
+        if zp_slot < len(node.input) and node.input[zp_slot] in constants:
+            zero_point = _along(constants[node.input[zp_slot]], codes.ndim, ZERO_POINT_AXIS[node.op_type])
+        weights += codes.size
+        nonzero += int(np.count_nonzero(codes != zero_point))
+    return {"total": int(total), "weights": int(weights), "nonzero_weights": int(nonzero)}
 
 
 def _agreement(reference: np.ndarray, other: np.ndarray) -> dict:

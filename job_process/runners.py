@@ -178,7 +178,9 @@ def _distill_groups(ctx: JobContext, student: nn.Module, config: str, loader: De
 
     def on_step(event: dict) -> None:
         step = done * per_group + event["step"]  # the engine counts this call's steps from 1
-        ctx.on_step({**event, "group": done + event["group"], "step": step, "total_steps": len(groups) * per_group})
+        # Groups are numbered from 1 for people (distill-config, checkpoint events); the engine's is an index.
+        ctx.on_step({**event, "group": done + event["group"] + 1, "step": step,
+                     "total_steps": len(groups) * per_group})
         ctx.checkpoints.check_cancel()
         if step % per_group == 0:
             ctx.checkpoints.save_distill(student, step // per_group, step, len(groups), per_group)

@@ -16,7 +16,7 @@ from service.db.models import Project
 from service.db.session import session_factory
 from service.queue import Dispatcher, make_celery
 from service.reaper import reap_once
-from service.routes import artifacts, configs, datasets, events, health, jobs, keys, meta, models, ui
+from service.routes import artifacts, configs, datasets, docs, events, health, jobs, keys, meta, models, ui
 from service.routes import metrics as metrics_route
 from service.settings import Settings
 from service.storage import open_store
@@ -64,7 +64,7 @@ def create_app(settings: Settings | None = None, run_migrations: bool = True) ->
             with contextlib.suppress(asyncio.CancelledError):
                 await reaper
 
-    app = FastAPI(title="AMCT compression service", version="0.1.0", lifespan=lifespan,
+    app = FastAPI(title="AMCT compression service", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None,
                   description="Upload a TorchScript model, a .cfg and a dataset; submit a compression job; "
                               "watch it; download the ONNX models and the report.")
     app.state.settings = settings
@@ -76,5 +76,6 @@ def create_app(settings: Settings | None = None, run_migrations: bool = True) ->
     problems.install(app)
     for module in (health, meta, models, configs, datasets, jobs, events, artifacts, keys, metrics_route):
         app.include_router(module.router)
+    app.include_router(docs.router)  # /docs and /redoc with their assets from this server (offline)
     ui.mount(app)  # the dashboard at /ui, and / redirects there
     return app

@@ -19,13 +19,17 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
+from service import local_servers
 from service.cli_common import (
+    DEFAULT_DATA_DIR,
     DEFAULT_DEPLOY_FORMAT,
     DEFAULT_DEVICE,
     DEFAULT_KIND,
     DeployFormat,
     Device,
     Kind,
+    check_job_params,
+    check_not_raw_images,
     console,
     fail,
     parse_shape,
@@ -67,7 +71,8 @@ def start_worker(settings: Settings, devices: list[str], beat: bool) -> subproce
 
 @app.command()
 def serve(host: str = "127.0.0.1", port: int = 8000,
-          data_dir: Annotated[Path, typer.Option(envvar="AMCT_DATA_DIR")] = Path("var"),
+          data_dir: Annotated[Path, typer.Option(envvar="AMCT_DATA_DIR", help="SQLite, queue, artifacts and the "
+                                                 "local api-key live here")] = DEFAULT_DATA_DIR,
           no_worker: Annotated[bool, typer.Option("--no-worker", help="run the API only")] = False) -> None:
     """API + dashboard (/ui) + embedded worker (SQLite, no broker server) unless configured otherwise."""
     import uvicorn
@@ -79,6 +84,8 @@ def serve(host: str = "127.0.0.1", port: int = 8000,
     os.environ["AMCT_DATA_DIR"] = str(data_dir.resolve())
     settings = Settings()
     settings.data_dir.mkdir(parents=True, exist_ok=True)
+    # So `amct jobs …` finds this server's api-key from any folder (service/local_servers.py).
+    local_servers.remember(f"http://{host}:{port}", settings.data_dir)
     # Migrate before the worker starts, so neither races the other on an empty database.
     migrate.upgrade(settings.resolved_database_url)
     worker = None if no_worker else start_worker(settings, list(DEVICES), beat=True)
@@ -129,7 +136,9 @@ def compress(model: Annotated[Path, typer.Option(exists=True, dir_okay=False, he
              epochs: int = 1, batch_size: int = 64, lr: float = 1e-3,
              eval_fraction: Annotated[float, typer.Option(help="held-out share for the report")] = 0.1,
              seed: int = 0, device: Annotated[Device, typer.Option()] = DEFAULT_DEVICE,
-             deploy_format: Annotated[DeployFormat, typer.Option()] = DEFAULT_DEPLOY_FORMAT) -> None:
+             deploy_format: Annotated[DeployFormat, typer.Option()] = DEFAULT_DEPLOY_FORMAT,
+             accept_uint8: Annotated[bool, typer.Option("--accept-uint8", help="use uint8 inputs as they are (for "
+                                                        "a model that scales its input itself)")] = False) -> None:
     """Compress a model here, no server: the engine a worker runs, with a progress bar and a summary table."""
     from service.local_compress import LocalJobError
     from service.local_compress import compress as run_local
@@ -138,6 +147,8 @@ def compress(model: Annotated[Path, typer.Option(exists=True, dir_okay=False, he
     shape = [int(d) for d in parse_shape(input_shape, data).split(",")]
     params = {"epochs": epochs, "batch_size": batch_size, "lr": lr, "eval_fraction": eval_fraction, "seed": seed,
               "deploy_format": deploy_format.value}
+    check_job_params({**params, "device": device.value})  # the bounds POST /v1/jobs has, before the engine starts
+    check_not_raw_images(data, accept_uint8)
     with progress_view() as (bar, show):
         try:
             result = run_local(model, cfg, data, kind.value, out, shape, params, device.value, on_message=show)
@@ -170,8 +181,9 @@ def distill_config(model: Annotated[Path, typer.Option(exists=True, dir_okay=Fal
     except ConfigError as e:
         raise fail(str(e)) from None
     console.print(f"wrote {out}: {len(config['distill_group'])} distill groups")
+    # Numbered from 1, as the job's progress and checkpoint events number them.
     groups = Table("group", "layers")
-    for i, group in enumerate(config["distill_group"]):
+    for i, group in enumerate(config["distill_group"], start=1):
         groups.add_row(str(i), " → ".join(group))
     console.print(groups)
     layers = Table("layer", "activations", "weights")

@@ -1,4 +1,4 @@
-"""What the `amct` commands share: consoles, the server and key options, the input shape of a dataset."""
+"""What the `amct` commands share: consoles, the server and key options, errors as one line, dataset headers."""
 
 from __future__ import annotations
 
@@ -6,31 +6,46 @@ import json
 import zipfile
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
 import numpy as np
 import typer
+import typer.core
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 
 from amct_engine.export.formats import DEPLOY_FORMATS
 from job_process.kinds import DEFAULT_JOB_KIND, JOB_KINDS
+from service.local_servers import KEY_FILE, key_file_for, registry_path
 from service.settings import DEVICES
 
 console = Console()
 err_console = Console(stderr=True)
 DEFAULT_SERVER = "http://127.0.0.1:8000"
-KEY_FILE = "api-key"  # written by the embedded server's first start (service/auth.py)
+DEFAULT_DATA_DIR = Path("var")  # `make serve`'s --data-dir, relative to the repository
 
 ServerOpt = Annotated[str, typer.Option("--server", envvar="AMCT_SERVER", help="the service's base URL")]
 ApiKeyOpt = Annotated[str | None, typer.Option(
     "--api-key", envvar="AMCT_API_KEY", show_default=False,
-    help="API key; default: AMCT_API_KEY, else <data-dir>/api-key of a local embedded server")]
-DataDirOpt = Annotated[Path, typer.Option("--data-dir", envvar="AMCT_DATA_DIR",
-                                          help="where a local `amct serve` keeps its files (for its api-key)")]
+    help="API key; default: the api-key file of the local `amct serve` at --server (from any folder)")]
+DataDirOpt = Annotated[Path | None, typer.Option(
+    "--data-dir", envvar="AMCT_DATA_DIR", show_default=False,
+    help="read the key from this local server's data folder instead")]
+
+
+def _flags_show_no_type(display_type_rich):
+    """typer 0.29's rich help prints `<bool>` for a flag, as if it took a value; its plain help prints
+    nothing there (click's own rule: a flag has no metavar). Give the rich help the plain help's rule."""
+    def display(self, ctx):
+        return None if self.is_flag and not self.count else display_type_rich(self, ctx)
+    return display
+
+
+typer.core.TyperOption.display_type_rich = _flags_show_no_type(typer.core.TyperOption.display_type_rich)
 
 
 def choices(name: str, values: Iterable[str]) -> type[StrEnum]:
@@ -51,37 +66,113 @@ def fail(message: str, code: int = 1) -> typer.Exit:
     return typer.Exit(code=code)
 
 
-def resolve_api_key(api_key: str | None, data_dir: Path) -> str | None:
-    """--api-key / AMCT_API_KEY first, then the key file the embedded server left for local clients."""
-    if api_key:
-        return api_key.strip()
-    path = data_dir / KEY_FILE
+@dataclass(frozen=True)
+class KeyChoice:
+    key: str | None
+    source: str  # where it came from, for the 401 message
+
+
+def _read_key(path: Path) -> str | None:
     try:
         return path.read_text().strip() or None
     except OSError:
         return None
 
 
-def make_client(server: str, api_key: str | None, data_dir: Path):
-    from service.client import AmctClient
+def resolve_api_key(api_key: str | None, data_dir: Path | None, server: str = DEFAULT_SERVER) -> KeyChoice:
+    """--api-key / AMCT_API_KEY first; then the key file of a local embedded server: the one of --data-dir
+    (AMCT_DATA_DIR), else the one `amct serve` recorded for this URL (service/local_servers.py), else
+    `var/api-key` in this folder (`make serve` in a checkout)."""
+    if api_key:
+        return KeyChoice(api_key.strip(), "--api-key / AMCT_API_KEY")
+    candidates = [data_dir / KEY_FILE] if data_dir is not None else [key_file_for(server), DEFAULT_DATA_DIR / KEY_FILE]
+    for path in filter(None, candidates):
+        if (key := _read_key(path)) is not None:
+            return KeyChoice(key, f"the key file {path.resolve()}")
+    return KeyChoice(None, "no key: none given and no key file found")
 
-    return AmctClient(server, resolve_api_key(api_key, data_dir))
+
+def _explain(error, key: KeyChoice) -> str:
+    if error.status == 401:
+        return (f"{error} (sent {key.source}). Give a key with --api-key, or the AMCT_API_KEY variable, or let the "
+                f"CLI read the local server's key file (<data dir>/{KEY_FILE}: found through --data-dir / "
+                f"AMCT_DATA_DIR, or {registry_path()}, which `amct serve` writes)")
+    return str(error)
 
 
-def guess_input_shape(dataset: Path) -> list[int]:
-    """`[1, *sample_shape]` from the header of `inputs`, without reading the array itself."""
+@contextmanager
+def service_client(server: str, api_key: str | None, data_dir: Path | None):
+    """An AmctClient whose failures end the command with one line: no traceback for a server that is not
+    there, the ways to give a key for a 401, the problem's detail otherwise."""
+    from service.client import AmctClient, ApiError, ServiceUnreachable
+
+    key = resolve_api_key(api_key, data_dir, server)
+    with AmctClient(server, key.key) as client:
+        try:
+            yield client
+        except ServiceUnreachable as e:
+            raise fail(f"cannot reach the service at {server} ({e.reason}): is `amct serve` running there? "
+                       "(--server or AMCT_SERVER names another)") from None
+        except ApiError as e:
+            raise fail(_explain(e, key)) from None
+
+
+def check_job_params(params: dict) -> None:
+    """The API's bounds on a job's parameters (service/schemas.py JobCreate), here before anything is
+    uploaded or run, so `amct compress` and `amct jobs submit` accept what POST /v1/jobs accepts."""
+    from pydantic import TypeAdapter, ValidationError
+
+    from service.schemas import JobCreate
+
+    for name, value in params.items():
+        field = JobCreate.model_fields.get(name)
+        if field is None:
+            continue
+        try:
+            TypeAdapter(Annotated[field.annotation, field]).validate_python(value)
+        except ValidationError as e:
+            raise fail(f"--{name.replace('_', '-')} {value}: {e.errors()[0]['msg']}") from None
+
+
+SAFETENSORS_DTYPES = {"U8": "uint8", "I8": "int8", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
+                      "F64": "float64", "I64": "int64", "I32": "int32", "I16": "int16", "BOOL": "bool"}
+
+
+def inputs_header(dataset: Path) -> tuple[list[int], str]:
+    """Shape and numpy dtype name of `inputs`, from the file's header, without reading the array itself."""
     with open(dataset, "rb") as f:
         head = f.read(8)
     if head.startswith(b"PK"):  # .npz: a zip of .npy files, each with a small header
         with zipfile.ZipFile(dataset) as archive, archive.open("inputs.npy") as member:
             version = np.lib.format.read_magic(member)
-            shape = (np.lib.format.read_array_header_1_0(member) if version == (1, 0)
-                     else np.lib.format.read_array_header_2_0(member))[0]
-    else:  # safetensors: 8-byte length, then a JSON header naming each tensor's shape
-        with open(dataset, "rb") as f:
-            size = int.from_bytes(f.read(8), "little")
-            shape = json.loads(f.read(size))["inputs"]["shape"]
-    return [1, *shape[1:]]
+            shape, _, dtype = (np.lib.format.read_array_header_1_0(member) if version == (1, 0)
+                               else np.lib.format.read_array_header_2_0(member))
+            return list(shape), np.dtype(dtype).name
+    # safetensors: 8-byte length, then a JSON header naming each tensor's shape and dtype
+    with open(dataset, "rb") as f:
+        size = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(size))["inputs"]
+    return list(header["shape"]), SAFETENSORS_DTYPES.get(header["dtype"], header["dtype"].lower())
+
+
+def guess_input_shape(dataset: Path) -> list[int]:
+    """`[1, *sample_shape]` from the header of `inputs`."""
+    return [1, *inputs_header(dataset)[0][1:]]
+
+
+def check_not_raw_images(dataset: Path, accept_uint8: bool) -> None:
+    """uint8 inputs (images as stored, 0..255) reach a float model unscaled: it then trains on and is
+    measured on values 255 times what it was trained on. Refused unless the model scales its input itself."""
+    if accept_uint8:
+        return
+    try:
+        dtype = inputs_header(dataset)[1]
+    except (KeyError, ValueError, OSError, zipfile.BadZipFile):
+        return  # unreadable: the upload's own check names the problem
+    if dtype == "uint8":
+        raise fail(f"{dataset}: `inputs` are uint8 (raw 0..255 pixels); the job feeds them to the model as "
+                   "float32 0..255, unscaled. Store them as the model expects (e.g. inputs.astype('float32') / 255), "
+                   "or pass --accept-uint8 if the model scales its input itself")
 
 
 def parse_shape(text: str | None, dataset: Path | None) -> str:

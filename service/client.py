@@ -2,7 +2,7 @@
 
 Only httpx (and httpx-sse for the event stream): no torch, no amct_engine, so it installs on any
 machine that drives the service. Every error comes back as `ApiError` carrying the problem+json
-body (`detail`, `field`).
+body (`detail`, `field`); a server that cannot be reached is `ServiceUnreachable`.
 
     client = AmctClient("http://127.0.0.1:8000", api_key="amct_…")
     model = client.upload_model("cnn.pt", input_shape="1,1,28,28")
@@ -37,6 +37,15 @@ class ApiError(RuntimeError):
         super().__init__(f"{status} {problem.get('title', '')}: {problem.get('detail', '')}{where}".strip())
 
 
+class ServiceUnreachable(ConnectionError):
+    """No HTTP answer at all: nothing listens at the URL, a DNS name that does not resolve, a timeout."""
+
+    def __init__(self, base_url: str, cause: httpx.TransportError) -> None:
+        self.base_url = base_url
+        self.reason = str(cause) or type(cause).__name__
+        super().__init__(f"cannot reach {base_url}: {self.reason}")
+
+
 class AmctClient:
     def __init__(self, base_url: str, api_key: str | None = None, timeout: float = 60.0,
                  transport: httpx.BaseTransport | None = None) -> None:
@@ -55,7 +64,10 @@ class AmctClient:
 
     # -- plumbing ----------------------------------------------------------------------------------
     def _request(self, method: str, path: str, **kwargs) -> httpx.Response:
-        response = self.http.request(method, path, **kwargs)
+        try:
+            response = self.http.request(method, path, **kwargs)
+        except httpx.TransportError as e:
+            raise ServiceUnreachable(str(self.http.base_url), e) from e
         if response.status_code >= 400:
             raise ApiError(response.status_code, _problem(response))
         return response
@@ -117,26 +129,40 @@ class AmctClient:
         if dest.is_dir():
             dest = dest / artifact["filename"]
         dest.parent.mkdir(parents=True, exist_ok=True)
-        with self.http.stream("GET", artifact["content_url"]) as response:
-            if response.status_code >= 400:
-                response.read()
-                raise ApiError(response.status_code, _problem(response))
-            with dest.open("wb") as f:
-                for chunk in response.iter_bytes():
-                    f.write(chunk)
+        try:
+            with self.http.stream("GET", artifact["content_url"]) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    raise ApiError(response.status_code, _problem(response))
+                with dest.open("wb") as f:
+                    for chunk in response.iter_bytes():
+                        f.write(chunk)
+        except httpx.TransportError as e:
+            raise ServiceUnreachable(str(self.http.base_url), e) from e
         return dest
 
-    def download_artifacts(self, job_id: str, dest: str | Path, kinds: list[str] | None = None) -> list[Path]:
-        """Every artifact of the job (or those of `kinds`) into the folder `dest`."""
-        Path(dest).mkdir(parents=True, exist_ok=True)
-        chosen = [a for a in self.artifacts(job_id) if not kinds or a["kind"] in kinds]
+    def download_artifacts(self, job_id: str, dest: str | Path, kinds: list[str] | None = None,
+                           overwrite: bool = False) -> list[Path]:
+        """Every artifact of the job (or those of `kinds`) into the folder `dest`.
+
+        Refuses with FileExistsError, before writing anything, when a file it would write exists,
+        unless `overwrite`.
+        """
+        artifacts = self.artifacts(job_id)
+        chosen = [a for a in artifacts if not kinds or a["kind"] in kinds]
         if kinds and not chosen:
+            have = ", ".join(sorted({a["kind"] for a in artifacts})) or "none yet"
             raise ApiError(404, {"title": "Not Found", "field": "kind",
-                                 "detail": f"job {job_id} has no artifact of kind {', '.join(kinds)}"})
+                                 "detail": f"job {job_id} has no artifact of kind {', '.join(kinds)} (it has: {have})"})
         names = [a["filename"] for a in chosen]
         # Two artifacts may share a filename: those get their kind as a prefix.
-        return [self.download(a, Path(dest) / (a["filename"] if names.count(a["filename"]) == 1
-                                               else f"{a['kind']}-{a['filename']}")) for a in chosen]
+        targets = [Path(dest) / (a["filename"] if names.count(a["filename"]) == 1 else f"{a['kind']}-{a['filename']}")
+                   for a in chosen]
+        existing = [str(t) for t in targets if t.exists()]
+        if existing and not overwrite:
+            raise FileExistsError(f"would overwrite {', '.join(existing)}")
+        Path(dest).mkdir(parents=True, exist_ok=True)
+        return [self.download(a, target) for a, target in zip(chosen, targets, strict=True)]
 
     def report(self, job_id: str) -> dict | None:
         """The job's report.json, or None before the job has one."""
@@ -162,10 +188,10 @@ class AmctClient:
                         last, failures = int(sse.id or event.get("seq", last)), 0
                         yield event
                 return  # the server ends the stream once the job is finished and drained
-            except httpx.TransportError:
+            except httpx.TransportError as e:
                 failures += 1
                 if failures > reconnects:
-                    raise
+                    raise ServiceUnreachable(str(self.http.base_url), e) from e
                 time.sleep(min(2.0 * failures, 10.0))
 
     def wait(self, job_id: str) -> dict:

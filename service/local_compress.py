@@ -53,7 +53,8 @@ def compress(model: Path, cfg: Path, data: Path, kind: str, out: Path, input_sha
     """
     fmt = check_dataset(data, kind, input_shape)
     out.mkdir(parents=True, exist_ok=True)
-    workdir = Path(tempfile.mkdtemp(prefix=".amct-work-", dir=out))
+    # Absolute: the child starts in the work folder, where a path relative to ours would point elsewhere.
+    workdir = Path(tempfile.mkdtemp(prefix=".amct-work-", dir=out.resolve()))
     try:
         spec = {"kind": kind, "device": device, "params": params, "input_shape": input_shape,
                 "input_dtype": input_dtype, "dataset_format": fmt, "model": str(model.resolve()),

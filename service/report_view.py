@@ -7,6 +7,9 @@ from __future__ import annotations
 
 from rich.table import Table
 
+NONZERO_LABEL = "nonzero weights¹"
+NONZERO_NOTE = "¹ of the weight tensors only; an integer code counts when ≠ its zero point"
+
 
 def _bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
@@ -28,8 +31,10 @@ def report_rows(report: dict) -> list[tuple[str, str, str, str]]:
     params = report["parameters"]
     rows.append(("parameters", f"{params['original']:,}", f"{params['deploy']['total']:,}",
                  _ratio(params["original"], params["deploy"]["total"])))
-    rows.append(("nonzero weights", f"{params['fp32']['nonzero']:,}", f"{params['deploy']['nonzero']:,}",
-                 _ratio(params["fp32"]["nonzero"], params["deploy"]["nonzero"])))
+    # Weight tensors only; in the deploy model the integer codes that differ from their zero point.
+    before, after = params["fp32"].get("nonzero_weights"), params["deploy"].get("nonzero_weights")
+    if before is not None and after is not None:
+        rows.append((NONZERO_LABEL, f"{before:,}", f"{after:,}", _ratio(before, after)))
     samples = report["eval"]["samples"]
     if "accuracy" in report:
         acc = report["accuracy"]
@@ -49,7 +54,9 @@ def report_rows(report: dict) -> list[tuple[str, str, str, str]]:
 
 
 def summary_table(report: dict, title: str | None = None) -> Table:
-    table = Table(title=title or f"{report.get('kind', 'compression')}: FP32 → deploy", title_justify="left")
+    notes = NONZERO_NOTE if any(row[0] == NONZERO_LABEL for row in report_rows(report)) else None
+    table = Table(title=title or f"{report.get('kind', 'compression')}: FP32 → deploy", title_justify="left",
+                  caption=notes, caption_justify="left")
     table.add_column("")
     table.add_column("before (FP32)", justify="right")
     table.add_column("after (deploy)", justify="right")

@@ -228,6 +228,8 @@ def _reporter(progress: ProgressFn | None, total_steps: int | None) -> Callable[
             progress(event)
         elif bar is not None:
             bar.update(1)
-            bar.set_postfix(group=event["group"], loss=f"{event['loss']:.4g}")
+            # Shown from 1, as `amct distill-config` and the service's events number groups (the
+            # callback's `group` stays the 0-based index into distill_group).
+            bar.set_postfix(group=event["group"] + 1, loss=f"{event['loss']:.4g}")
 
     return report

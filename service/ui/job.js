@@ -1,5 +1,6 @@
 // #/jobs/<id> : one job — phase timeline, live loss curve, before/after report, frozen config,
-// artifacts with downloads, the engine's log lines and a cancel button.
+// artifacts with downloads (listed while the job runs too), the engine's log lines (for a failed job,
+// the last lines of its engine.log) and a cancel button while the job can still be cancelled.
 
 import { download, getJson, postJson, request, streamEvents } from "./api.js";
 import { lossChart } from "./chart.js";
@@ -7,6 +8,10 @@ import { TERMINAL, bytes, duration, elapsed, h, number, progressBar, statusChip,
 import { applyEvent, modelName } from "./jobs.js";
 
 const ratio = (before, after) => (before ? `${(after / before).toFixed(2)}×` : "–");
+const LOG_TAIL_LINES = 40;
+// service/report_view.py's label and note, word for word.
+const NONZERO_LABEL = "nonzero weights¹";
+const NONZERO_NOTE = "¹ of the weight tensors only; an integer code counts when ≠ its zero point";
 
 // The rows service/report_view.py prints in the CLI: FP32 model against the deploy model.
 export function reportRows(r) {
@@ -15,9 +20,13 @@ export function reportRows(r) {
      ratio(r.onnx_size_bytes.fp32, r.onnx_size_bytes.deploy)],
     ["parameters", number(r.parameters.original), number(r.parameters.deploy.total),
      ratio(r.parameters.original, r.parameters.deploy.total)],
-    ["nonzero weights", number(r.parameters.fp32.nonzero), number(r.parameters.deploy.nonzero),
-     ratio(r.parameters.fp32.nonzero, r.parameters.deploy.nonzero)],
   ];
+  // Weight tensors only; in the deploy model the integer codes that differ from their zero point.
+  const nonzero = [r.parameters.fp32.nonzero_weights, r.parameters.deploy.nonzero_weights];
+  if (nonzero.every((n) => n !== undefined)) {
+    rows.push([NONZERO_LABEL, number(nonzero[0]), number(nonzero[1]),
+               ratio(nonzero[0], nonzero[1])]);
+  }
   if (r.accuracy) {
     const drop = ((r.accuracy.deploy - r.accuracy.fp32) * 100).toFixed(2);
     rows.push([`accuracy (${r.eval.split}, ${r.eval.samples} samples)`, r.accuracy.fp32.toFixed(4),
@@ -54,8 +63,10 @@ export function jobView(id) {
     report: h("div", { id: "report" }, h("p", { class: "muted" }, "The report appears when the job succeeds.")),
     config: h("div", { id: "frozen-config" }), artifacts: h("div", { id: "artifacts" }),
     log: h("ul", { id: "log", class: "log" }, h("li", { class: "muted empty" }, "No log lines.")),
+    logTail: h("div", { id: "log-tail" }),
   };
-  const cancel = h("button", { id: "cancel", class: "danger", onclick: onCancel }, "Cancel job");
+  // Disabled until the job is known, hidden once it has ended: only a job that can be cancelled offers it.
+  const cancel = h("button", { id: "cancel", class: "danger", onclick: onCancel, disabled: true }, "Cancel job");
   const node = h("div", { class: "job-page" },
     h("p", {}, h("a", { href: "#/" }, "← all jobs")),
     h("section", { class: "card head" }, h("div", { class: "title" }, el.title, el.status, cancel), bar, el.facts,
@@ -63,7 +74,7 @@ export function jobView(id) {
     h("div", { class: "grid" }, card("Phases", el.timeline), card("Training loss", chart)),
     card("Before / after", el.report),
     h("div", { class: "grid" }, card("Frozen config", el.config), card("Artifacts", el.artifacts)),
-    card("Log", el.log));
+    card("Log", el.log, el.logTail));
   const phases = [];
   let job = null;
   let finished = false;
@@ -71,7 +82,8 @@ export function jobView(id) {
   function paint() {
     el.status.replaceChildren(statusChip(job.status));
     bar.update(job.progress, job.status);
-    cancel.disabled = TERMINAL.has(job.status);
+    cancel.disabled = TERMINAL.has(job.status) || job.cancel_requested;
+    cancel.hidden = TERMINAL.has(job.status);
     el.facts.replaceChildren(keyValues([
       ["kind", job.kind], ["device", job.device], ["phase", job.phase], ["attempt", job.attempt],
       ["created", when(job.created_at)], ["started", job.started_at && when(job.started_at)],
@@ -104,6 +116,8 @@ export function jobView(id) {
     } else if (ev.type === "log") {
       el.log.querySelector(".empty")?.remove();
       el.log.append(h("li", { class: ev.level || "info" }, h("time", {}, when(ev.ts)), ev.message));
+    } else if (ev.type === "checkpoint") {
+      listArtifacts(); // a new train_state
     }
     if (job) {
       applyEvent(job, ev);
@@ -119,10 +133,14 @@ export function jobView(id) {
     job = await getJson(`/v1/jobs/${id}`);
     paint();
     paintTimeline();
-    await loadArtifacts();
+    chart.ended(job.status);
+    const items = await listArtifacts();
+    await showResults(items);
+    if (job.status === "failed") await showLogTail(items);
   }
 
-  async function loadArtifacts() {
+  // The artifacts table: at load, at each checkpoint (train_state) and at the end.
+  async function listArtifacts() {
     const { items } = await getJson(`/v1/jobs/${id}/artifacts`);
     el.artifacts.replaceChildren(items.length ? h("table", { class: "artifacts" },
       h("thead", {}, h("tr", {}, ["kind", "file", "size", "sha256", ""].map((t) => h("th", {}, t)))),
@@ -130,7 +148,11 @@ export function jobView(id) {
         h("td", {}, a.kind), h("td", { class: "mono" }, a.filename), h("td", { class: "num" }, bytes(a.size_bytes)),
         h("td", { class: "mono", title: a.sha256 }, a.sha256.slice(0, 12)),
         h("td", {}, h("button", { "data-kind": a.kind, onclick: () => download(a) }, "Download")))))) :
-      h("p", { class: "muted" }, "No artifacts."));
+      h("p", { class: "muted" }, TERMINAL.has(job?.status) ? "No artifacts." : "No artifacts yet."));
+    return items;
+  }
+
+  async function showResults(items) {
     const report = items.find((a) => a.kind === "report");
     if (report) showReport(await (await request("GET", report.content_url)).json());
     const engineConfig = items.find((a) => a.kind === "config");
@@ -140,10 +162,26 @@ export function jobView(id) {
     }
   }
 
+  // A failed job's story is at the end of its engine.log (the traceback); the error alone when it has none.
+  async function showLogTail(items) {
+    const log = items.find((a) => a.kind === "log");
+    const lines = log ? (await (await request("GET", log.content_url)).text()).split(/\r?\n/).filter((l) => l.trim())
+      : [];
+    const tail = lines.slice(-LOG_TAIL_LINES);
+    if (!tail.length && !job.error) return;
+    el.log.querySelector(".empty")?.remove();
+    el.logTail.replaceChildren(
+      h("p", { class: "muted" }, tail.length ? `${log.filename}, last ${tail.length} of ${lines.length} lines:`
+        : "The job left no engine log; its error:"),
+      h("pre", { class: "log-tail" }, tail.length ? tail.join("\n") : `${job.error.type}: ${job.error.detail || ""}`));
+  }
+
   function showReport(r) {
+    const rows = reportRows(r);
     el.report.replaceChildren(h("table", { id: "report-table", class: "report" },
       h("thead", {}, h("tr", {}, ["", "before (FP32)", "after (deploy)", "change"].map((t) => h("th", {}, t)))),
-      h("tbody", {}, reportRows(r).map((row) => h("tr", {}, row.map((c, i) => h(i ? "td" : "th", { class: i ? "num" : "" }, c)))))));
+      h("tbody", {}, rows.map((row) => h("tr", {}, row.map((c, i) => h(i ? "td" : "th", { class: i ? "num" : "" }, c)))))),
+      rows.some((row) => row[0] === NONZERO_LABEL) ? h("p", { class: "muted note" }, NONZERO_NOTE) : "");
   }
 
   async function showConfig() {
@@ -184,6 +222,7 @@ export function jobView(id) {
     modelName(job.model_id).then((name) => { el.title.textContent = `${name} · ${job.kind}`; });
     paint();
     showConfig();
+    listArtifacts().catch(() => {});
     // From seq 0: the stream replays the job's history (timeline, loss so far), then follows it live.
     streamEvents(`/v1/jobs/${id}/events`, onEvent, { signal: ctl.signal }).catch(() => {})
       .finally(() => { if (!ctl.signal.aborted) finish(); });

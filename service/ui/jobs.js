@@ -1,6 +1,6 @@
 // #/ : the jobs table, live from each active job's event stream, and the form that submits a job.
 
-import { getJson, postForm, postJson, streamEvents } from "./api.js";
+import { ApiError, getJson, postForm, postJson, streamEvents } from "./api.js";
 import { TERMINAL, duration, elapsed, h, progressBar, statusChip, when } from "./dom.js";
 
 const REFRESH_MS = 4000; // new jobs from other clients appear within this
@@ -60,7 +60,8 @@ export function jobsView() {
   const rows = new Map(); // job id -> row
   const streams = new Map(); // job id -> AbortController
   const tbody = h("tbody");
-  const empty = h("p", { class: "muted", id: "jobs-empty" }, "No jobs yet: submit one with the form.");
+  // Says "no jobs" only once the server said so: without a key the list is unknown, not empty.
+  const empty = h("p", { class: "muted", id: "jobs-empty" }, "Loading jobs…");
   const head = ["Job", "Status", "Kind", "Model", "Device", "Progress", "Phase", "Elapsed", "Created"];
   const table = h("table", { id: "jobs", class: "jobs" }, h("thead", {}, h("tr", {}, head.map((t) => h("th", {}, t)))),
                   tbody);
@@ -84,6 +85,7 @@ export function jobsView() {
 
   function order(ids) {
     tbody.replaceChildren(...[...new Set(ids)].map((id) => rows.get(id)?.tr).filter(Boolean));
+    empty.textContent = "No jobs yet: submit one with the form.";
     empty.hidden = rows.size > 0;
   }
 
@@ -111,8 +113,13 @@ export function jobsView() {
       for (const job of page.items) upsert(job);
       order(page.items.map((j) => j.id));
       for (const job of page.items) if (!TERMINAL.has(job.status)) follow(job.id);
-    } catch {
-      // shown by the banner (401) or retried at the next tick
+    } catch (err) {
+      // The banner says what to do (401/403); the next tick retries.
+      if (err instanceof ApiError && (err.status === 401 || err.status === 403) && !rows.size) {
+        empty.textContent = err.status === 401 ? "Paste this project's API key above to see its jobs."
+          : "This key may not list jobs.";
+        empty.hidden = false;
+      }
     }
   }
 

@@ -31,10 +31,13 @@ class LiveServer:
     def __init__(self, folder: Path, **env: str) -> None:
         self.folder, self.port = folder, free_port()
         self.data_dir = folder / "data"
+        # Where `amct serve` records its data dir for the CLI's key lookup (service/local_servers.py): the
+        # test's own folder, never the user's ~/.config.
+        self.config_dir = folder / "config"
         self.base_url = f"http://127.0.0.1:{self.port}"
         environ = {k: v for k, v in os.environ.items() if k not in WIRING}
         environ.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="2", AMCT_HEARTBEAT_S="1", AMCT_BROKER_POLL_S="0.05",
-                       AMCT_SSE_POLL_S="0.05", **env)
+                       AMCT_SSE_POLL_S="0.05", AMCT_CONFIG_DIR=str(self.config_dir), **env)
         self.log = open(folder / "serve.log", "wb")  # noqa: SIM115 - open for the server's whole life
         self.proc = subprocess.Popen([sys.executable, "-m", "service", "serve", "--port", str(self.port),
                                       "--data-dir", str(self.data_dir)], cwd=ROOT, env=environ, stdout=self.log,

@@ -3,15 +3,23 @@
 from __future__ import annotations
 
 import json
+import re
+import uuid
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+import typer
 from typer.testing import CliRunner
 
+from service import local_servers
 from service.cli import app, main
+from service.cli_common import resolve_api_key
+from service.cli_jobs import resolve_job, short_ids
 from service.client import AmctClient, ApiError
+from tests.service.app_server import AppServer
+from tests.service.live_server import free_port
 
 runner = CliRunner()
 
@@ -106,8 +114,9 @@ def test_client_commands_against_a_live_server(live_server, assets, tmp_path):
 
     listed = runner.invoke(app, ["jobs", "list", *map(str, server)], env={"COLUMNS": "160"})
     assert listed.exit_code == 0
-    rows = {line.split("│")[1].strip(): line for line in listed.stdout.splitlines() if line.count("│") > 3}
-    assert "succeeded" in rows[job_id] and "cancelled" in rows[queued_id]
+    # Short ids, as `watch`, `cancel` and `download` take them.
+    rows = {line.split()[0]: line for line in listed.stdout.splitlines()[1:] if line.strip()}
+    assert "succeeded" in rows[job_id[:8]] and "cancelled" in rows[queued_id[:8]]
     only_cancelled = {j["id"] for j in json.loads(amct("jobs", "list", "--status", "cancelled", "--json",
                                                        *server).stdout)}
     assert queued_id in only_cancelled and job_id not in only_cancelled
@@ -120,6 +129,17 @@ def test_client_commands_against_a_live_server(live_server, assets, tmp_path):
     assert deploy.stat().st_size == report["onnx_size_bytes"]["deploy"]
     assert abs(_accuracy(deploy, assets / "small.npz") - report["accuracy"]["deploy"]) < 0.15
 
+    # A second download into the same folder refuses to overwrite, in one line, and writes nothing...
+    (tmp_path / "dl" / "report.json").write_text("mine")
+    again_dl = amct("jobs", "download", job_id[:8], "--kind", "report", "--out", tmp_path / "dl", *server)
+    assert again_dl.exit_code == 1 and "would overwrite" in again_dl.stderr and "--force" in again_dl.stderr
+    assert len(again_dl.stderr.strip().splitlines()) == 1
+    assert (tmp_path / "dl" / "report.json").read_text() == "mine"
+    # ...unless told to.
+    forced = amct("jobs", "download", job_id[:8], "--kind", "report", "--out", tmp_path / "dl", "--force", *server)
+    assert forced.exit_code == 0, forced.output
+    assert json.loads((tmp_path / "dl" / "report.json").read_text()) == report
+
     # A finished job cannot be cancelled: the problem's detail, and exit status 1.
     again = amct("jobs", "cancel", job_id, *server)
     assert again.exit_code == 1 and "already succeeded" in again.stderr
@@ -129,6 +149,187 @@ def test_client_commands_against_a_live_server(live_server, assets, tmp_path):
 def test_client_errors_name_the_problem(live_server):
     result = amct("jobs", "watch", "no-such-job", "--server", live_server.base_url, "--api-key", "amct_wrong")
     assert result.exit_code == 1 and "401" in result.stderr
+
+
+@pytest.mark.slow  # starts the live server when run alone
+def test_the_cli_finds_the_local_servers_key_from_any_folder(live_server, tmp_path, monkeypatch):
+    # `amct serve` recorded its data dir under the config dir; no --api-key, no --data-dir, another folder.
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("AMCT_DATA_DIR", raising=False)
+    monkeypatch.delenv("AMCT_API_KEY", raising=False)
+    monkeypatch.setenv("AMCT_CONFIG_DIR", str(live_server.config_dir))
+    listed = amct("jobs", "list", "--server", live_server.base_url.replace("127.0.0.1", "localhost"))
+    assert listed.exit_code == 0, listed.output
+    assert "401" not in listed.output
+
+
+@pytest.mark.slow
+def test_watch_exits_1_for_a_failed_job_and_says_its_error(live_server, assets):
+    # The worker has no torch_npu: the job fails at once with error type `unsupported`.
+    with AmctClient(live_server.base_url, live_server.api_key) as client:
+        model = client.upload_model(assets / "cnn.pt", "1,1,28,28")
+        cfg = client.upload_config(assets / "quant.cfg")
+        data = client.upload_dataset(assets / "small.npz")
+        job_id = client.submit("quant_retrain", model["id"], cfg["id"], data["id"], device="npu")["id"]
+    watched = amct("jobs", "watch", job_id[:8], "--server", live_server.base_url, "--api-key", live_server.api_key)
+    assert watched.exit_code == 1
+    assert "failed" in watched.stderr and "unsupported" in watched.stderr and "torch_npu" in watched.stderr
+    # Its deploy model never came: the download says why, in one line.
+    fetched = amct("jobs", "download", job_id[:8], "--kind", "deploy", "--server", live_server.base_url,
+                   "--api-key", live_server.api_key)
+    assert fetched.exit_code == 1 and f"job {job_id} failed (unsupported)" in fetched.stderr
+    assert "--kind log" in fetched.stderr
+
+
+@pytest.mark.slow
+def test_compress_with_a_relative_out_from_another_folder(assets, tmp_path, monkeypatch):
+    # The README's `--out out/`: a path relative to the folder the command runs in.
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    result = amct("compress", "--model", assets / "cnn.pt", "--cfg", assets / "quant.cfg", "--data",
+                  assets / "small.npz", "--kind", "compressed_retrain", "--out", "out/", "--batch-size", 64)
+    assert result.exit_code == 0, result.output
+    report = json.loads((elsewhere / "out" / "report.json").read_text())
+    assert report["kind"] == "compressed_retrain"
+    assert (elsewhere / "out" / "model_deploy_model.onnx").stat().st_size == report["onnx_size_bytes"]["deploy"]
+    assert not list((elsewhere / "out").glob(".amct-work-*"))
+    # quant.cfg does not prune; quantisation adds no non-zero weights (codes at their zero point are zeros).
+    params = report["parameters"]
+    assert 0 < params["deploy"]["nonzero_weights"] <= params["deploy"]["weights"] == params["fp32"]["weights"]
+    assert params["deploy"]["nonzero_weights"] <= params["fp32"]["nonzero_weights"]
+    assert "nonzero weights¹" in result.stdout and "an integer code counts when ≠ its zero point" in result.stdout
+
+
+# -- errors, keys and ids, against the API served in a thread (no worker: jobs stay queued) -----------------
+
+@pytest.fixture(scope="module")
+def app_server(tmp_path_factory):
+    server = AppServer(tmp_path_factory.mktemp("cli-app"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def queued_jobs(app_server, assets):
+    """Three quant_retrain jobs that wait in the queue (nobody consumes it)."""
+    with AmctClient(app_server.base_url, app_server.api_key) as client:
+        model = client.upload_model(assets / "cnn.pt", "1,1,28,28")
+        cfg = client.upload_config(assets / "quant.cfg")
+        data = client.upload_dataset(assets / "small.npz")
+        return [client.submit("quant_retrain", model["id"], cfg["id"], data["id"])["id"] for _ in range(3)]
+
+
+def _one_line(result) -> str:
+    assert "Traceback" not in result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    return lines[0]
+
+
+def test_an_unreachable_server_is_one_line_not_a_traceback():
+    nobody = f"http://127.0.0.1:{free_port()}"
+    for command in (["jobs", "list"], ["jobs", "watch", str(uuid.uuid4())], ["jobs", "cancel", "abcd1234"],
+                    ["jobs", "download", "abcd1234"]):
+        result = amct(*command, "--server", nobody, "--api-key", "amct_x")
+        assert result.exit_code == 1
+        assert f"cannot reach the service at {nobody}" in _one_line(result) and "Connection refused" in result.stderr
+
+
+def test_a_401_is_one_line_naming_the_three_ways_to_give_a_key(app_server):
+    result = amct("jobs", "list", "--server", app_server.base_url, "--api-key", "amct_wrong")
+    assert result.exit_code == 1
+    line = _one_line(result)
+    assert line.startswith("error: 401") and "--api-key / AMCT_API_KEY" in line  # what was sent
+    assert all(way in line for way in ("--api-key", "AMCT_API_KEY", "api-key", "--data-dir", "servers.json"))
+
+
+def test_a_404_is_one_line(app_server):
+    missing = str(uuid.uuid4())
+    result = amct("jobs", "watch", missing, "--server", app_server.base_url, "--api-key", app_server.api_key)
+    assert result.exit_code == 1 and _one_line(result).startswith("error: 404")
+    unknown = amct("jobs", "cancel", "ffffffff0", "--server", app_server.base_url, "--api-key", app_server.api_key)
+    assert unknown.exit_code == 1 and "no job of this project has an id starting with 'ffffffff0'" in _one_line(unknown)
+
+
+def test_jobs_list_fits_80_columns_with_short_ids_the_other_commands_take(app_server, queued_jobs):
+    server = ["--server", app_server.base_url, "--api-key", app_server.api_key]
+    listed = runner.invoke(app, ["jobs", "list", *server], env={"COLUMNS": "80"})
+    assert listed.exit_code == 0, listed.output
+    lines = listed.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    short = short_ids(queued_jobs)
+    for job_id in queued_jobs:
+        row = next(line for line in lines if line.startswith(short[job_id]))
+        assert re.search(rf"^{short[job_id]}\s+queued\s+quant_retrain\s+0%", row), row  # the status whole
+
+    # A unique start of an id is enough for cancel, download and watch.
+    first = queued_jobs[0]
+    fetched = amct("jobs", "download", first[:6], "--kind", "deploy", *server)
+    assert fetched.exit_code == 1
+    assert f"job {first} is still queued (0%)" in _one_line(fetched) and "amct jobs watch" in fetched.stderr
+    cancelled = amct("jobs", "cancel", first[:6], *server)
+    assert cancelled.exit_code == 0 and f"job {first}: cancelled" in cancelled.stdout
+    watched = amct("jobs", "watch", first[:6], *server)
+    assert watched.exit_code == 1 and "cancelled" in watched.stderr  # it did not succeed
+
+
+def test_a_prefix_of_several_jobs_is_refused():
+    class Listing:  # the one call resolve_job makes for a prefix: a page of GET /v1/jobs
+        def list(self, limit, cursor):
+            return {"items": [{"id": "abcd1234-0000"}, {"id": "abcd9999-0000"}, {"id": "ffff0000-0000"}],
+                    "next_cursor": None}
+
+    assert resolve_job(Listing(), "abcd12")["id"] == "abcd1234-0000"
+    with pytest.raises(typer.Exit) as ambiguous:
+        resolve_job(Listing(), "abcd")
+    assert ambiguous.value.exit_code == 1
+    assert short_ids(["abcd1234aa", "abcd1234bb", "ffff"]) == {"abcd1234aa": "abcd1234a", "abcd1234bb": "abcd1234b",
+                                                              "ffff": "ffff"}
+
+
+def test_the_key_file_of_a_recorded_local_server_is_found_from_any_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("AMCT_CONFIG_DIR", str(tmp_path / "config"))
+    data_dir = tmp_path / "checkout" / "var"
+    data_dir.mkdir(parents=True)
+    (data_dir / "api-key").write_text("amct_local\n")
+    local_servers.remember("http://0.0.0.0:8123", data_dir)  # `amct serve --host 0.0.0.0 --port 8123`
+    monkeypatch.chdir(tmp_path)
+    assert resolve_api_key(None, None, "http://localhost:8123/").key == "amct_local"
+    assert resolve_api_key(None, None, "http://127.0.0.1:8123").key == "amct_local"
+    assert resolve_api_key(None, None, "http://127.0.0.1:8124").key is None  # another server
+    assert resolve_api_key("amct_given", None, "http://127.0.0.1:8123").key == "amct_given"
+
+
+def test_help_shows_no_type_for_flags():
+    for command in (["jobs", "submit"], ["jobs", "list"], ["jobs", "download"], ["serve"], ["compress"]):
+        result = runner.invoke(app, [*command, "--help"], env={"COLUMNS": "120"})
+        assert result.exit_code == 0
+        assert "<bool>" not in result.stdout, command
+        assert "--help" in result.stdout
+
+
+def test_compress_refuses_what_the_api_refuses_before_the_engine_starts(assets, tmp_path):
+    out = tmp_path / "out"
+    zero = amct("compress", "--model", assets / "cnn.pt", "--cfg", assets / "quant.cfg", "--data",
+                assets / "small.npz", "--out", out, "--epochs", 0)
+    assert zero.exit_code == 1 and "--epochs 0: Input should be greater than or equal to 1" in _one_line(zero)
+    assert not out.exists()  # refused before anything ran
+
+
+def test_uint8_images_are_refused_unless_accepted(tmp_path, assets):
+    raw = tmp_path / "raw.npz"
+    np.savez(raw, inputs=np.zeros((4, 1, 28, 28), np.uint8), labels=np.zeros(4, np.int64))
+    refused = amct("compress", "--model", assets / "cnn.pt", "--cfg", assets / "quant.cfg", "--data", raw,
+                   "--out", tmp_path / "out")
+    assert refused.exit_code == 1
+    line = _one_line(refused)
+    assert "uint8" in line and "/ 255" in line and "--accept-uint8" in line
+    # Accepted, the submit goes on to the server (none is running here: the next error is that one).
+    nobody = f"http://127.0.0.1:{free_port()}"
+    accepted = amct("jobs", "submit", "--model", assets / "cnn.pt", "--cfg", assets / "quant.cfg", "--data", raw,
+                    "--accept-uint8", "--server", nobody, "--api-key", "amct_x")
+    assert accepted.exit_code == 1 and "cannot reach the service" in accepted.stderr
 
 
 def test_main_keeps_the_old_entry_point(capsys):

@@ -9,13 +9,16 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 import onnx
 import pytest
 from fastapi.testclient import TestClient
 
-from tests.service.support import ROOT, make_settings, open_api
+from service.client import AmctClient
+from tests.service.app_server import AppServer
+from tests.service.support import ROOT, make_settings, open_api, wait_until
 
 CHROMIUM = Path("/usr/bin/chromium")
 DOCS_IMAGES = ROOT / "docs" / "images"
@@ -138,4 +141,148 @@ def test_browser_submits_a_job_watches_it_and_downloads_the_deploy_onnx(live_ser
     assert saved.stat().st_size == artifacts["deploy"]["size_bytes"]
     onnx.checker.check_model(onnx.load(saved))
     _save(page, tmp_path, "job.png")
+    assert page.errors == []
+
+
+# -- offline API docs, the chart, failed and running jobs ------------------------------------------------------
+
+LOCAL_HOSTS = ("127.0.0.1", "localhost")
+# Every y label's box inside the chart's viewBox, on both scales; the labels' texts.
+CHART_LABELS = """async (losses) => {
+  const { lossChart } = await import("/ui/chart.js");
+  const chart = lossChart();
+  const box = document.createElement("div");
+  box.style.width = "420px";
+  box.append(chart);
+  document.body.append(box);
+  losses.forEach((loss, i) => chart.add({ step: i + 1, total_steps: losses.length, loss }));
+  const svg = chart.querySelector("#loss-curve");
+  const measure = () => {
+    const [,, width, height] = svg.getAttribute("viewBox").split(" ").map(Number);
+    return [...svg.querySelectorAll("text.tick")].map((t) => {
+      const b = t.getBBox();
+      const inside = b.x >= 0 && b.y >= 0 && b.x + b.width <= width && b.y + b.height <= height;
+      return { text: t.textContent, inside };
+    });
+  };
+  const linear = measure();
+  chart.querySelector("#loss-scale").click();
+  const log = measure();
+  return { linear, log, scale: svg.dataset.scale };
+}"""
+
+
+@pytest.fixture(scope="module")
+def app_server(tmp_path_factory):
+    server = AppServer(tmp_path_factory.mktemp("dashboard-app"))
+    yield server
+    server.stop()
+
+
+def _offline(page) -> list[str]:
+    """Abort every request to another host, as on an air-gapped machine; returns the list of those asked for."""
+    asked: list[str] = []
+
+    def route(r):
+        if urlsplit(r.request.url).hostname in LOCAL_HOSTS:
+            r.continue_()
+        else:
+            asked.append(r.request.url)
+            r.abort()
+
+    page.context.route("**/*", route)
+    return asked
+
+
+def test_the_api_docs_render_offline_from_the_dashboards_api_link(app_server, page):
+    asked = _offline(page)
+    spec = httpx.get(f"{app_server.base_url}/openapi.json").json()
+    operations = {(method.upper(), path) for path, item in spec["paths"].items() for method in item}
+
+    page.goto(f"{app_server.base_url}/ui/")
+    page.click("header nav a:text-is('API')")
+    page.wait_for_url("**/docs")
+    page.locator(".opblock").first.wait_for()
+    shown = page.locator(".opblock").evaluate_all(
+        "blocks => blocks.map(b => [b.querySelector('.opblock-summary-method').textContent,"
+        " b.querySelector('.opblock-summary-path').dataset.path])")
+    assert {tuple(op) for op in shown} == operations
+
+    page.goto(f"{app_server.base_url}/redoc")
+    page.locator("[data-section-id*='/operation/']").first.wait_for()
+    assert page.locator("li[data-item-id*='/operation/']").count() == len(operations)
+    page.locator("h2", has_text="Submit Job").first.wait_for()
+    assert asked == [] and page.errors == []
+
+
+def test_the_loss_chart_labels_fit_for_a_loss_of_1e5_on_both_scales(app_server, page):
+    page.goto(f"{app_server.base_url}/ui/")
+    result = page.evaluate(CHART_LABELS, [100000.0, 94612.532, 61234.5, 20000.25, 5000.0])
+    assert result["scale"] == "log"
+    for scale in ("linear", "log"):
+        labels = result[scale]
+        assert len(labels) == 5 and all(label["inside"] for label in labels), (scale, labels)
+        assert len({label["text"] for label in labels}) == 5, labels  # neighbouring ticks told apart
+    top = max(float(label["text"]) for label in result["linear"])
+    assert top > 100000  # the whole number, not its last digits
+    assert page.errors == []
+
+
+def _open_with_key(page, server, hash_: str) -> None:
+    page.goto(f"{server.base_url}/ui/")
+    page.evaluate("key => localStorage.setItem('amct.apiKey', key)", server.api_key)
+    page.goto(f"{server.base_url}/ui/{hash_}")
+
+
+def _upload_sample(client, assets) -> dict:
+    return {"model_id": client.upload_model(assets / "cnn.pt", "1,1,28,28")["id"],
+            "config_id": client.upload_config(assets / "quant.cfg")["id"],
+            "dataset_id": client.upload_dataset(assets / "small.npz")["id"]}
+
+
+@pytest.mark.slow
+def test_a_failed_jobs_page_shows_its_log_and_offers_no_cancel(live_server, assets, page):
+    with AmctClient(live_server.base_url, live_server.api_key) as client:
+        ids = _upload_sample(client, assets)
+        # The worker has no torch_npu: the job fails while preparing, before any training step.
+        job = client.wait(client.submit("quant_retrain", device="npu", **ids)["id"])
+        log = next(a for a in client.artifacts(job["id"]) if a["kind"] == "log")
+        last_line = [line for line in client.artifact_bytes(log).decode().splitlines() if line.strip()][-1]
+    assert job["status"] == "failed" and "torch_npu" in last_line
+
+    _open_with_key(page, live_server, f"#/jobs/{job['id']}")
+    page.locator(".head .status-failed").wait_for()
+    tail = page.locator("#log-tail pre")
+    tail.wait_for()
+    assert tail.inner_text().rstrip().endswith(last_line.strip())  # the error's last lines, the traceback's end
+    assert "No log lines." not in page.locator("#log").inner_text()
+    assert page.locator("#cancel").is_hidden()
+    chart = page.locator("#loss-curve").text_content()
+    assert "waiting for the first training step" not in chart and "failed before its first" in chart
+    assert page.errors == []
+
+    # Without a key, the jobs page asks for one; it does not claim there are no jobs.
+    bare = page.context.browser.new_context().new_page()
+    bare.goto(f"{live_server.base_url}/ui/")
+    bare.locator("#jobs-empty", has_text="Paste this project's API key").wait_for()
+    assert "No jobs yet" not in bare.locator("main").inner_text()
+    bare.context.close()
+
+
+@pytest.mark.slow
+def test_the_artifacts_panel_lists_train_state_while_the_job_runs(live_server, assets, page):
+    with AmctClient(live_server.base_url, live_server.api_key) as client:
+        ids = _upload_sample(client, assets)
+        # Long enough to be cancelled while it trains; each epoch end stores a train_state.
+        job_id = client.submit("quant_retrain", epochs=300, batch_size=16, **ids)["id"]
+        try:
+            _open_with_key(page, live_server, f"#/jobs/{job_id}")
+            page.locator('#artifacts tr[data-kind="train_state"]').wait_for(timeout=120_000)
+            assert client.get(job_id)["status"] == "running"
+            assert page.locator("#cancel").is_enabled()
+        finally:
+            client.cancel(job_id)
+        wait_until(lambda: client.get(job_id)["status"] == "cancelled", 60, what="the job is cancelled")
+    page.locator(".head .status-cancelled").wait_for()
+    assert page.locator("#cancel").is_hidden()
     assert page.errors == []
