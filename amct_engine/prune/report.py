@@ -10,6 +10,8 @@ from __future__ import annotations
 import logging
 from dataclasses import asdict, dataclass, field
 
+from amct_engine.config.specs import PruneScheduleSpec
+
 logger = logging.getLogger("amct_engine.prune")
 
 PRUNED = "pruned"  # channels removed
@@ -32,12 +34,19 @@ class GroupDecision:
     prune_ratio: float | None = None
     ascend_optimized: bool | None = None
     divisions: int = 1
+    importance: str | None = None  # the criterion that ranked its channels (importance.py)
+    schedule: PruneScheduleSpec | None = None  # progressive pruning, when the cfg asks for it
 
     def describe(self) -> str:
         who = ", ".join(self.producers)
         if self.status in (PRUNED, REPLAYED):
+            how = f", ranked by {self.importance}" if self.importance else ""
+            if self.schedule is not None:
+                s = self.schedule
+                how += (f", progressive: {s.start_ratio:.3g} → {self.prune_ratio:.3g} in {s.steps} steps "
+                        f"every {s.interval} iterations")
             return (f"channel group {self.group} [{who}]: {self.channels} → {self.kept} channels "
-                    f"({self.channels - self.kept} pruned)")
+                    f"({self.channels - self.kept} pruned{how})")
         return f"channel group {self.group} [{who}] not pruned ({self.status}): {self.reason}"
 
 
@@ -61,6 +70,7 @@ class PruneReport:
     selective: list[SelectiveDecision] = field(default_factory=list)
     params_before: int = 0
     params_after: int = 0
+    bn_recalibrated: int = 0  # BatchNorms whose statistics were re-estimated after pruning (calibration.py)
 
     @property
     def pruned_groups(self) -> list[GroupDecision]:
@@ -74,6 +84,8 @@ class PruneReport:
         lines += [g.describe() for g in self.groups if g.status != NOT_CONFIGURED or g.reason]
         lines += [f"layer {name} is not pruned: {why}" for name, why in self.layers.items()]
         lines += [s.describe() for s in self.selective]
+        if self.bn_recalibrated:
+            lines.append(f"{self.bn_recalibrated} BatchNorms recalibrated on the calibration batches after pruning")
         return "\n".join(lines)
 
     def log(self, filter_configured: bool) -> None:
