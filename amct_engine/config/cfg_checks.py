@@ -153,19 +153,6 @@ def _prune_errors(doc: CfgDocument, scope: Scope) -> Iterator[ConfigError]:
                 f"{bcp_path}.prune_ratio",
                 f"prune_ratio must be between 0 and 1 (both excluded), got {_fmt(bcp.prune_ratio)}",
             )
-        if bcp.HasField("prune_schedule"):
-            yield from _schedule_errors(doc, bcp, f"{bcp_path}.prune_schedule")
-
-
-def _schedule_errors(doc: CfgDocument, bcp, path: str) -> Iterator[ConfigError]:
-    # docs/spec/engine.md §2.2 "Extensions": progressive pruning from start_ratio up to prune_ratio
-    schedule = bcp.prune_schedule
-    for name in ("steps", "interval"):
-        if getattr(schedule, name) < 1:
-            yield doc.error(f"{path}.{name}", f"{name} must be at least 1, got {getattr(schedule, name)}")
-    if not 0 <= schedule.start_ratio < bcp.prune_ratio:
-        yield doc.error(f"{path}.start_ratio", f"start_ratio must be at least 0 and below prune_ratio "
-                                               f"{_fmt(bcp.prune_ratio)}, got {_fmt(schedule.start_ratio)}")
 
 
 def check_importance_names(doc: CfgDocument, known: Iterable[str]) -> None:

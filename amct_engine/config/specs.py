@@ -61,31 +61,13 @@ DEFAULT_IMPORTANCE = "bcp"  # AMCT's criterion; an IMPORTANCE_CRITERIA name (amc
 
 
 @dataclass(frozen=True)
-class PruneScheduleSpec:
-    """Progressive pruning (our extension, docs/spec/engine.md §2.2): the ratio grows from ``start_ratio``
-    to the target in ``steps`` equal steps, one every ``interval`` training iterations."""
-
-    steps: int = 4
-    start_ratio: float = 0.0
-    interval: int = 50
-
-    def ratio_at(self, step: int, target: float) -> float:
-        """The prune ratio in force after ``step`` training iterations (0 before the first)."""
-        done = min(self.steps, step // self.interval + 1)
-        if self.steps <= 1:
-            return target
-        return self.start_ratio + (target - self.start_ratio) * (done - 1) / (self.steps - 1)
-
-
-@dataclass(frozen=True)
 class FilterPruneSpec:
-    """``balanced_l2_norm_filter_prune`` (BCP, docs/spec/engine.md §4.4), with our extensions: the
-    importance criterion that ranks the channels and an optional progressive schedule."""
+    """``balanced_l2_norm_filter_prune`` (BCP, docs/spec/engine.md §4.4), with our extension: the
+    importance criterion that ranks the channels (docs/spec/engine.md §2.2 "Extensions")."""
 
     prune_ratio: float
     ascend_optimized: bool = True
     importance: str = DEFAULT_IMPORTANCE
-    schedule: PruneScheduleSpec | None = None
 
 
 @dataclass(frozen=True)

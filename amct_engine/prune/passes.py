@@ -76,9 +76,8 @@ def _decide(
         return decision, None
     decision.prune_ratio = min(specs[p].prune_ratio for p in producers)  # docs/spec/engine.md §4.4: merged records
     decision.ascend_optimized = any(specs[p].ascend_optimized for p in producers)
-    lead = specs[producers[0]]  # our extensions (criterion, schedule) follow the group's first producer
+    lead = specs[producers[0]]  # our extension (the criterion) follows the group's first producer
     decision.importance = criterion.name_for(lead)
-    decision.schedule = lead.schedule
     if group.disabled:
         decision.status, decision.reason = DISABLED, "; ".join(group.disabled)
         return decision, None

@@ -10,8 +10,6 @@ from __future__ import annotations
 import logging
 from dataclasses import asdict, dataclass, field
 
-from amct_engine.config.specs import PruneScheduleSpec
-
 logger = logging.getLogger("amct_engine.prune")
 
 PRUNED = "pruned"  # channels removed
@@ -35,16 +33,11 @@ class GroupDecision:
     ascend_optimized: bool | None = None
     divisions: int = 1
     importance: str | None = None  # the criterion that ranked its channels (importance.py)
-    schedule: PruneScheduleSpec | None = None  # progressive pruning, when the cfg asks for it
 
     def describe(self) -> str:
         who = ", ".join(self.producers)
         if self.status in (PRUNED, REPLAYED):
             how = f", ranked by {self.importance}" if self.importance else ""
-            if self.schedule is not None:
-                s = self.schedule
-                how += (f", progressive: {s.start_ratio:.3g} → {self.prune_ratio:.3g} in {s.steps} steps "
-                        f"every {s.interval} iterations")
             return (f"channel group {self.group} [{who}]: {self.channels} → {self.kept} channels "
                     f"({self.channels - self.kept} pruned{how})")
         return f"channel group {self.group} [{who}] not pruned ({self.status}): {self.reason}"
