@@ -52,6 +52,8 @@ QUANT_CFG = """
 retrain_data_quant_config { ulq_quantize { } }
 retrain_weight_quant_config { arq_retrain { channel_wise: true dst_type: INT8 } }
 """
+FILTER_CFG = ("prune_config { filter_pruner { balanced_l2_norm_filter_prune "
+              "{ prune_ratio: %s ascend_optimized: false%s } } }")  # the ratio, then extension fields
 M4N2_CFG = "prune_config { n_out_of_m_pruner { l1_selective_prune { n_out_of_m_type: M4N2 update_freq: 0 } } }"
 KD_ALPHA, KD_TEMPERATURE = 0.5, 2.0
 Row = dict[str, Any]
@@ -67,9 +69,7 @@ class Recipe:
     teacher: bool = False
 
     def filter_cfg(self, ratio: float) -> str:
-        importance = f' importance: "{self.importance}"' if self.importance != "bcp" else ""
-        return ("prune_config { filter_pruner { balanced_l2_norm_filter_prune "
-                f"{{ prune_ratio: {ratio} ascend_optimized: false{importance} }} }} }}")
+        return FILTER_CFG % (ratio, f' importance: "{self.importance}"' if self.importance != "bcp" else "")
 
     def needs_data(self) -> bool:
         return self.recalibrate or self.importance == "taylor"
@@ -78,10 +78,10 @@ class Recipe:
 AMCT = Recipe("BCP")
 # The recipes of issue 18; the first is the one the report leads with (docs/spec/engine.md §2.2).
 RECIPES = (
-    Recipe("group-L2 … + BN recal + KD", "group_l2", recalibrate=True, teacher=True),
     Recipe("group-L2 … + BN recal", "group_l2", recalibrate=True),
     Recipe("BCP … + BN recal", "bcp", recalibrate=True),
     Recipe("Taylor … + BN recal", "taylor", recalibrate=True),
+    Recipe("group-L2 … + BN recal + KD", "group_l2", recalibrate=True, teacher=True),
 )
 
 

@@ -1,5 +1,5 @@
 """Importance criteria beside BCP (group L2, Taylor), their cfg extension field, the report, and BatchNorm
-recalibration after physical pruning (issue 18; docs/spec/engine.md §2.2 "Extensions", §4.4)."""
+recalibration after physical pruning (issue 18; docs/spec/engine.md §2.2 "Extensions", docs/spec/engine.md §4.4)."""
 
 from __future__ import annotations
 
