@@ -142,7 +142,10 @@ class _OutputRanks:
 
     def _rank(self, node: fx.Node) -> int | None:
         if self.shapes is None:
-            self.shapes = node_shapes(self.cm)[0]
+            try:
+                self.shapes = node_shapes(self.cm)[0]
+            except Exception:  # a graph shape propagation cannot run: decide by the feature count alone
+                self.shapes = {}
         shape = self.shapes.get(node.name)
         return None if shape is None else len(shape)
 
@@ -153,7 +156,7 @@ def _bn_reads_layer_channels(layer: nn.Module, bn: nn.Module, output_rank) -> bo
     if getattr(bn, "num_features", None) != channels:
         return False
     if isinstance(layer, nn.Linear):
-        return output_rank() == 2  # features on axis 1 only for a [N, features] output
+        return output_rank() in (2, None)  # features on axis 1 only for a [N, features] output
     return True
 
 
