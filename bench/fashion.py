@@ -126,12 +126,14 @@ def weight_counts(model: nn.Module) -> dict[str, int]:
     return {"params": sum(p.numel() for p in model.parameters()), "nonzero_weights": nonzero}
 
 
-def timed_training(model: nn.Module, loader, epochs: int, lr: float, set_mode: bool = True) -> dict[str, Any]:
-    """Adam training with per-step wall time and loss: ``{step_s: {min, median, max}, losses, train_s}``."""
+def timed_training(model: nn.Module, loader, epochs: int, lr: float, set_mode: bool = True,
+                   loss_fn=None) -> dict[str, Any]:
+    """Adam training with per-step wall time and loss: ``{step_s: {min, median, max}, losses, train_s}``.
+    ``loss_fn``: as ``train_epochs``'s (None: cross-entropy)."""
     timer = StepTimer()
     start = time.perf_counter()
     timer.start()
-    train_epochs(model, loader, epochs, lr, optimizer="adam", progress=timer, set_mode=set_mode)
+    train_epochs(model, loader, epochs, lr, optimizer="adam", progress=timer, set_mode=set_mode, loss_fn=loss_fn)
     return {"step_s": summarize(timer.durations), "losses": timer.losses, "train_s": time.perf_counter() - start}
 
 

@@ -117,9 +117,11 @@ def torch_pruning(setup, ratio: float) -> Row:
                                   pruning_ratio=ratio, ignored_layers=[model.fc])
     pruner.step()
     prepare_s = time.perf_counter() - start
+    after_pruning = evaluate_accuracy(model, setup.x_test, setup.y_test)  # before fine-tuning, as ours report it
     training = timed_training(model, setup.loader(), setup.epochs, setup.lr)
     model.eval()
     row = {"torch_accuracy": evaluate_accuracy(model, setup.x_test, setup.y_test), "prepare_s": prepare_s,
+           "accuracy_after_pruning": after_pruning,
            **weight_counts(model), "deploy_kind": "FP32 ONNX", **training,
            "onnx": export_fp32(model, setup.folder(f"tp{ratio}") / "tp.onnx", setup.example)}
     setup.cache[f"torch-pruning {ratio}"] = row

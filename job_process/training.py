@@ -108,6 +108,7 @@ def train_epochs(
     progress: ProgressFn | None = None,
     set_mode: bool = True,
     start_step: int = 0,
+    loss_fn: Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
 ) -> list[float]:
     """Train ``model`` with cross-entropy for ``epochs`` passes over ``loader``; return per-step losses.
 
@@ -121,6 +122,9 @@ def train_epochs(
     step falls in; finished epochs are not iterated, and the first batches of the partial epoch are
     drawn and skipped, so every later step sees the batch it would have seen. Only the new steps'
     losses are returned; ``step`` in ``progress`` stays global.
+
+    ``loss_fn(model, x, y)`` replaces the cross-entropy of ``model(x)`` (e.g.
+    ``amct_engine.teacher_guided.TeacherGuidedLoss``: CE + α·KD against the FP32 model).
     """
     if epochs < 0:
         raise ValueError(f"epochs must be >= 0, got {epochs}")
@@ -135,7 +139,7 @@ def train_epochs(
     if start_step < 0 or (start_step and not steps_per_epoch):
         raise ValueError(f"start_step={start_step} needs a loader with a length and must be >= 0")
     total_steps = steps_per_epoch * epochs if steps_per_epoch else None
-    loss_fn = nn.CrossEntropyLoss()
+    cross_entropy = nn.CrossEntropyLoss()
     if set_mode:
         model.train()
     losses: list[float] = []
@@ -145,7 +149,7 @@ def train_epochs(
             if epoch == first_epoch and index < skip:
                 continue
             opt.zero_grad(set_to_none=True)
-            loss = loss_fn(model(xb), yb)
+            loss = loss_fn(model, xb, yb) if loss_fn is not None else cross_entropy(model(xb), yb)
             loss.backward()
             opt.step()
             losses.append(float(loss.detach()))

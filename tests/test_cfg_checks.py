@@ -497,34 +497,54 @@ def test_api_check_argument_errors():
 # ----------------------------------------------------------------------------- layer references
 
 
-def test_unknown_layer_names_and_types_warn_with_suggestions():
-    doc = doc_of(
-        """
-        skip_layers: "layer1.0.conv"
-        quant_skip_types: "Conv2D"
-        override_layer_configs {
-          layer_name: "fc"
-        }
-        override_layer_types {
-          layer_type: "LSTM"
-        }
-        """
-    )
-    with pytest.warns(ConfigWarning) as record:
-        texts = check_layer_references(doc, MODEL)
-    assert texts == [str(w.message) for w in record]
-    assert texts == [
-        't.cfg:1:1: layer "layer1.0.conv" in skip_layers is not in the model '
-        '(did you mean "layer1.0.conv2", "layer1.0.conv1" or "layer1.0.bn1"?)',
-        't.cfg:2:1: layer type "Conv2D" in quant_skip_types matches no layer of the model '
-        '(did you mean "Conv2d"?)',
-        't.cfg:7:3: layer type "LSTM" in override_layer_types[0].layer_type matches no layer of the model '
-        "(the model's layer types are: BatchNorm2d, Conv2d, Linear, ReLU, ResNet)",
+RETRAIN_SUPPORTED = ("Conv1d", "Conv2d", "Conv3d", "ConvTranspose2d", "Linear")
+
+
+def ref_error(text: str, kind: str = "retrain", supported=None) -> ConfigError:
+    with pytest.raises(ConfigError) as info:
+        check_layer_references(doc_of(text, kind), MODEL, supported_types=supported)
+    return info.value
+
+
+def test_unknown_layer_names_and_types_are_errors_with_suggestions():
+    # AMCT raises for each of these (docs/spec/engine.md §1.1); the first in the file is reported
+    cases = [
+        ('skip_layers: "layer1.0.conv"\n', 't.cfg:1:1: layer "layer1.0.conv" in skip_layers is not in the model '
+         '(did you mean "layer1.0.conv2", "layer1.0.conv1" or "layer1.0.bn1"?)'),
+        ('batch_num: 1\nquant_skip_types: "Conv2D"\n', 't.cfg:2:1: layer type "Conv2D" in quant_skip_types is not '
+         'a supported layer type (did you mean "Conv2d"?)'),
+        ('override_layer_configs {\n  layer_name: "fc1"\n}\n', 't.cfg:2:3: layer "fc1" in '
+         'override_layer_configs[0].layer_name is not in the model (did you mean "fc"?)'),
+        ('override_layer_types {\n  layer_type: "LSTM"\n}\n', 't.cfg:2:3: layer type "LSTM" in '
+         'override_layer_types[0].layer_type is not a supported layer type (supported layer types: '
+         'BatchNorm2d, Conv2d, Linear, ReLU, ResNet)'),
     ]
+    for text, message in cases:
+        assert str(ref_error(text)) == message
+    first = ref_error('skip_layers: "conv1"\noverride_layer_types { layer_type: "Optype" }\nskip_layers: "nope"\n')
+    assert (first.line, first.field) == (2, "override_layer_types[0].layer_type")
+
+
+def test_an_override_of_an_unsupported_type_or_a_missing_layer_is_an_error():
+    # The issue's two cases, against the types the retrain API compresses
+    text = 'override_layer_types {\n  layer_type: "ReLU"\n  retrain_data_quant_config { ulq_quantize {} }\n}\n'
+    err = ref_error(text, supported=RETRAIN_SUPPORTED)
+    assert (err.line, err.column) == (2, 3)
+    assert 'layer type "ReLU"' in err.message and "not a supported layer type" in err.message
+    err = ref_error('override_layer_configs {\n  layer_name: "layer1.0.conv"\n}\n', supported=RETRAIN_SUPPORTED)
+    assert err.message.endswith('is not in the model (did you mean "layer1.0.conv2" or "layer1.0.conv1"?)')
+    # a layer that exists but whose type the API does not compress
+    err = ref_error('skip_layers: "relu"\n', supported=RETRAIN_SUPPORTED)
+    assert err.message.startswith('layer "relu" in skip_layers is a ReLU, which is not a supported layer type')
+
+
+def test_a_supported_type_the_model_lacks_is_accepted():
+    # AMCT checks override / skip types against the types it supports, not against the model's
+    check_layer_references(doc_of('skip_layer_types: "Conv3d"\n'), MODEL, supported_types=RETRAIN_SUPPORTED)
 
 
 def test_distill_group_names_are_checked():
-    doc = doc_of(
+    err = ref_error(
         """
         distill_group {
           start_layer_name: "conv1"
@@ -534,12 +554,8 @@ def test_distill_group_names_are_checked():
         """,
         "distill",
     )
-    with pytest.warns(ConfigWarning):
-        texts = check_layer_references(doc, MODEL)
-    assert texts == [
-        't.cfg:3:3: layer "rleu" in distill_group[0].end_layer_name is not in the model '
-        '(did you mean "relu"?)'
-    ]
+    assert str(err) == ('t.cfg:3:3: layer "rleu" in distill_group[0].end_layer_name is not in the model '
+                        '(did you mean "relu"?)')
 
 
 def test_known_references_give_no_warning():
@@ -548,29 +564,21 @@ def test_known_references_give_no_warning():
     )
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert check_layer_references(doc, MODEL) == []
+        assert check_layer_references(doc, MODEL) is None
 
 
-def test_placeholder_names_in_the_examples_only_warn():
+def test_placeholder_names_in_the_examples_are_errors():
     path = EXAMPLES / "compressed_filter_prune_int8.cfg"
     msg = load_cfg_document(path, "retrain").message
-    with pytest.warns(ConfigWarning) as record:
-        texts = check_layer_references(msg, MODEL, path)  # bare message: positions from the file
-    assert [str(w.message) for w in record] == texts
-    assert [t.split(": ", 1)[0] for t in texts] == [
-        f"{path}:12:1",
-        f"{path}:11:1",
-        f"{path}:13:1",
-        f"{path}:21:5",
-    ]
-    assert texts[0].endswith('layer "Opname" in quant_skip_layers is not in the model')
-    assert texts[3].startswith(f'{path}:21:5: layer type "Optype" in override_layer_types[0].layer_type')
+    with pytest.raises(ConfigError) as info:
+        check_layer_references(msg, MODEL, path)  # bare message: positions from the file
+    assert str(info.value).startswith(f'{path}:11:1: layer type "Optype" in skip_layer_types is not a supported')
 
 
 def test_skip_entry_position_survives_deduplication():
     with pytest.warns(ConfigWarning):
         doc = doc_of('skip_layers: "conv1"\nskip_layers: "conv1"\nskip_layers: "conv9"\n')
     assert list(doc.message.skip_layers) == ["conv1", "conv9"]
-    with pytest.warns(ConfigWarning) as record:
+    with pytest.raises(ConfigError) as info:
         check_layer_references(doc, MODEL)
-    assert str(record[0].message).startswith('t.cfg:3:1: layer "conv9" in skip_layers')
+    assert str(info.value).startswith('t.cfg:3:1: layer "conv9" in skip_layers')

@@ -16,6 +16,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import amct_engine as amct
+from amct_engine.config.errors import ConfigError
 from amct_engine.quant.retrain_layer import QuantRetrainLayer
 from amct_engine.record import RecordFile
 from tests.models import BranchesNet, ConvBnReluNet
@@ -86,11 +87,27 @@ class FullCfgNet(nn.Module):
         return self.layer4(self.layer3(self.relu(self.layer2(self.layer1(x)))))
 
 
+class FullCfgNetWithHead(FullCfgNet):
+    """FullCfgNet plus a Linear head: a real layer type for the example's placeholder types."""
+
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.head(super().forward(x).mean(dim=(2, 3)))
+
+
 def test_distill_full_cfg_overrides_reach_the_json(tmp_path):
     path = tmp_path / "full.json"
-    with pytest.warns(UserWarning, match="type1|type2"):  # placeholder layer types in the example
-        amct.create_distill_config(str(path), FullCfgNet(), torch.randn(1, 3, 8, 8),
-                                   os.path.join(EXAMPLES, "distill_full.cfg"))
+    example = os.path.join(EXAMPLES, "distill_full.cfg")
+    # placeholder layer types in the example: AMCT raises for them (docs/spec/engine.md §1.1), so do we
+    with pytest.raises(ConfigError, match=r'distill_full.cfg:26:1: layer type "type1" in quant_skip_layer_types'):
+        amct.create_distill_config(str(path), FullCfgNet(), torch.randn(1, 3, 8, 8), example)
+    cfg = tmp_path / "full.cfg"
+    with open(example) as f:
+        cfg.write_text(f.read().replace('"type1"', '"Linear"').replace('"type2"', '"Linear"'))
+    amct.create_distill_config(str(path), FullCfgNetWithHead(), torch.randn(1, 3, 8, 8), str(cfg))
     data = json.loads(path.read_text())
     assert data["data_dump"] is True
     assert data["distill_group"][0] == ["layer1", "layer2"]

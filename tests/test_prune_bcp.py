@@ -97,8 +97,9 @@ def test_equal_filters_prune_the_lowest_indices():
     assert bcp_prune_indices([(torch.ones(8, 3), 0, 8)], 0.5, False) == [0, 1, 2, 3]
 
 
-def test_bcp_is_the_only_and_the_default_importance_criterion():
-    assert IMPORTANCE_CRITERIA.names() == ("bcp",) and DEFAULT_IMPORTANCE == "bcp"
+def test_bcp_is_the_default_importance_criterion_beside_group_l2_and_taylor():
+    # issue 18 adds the two Torch-Pruning criteria; AMCT's BCP stays the default
+    assert IMPORTANCE_CRITERIA.names() == ("bcp", "group_l2", "taylor") and DEFAULT_IMPORTANCE == "bcp"
 
 
 def test_bcp_importance_scores_a_group_like_its_producers_weights():

@@ -11,6 +11,7 @@ from torch import fx, nn
 from tqdm import tqdm
 
 from amct_engine.blockwise_distill.blocks import group_input, pick_student_input, resolve_group, run_chain
+from amct_engine.blockwise_distill.optim import rebuild_optimizer
 from amct_engine.blockwise_distill.sample import DistillSampleBase, ModelSingleTensorInput, model_inputs
 from amct_engine.blockwise_distill.teacher import teacher_source
 from amct_engine.config.quant_json import DISTILL, read_json_config
@@ -167,11 +168,16 @@ def _group_step(names, modules, optimizer, loss_fn, student_in, teacher_out) -> 
             f"distill group {names}: student output has {output.numel()} elements, "
             f"the teacher's {teacher_out.numel()}"
         )
-    value = loss_fn(output, teacher_out.reshape(output.shape))
-    optimizer.zero_grad(set_to_none=True)
-    value.backward()
-    optimizer.step()
-    return float(value.detach())
+    target = teacher_out.reshape(output.shape)
+    first = [loss_fn(output, target)]
+
+    def closure():  # every torch optimizer takes one; LBFGS calls it several times
+        optimizer.zero_grad(set_to_none=True)
+        value = first.pop() if first else loss_fn(run_chain(modules, student_in), target)
+        value.backward()
+        return value
+
+    return float(optimizer.step(closure).detach())
 
 
 def _unique_params(modules: list[nn.Module]) -> list[nn.Parameter]:
@@ -187,11 +193,11 @@ def _unique_params(modules: list[nn.Module]) -> list[nn.Parameter]:
 def _group_optimizer(user_optimizer, modules, params, lr: float) -> torch.optim.Optimizer:
     """A fresh optimizer over this group's parameters.
 
-    A user optimizer is re-created with *all* its hyper-parameters (AMCT kept only lr). The default
-    is AMCT's AdamW with larger steps for the clips and smaller ones for learned weight scales.
+    A user optimizer is re-created with *all* its hyper-parameters (AMCT kept only lr; optim.py). The
+    default is AMCT's AdamW with larger steps for the clips and smaller ones for learned weight scales.
     """
     if user_optimizer is not None:
-        return type(user_optimizer)(params, **user_optimizer.defaults)
+        return rebuild_optimizer(user_optimizer, params)
     clips, scales = [], []
     for module in modules:
         for name, param in module.named_parameters():

@@ -155,6 +155,22 @@ def _prune_errors(doc: CfgDocument, scope: Scope) -> Iterator[ConfigError]:
             )
 
 
+def check_importance_names(doc: CfgDocument, known: Iterable[str]) -> None:
+    """A ConfigError at the first ``importance`` extension field (docs/spec/engine.md §2.2) naming no
+    criterion of ``known`` (the names of amct_engine.prune.importance.IMPORTANCE_CRITERIA)."""
+    known = list(known)
+    errors = []
+    for scope in RETRAIN_LAYOUT.scopes(doc.message):
+        if not scope.message.HasField("prune_config"):
+            continue
+        bcp = scope.message.prune_config.filter_pruner.balanced_l2_norm_filter_prune
+        if bcp.HasField("importance") and bcp.importance not in known:
+            path = scope.field_path("prune_config.filter_pruner.balanced_l2_norm_filter_prune.importance")
+            errors.append(doc.error(path, f'importance "{bcp.importance}" is not a pruning importance criterion; '
+                                          f"known: {', '.join(known)}"))
+    _raise_first(errors)
+
+
 def _retrain_dtype_errors(doc: CfgDocument, scope: Scope) -> Iterator[ConfigError]:
     # docs/spec/engine.md §2.2: allowed (activation, weight) pairs, and INT4 activations are refused.
     act, act_path = _act_dst(RETRAIN_LAYOUT, scope)

@@ -57,12 +57,17 @@ class LayerQuantSpec:
     weight: WeightQuantSpec = WeightQuantSpec()
 
 
+DEFAULT_IMPORTANCE = "bcp"  # AMCT's criterion; an IMPORTANCE_CRITERIA name (amct_engine.prune.importance)
+
+
 @dataclass(frozen=True)
 class FilterPruneSpec:
-    """``balanced_l2_norm_filter_prune`` (BCP, docs/spec/engine.md §4.4)."""
+    """``balanced_l2_norm_filter_prune`` (BCP, docs/spec/engine.md §4.4), with our extension: the
+    importance criterion that ranks the channels (docs/spec/engine.md §2.2 "Extensions")."""
 
     prune_ratio: float
     ascend_optimized: bool = True
+    importance: str = DEFAULT_IMPORTANCE
 
 
 @dataclass(frozen=True)

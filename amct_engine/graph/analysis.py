@@ -17,6 +17,7 @@ from torch import fx, nn
 from amct_engine.graph import layer_types
 from amct_engine.graph.capture import CapturedModel
 from amct_engine.graph.lifting import op_name
+from amct_engine.graph.shapes import node_shapes
 
 # docs/spec/engine.md §4.9 RETRAIN_TYPES, without LSTM, GRU and ConvTranspose1d for now: add their names here
 RETRAIN_TYPES: tuple[str, ...] = ("Conv1d", "Conv2d", "Conv3d", "ConvTranspose2d", "Linear")
@@ -108,18 +109,55 @@ def shared_weights(root: nn.Module) -> dict[str, list[str]]:
 
 
 def conv_bn_act_chains(cm: CapturedModel, types: Sequence[str] = RETRAIN_TYPES) -> list[Chain]:
-    """For every quantizable layer: the BN that is its single consumer and the activation after that."""
+    """For every quantizable layer: the BN that is its single consumer and the activation after that.
+
+    A BN counts only when it normalises the layer's output channels: a BatchNorm reads axis 1, a
+    Linear writes its features on the last axis, so a Linear on a 3-D/4-D input followed by a
+    BatchNorm of another axis (AMCT's LinearIn3/LinearIn4, Conv2dLinear) keeps its BN apart; folding
+    it would scale the Linear's rows with another axis's factors.
+    """
     chains = []
+    ranks = _OutputRanks(cm)
     for info in quantizable_layers(cm, types):
         node = cm.nodes_of(info.name)[0]
         bn = _single_consumer(node)
-        if not (_is_module_of(cm, bn, BN_TYPES) and cm.call_count(bn.target) == 1):
+        if not (_is_module_of(cm, bn, BN_TYPES) and cm.call_count(bn.target) == 1
+                and _bn_reads_layer_channels(info.module, cm.get_module(bn.target), ranks(node))):
             bn = None
         act = _single_consumer(bn or node)
         act_type = _activation_type(cm, act)
         act_module = act.target if act_type and act.op == "call_module" else None
         chains.append(Chain(info.name, bn.target if bn else None, act_module, act_type))
     return chains
+
+
+class _OutputRanks:
+    """Output rank of a node, from one shape propagation run only when a Linear asks."""
+
+    def __init__(self, cm: CapturedModel) -> None:
+        self.cm, self.shapes = cm, None
+
+    def __call__(self, node: fx.Node):
+        return lambda: self._rank(node)
+
+    def _rank(self, node: fx.Node) -> int | None:
+        if self.shapes is None:
+            try:
+                self.shapes = node_shapes(self.cm)[0]
+            except Exception:  # a graph shape propagation cannot run: decide by the feature count alone
+                self.shapes = {}
+        shape = self.shapes.get(node.name)
+        return None if shape is None else len(shape)
+
+
+def _bn_reads_layer_channels(layer: nn.Module, bn: nn.Module, output_rank) -> bool:
+    """True when ``bn`` (axis 1) normalises the output channels of ``layer``."""
+    channels = getattr(layer, "out_channels", getattr(layer, "out_features", None))
+    if getattr(bn, "num_features", None) != channels:
+        return False
+    if isinstance(layer, nn.Linear):
+        return output_rank() in (2, None)  # features on axis 1 only for a [N, features] output
+    return True
 
 
 def input_from_relu(cm: CapturedModel, name: str) -> bool:

@@ -142,12 +142,14 @@ class FilterPruner(_message.Message):
     def __init__(self, balanced_l2_norm_filter_prune: _Optional[_Union[BalancedL2NormFilterPruner, _Mapping]] = ...) -> None: ...
 
 class BalancedL2NormFilterPruner(_message.Message):
-    __slots__ = ("prune_ratio", "ascend_optimized")
+    __slots__ = ("prune_ratio", "ascend_optimized", "importance")
     PRUNE_RATIO_FIELD_NUMBER: _ClassVar[int]
     ASCEND_OPTIMIZED_FIELD_NUMBER: _ClassVar[int]
+    IMPORTANCE_FIELD_NUMBER: _ClassVar[int]
     prune_ratio: float
     ascend_optimized: bool
-    def __init__(self, prune_ratio: _Optional[float] = ..., ascend_optimized: _Optional[bool] = ...) -> None: ...
+    importance: str
+    def __init__(self, prune_ratio: _Optional[float] = ..., ascend_optimized: _Optional[bool] = ..., importance: _Optional[str] = ...) -> None: ...
 
 class NOutOfMPruner(_message.Message):
     __slots__ = ("l1_selective_prune",)

@@ -19,21 +19,19 @@ registered as a ``PRODUCER`` in the layer-pruner table) and follows the tensor f
 - any other consumer (an unknown op or layer type, indexing, a split, the model output, a reused
   module) disables the group, with the reason recorded for the report.
 
-Tensor shapes come from one ``ShapeProp`` run with the captured example inputs.
+Tensor shapes come from one ``ShapeProp`` run with the captured example inputs (graph/shapes.py).
 """
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
-import torch
 from torch import fx, nn
-from torch.fx.passes.shape_prop import ShapeProp, TensorMetadata
 
 from amct_engine.graph.analysis import shared_weights
 from amct_engine.graph.capture import CapturedModel
 from amct_engine.graph.lifting import op_name
+from amct_engine.graph.shapes import node_shapes
 from amct_engine.prune import op_vocabulary as ops
 from amct_engine.prune.channel_atoms import ChannelAtoms
 from amct_engine.prune.channel_groups import (  # noqa: F401  (re-exported: the graph's vocabulary)
@@ -65,7 +63,7 @@ def build_channel_groups(cm: CapturedModel) -> ChannelDependencies:
 class _GroupBuilder:
     def __init__(self, cm: CapturedModel):
         self.cm = cm
-        self.shapes, self.output_shapes = _tensor_shapes(cm)
+        self.shapes, self.output_shapes = node_shapes(cm)
         self.atoms = ChannelAtoms()
         self.layouts: dict[fx.Node, Layout | None] = {}
         self.not_prunable: dict[str, str] = {}
@@ -140,6 +138,10 @@ class _GroupBuilder:
         if flow == PASS_THROUGH:
             if layout is None:
                 return None
+            if pruner.in_channel_axis(module, layout.rank) != layout.axis:
+                # A norm of another axis (a BatchNorm2d after a Linear on a 4-D input, AMCT's LinearIn4)
+                # does not read these channels: they pass through it unchanged, and it loses nothing.
+                return self._same_channels(node, layout)
             self._read_channels(node, module, pruner, layout)
             return layout
         if flow == FOLLOWER:
@@ -361,17 +363,3 @@ def _flat_nodes(value) -> list[fx.Node]:
     if isinstance(value, dict):
         return [n for v in value.values() for n in _flat_nodes(v)]
     return []
-
-
-def _tensor_shapes(cm: CapturedModel) -> tuple[dict[str, tuple[int, ...] | None], list[tuple[int, ...]]]:
-    """Node name → output shape (None when not one tensor), and the model's output shapes: one eval forward."""
-    gm = copy.deepcopy(cm.graph_module).eval()
-    with torch.no_grad():
-        result = ShapeProp(gm).propagate(*cm.example_inputs)
-    shapes = {}
-    for node in gm.graph.nodes:
-        meta = node.meta.get("tensor_meta")
-        shapes[node.name] = tuple(meta.shape) if isinstance(meta, TensorMetadata) else None
-    outputs = []
-    fx.node.map_aggregate(result, lambda v: outputs.append(tuple(v.shape)) if isinstance(v, torch.Tensor) else v)
-    return shapes, outputs

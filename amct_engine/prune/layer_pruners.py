@@ -98,6 +98,16 @@ class LayerPruner:
         """The weight whose rows (axis 0) are its output channels' filters: what importance scores."""
         return module.weight
 
+    def out_channel_tensors(self, module: nn.Module) -> list[tuple[str, int]]:
+        """(parameter name, axis) of the parameters that lose its output channels, for the coupled
+        importance criteria (group L2, Taylor; importance.py). Biases are left out, as Torch-Pruning does."""
+        return [("weight", 0)] if getattr(module, "weight", None) is not None else []
+
+    def in_channel_tensors(self, module: nn.Module) -> list[tuple[str, int]]:
+        """(parameter name, axis) of the parameters that lose its input channels; [] when the layer
+        reads them in groups (the group-local columns are not one channel each)."""
+        return [("weight", 1)] if self.groups(module) == 1 else []
+
 
 class _ConvChannels:
     """Channel counts and groups of a Conv / ConvTranspose, read from the module's attributes."""
@@ -191,6 +201,9 @@ class ConvTransposePruner(_ConvChannels, LayerPruner):
     def filter_weight(self, conv: nn.Module) -> torch.Tensor:
         return conv.weight.transpose(0, 1)
 
+    def in_channel_tensors(self, conv: nn.Module) -> list[tuple[str, int]]:
+        return [("weight", 0)] if conv.groups == 1 else []  # weight [Cin, Cout/groups, …]
+
 
 class LinearPruner(LayerPruner):
     """Linear: channels on the last axis; after a flatten it reads each channel as a block of H·W features."""
@@ -244,6 +257,11 @@ class BatchNormPruner(LayerPruner):
         bn.num_features = len(keep)
 
     prune_in_channels = prune_out_channels
+
+    def out_channel_tensors(self, bn: nn.Module) -> list[tuple[str, int]]:
+        return [("weight", 0)] if bn.weight is not None else []  # gamma: Torch-Pruning's BN term
+
+    in_channel_tensors = out_channel_tensors
 
 
 # ---------------------------------------------------------------------- the table

@@ -6,14 +6,16 @@ strings them together (parse → prune → re-capture → quantise → record).
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
+from amct_engine.config.specs import FilterPruneSpec
 from amct_engine.graph.analysis import shared_weights
 from amct_engine.graph.capture import CapturedModel
 from amct_engine.prune.apply import GroupCut, apply_plan, output_shapes, prune_with_forward_check
 from amct_engine.prune.bcp import remain_count, select_pruned_channels
 from amct_engine.prune.dependency import OP, ChannelDependencies, ChannelGroup, build_channel_groups
-from amct_engine.prune.importance import DEFAULT_IMPORTANCE, IMPORTANCE_CRITERIA, ImportanceCriterion
+from amct_engine.prune.importance import IMPORTANCE_CRITERIA, ImportanceCriterion, ImportanceData, prepare_criterion
 from amct_engine.prune.records import filter_prune_record, plan_from_records, selective_prune_record
 from amct_engine.prune.report import (
     DISABLED,
@@ -36,8 +38,29 @@ def parameter_count(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+class _Criteria:
+    """The criterion each group is ranked with: the one the caller gives, else the one its first producer's
+    spec names (IMPORTANCE_CRITERIA, prepared once per name with the calibration data)."""
+
+    def __init__(self, model: nn.Module, given: ImportanceCriterion | None, data: ImportanceData | None) -> None:
+        self.model, self.given, self.data, self.prepared = model, given, data, {}
+
+    def name_for(self, spec: FilterPruneSpec) -> str:
+        if self.given is not None:
+            return getattr(self.given, "__name__", type(self.given).__name__)
+        return spec.importance
+
+    def __call__(self, group: ChannelGroup, spec: FilterPruneSpec) -> torch.Tensor:
+        if self.given is not None:
+            return self.given(group, self.model)
+        if spec.importance not in self.prepared:
+            self.prepared[spec.importance] = prepare_criterion(IMPORTANCE_CRITERIA[spec.importance], self.model,
+                                                               self.data)
+        return self.prepared[spec.importance](group, self.model)
+
+
 def _decide(
-    group: ChannelGroup, model: nn.Module, settings: LayerPruneSettings, criterion: ImportanceCriterion
+    group: ChannelGroup, model: nn.Module, settings: LayerPruneSettings, criterion: _Criteria
 ) -> tuple[GroupDecision, GroupCut | None]:
     producers = group.producer_names
     consumers = list(dict.fromkeys(m.name for m in group.consumers if m.kind != OP))
@@ -53,6 +76,8 @@ def _decide(
         return decision, None
     decision.prune_ratio = min(specs[p].prune_ratio for p in producers)  # docs/spec/engine.md §4.4: merged records
     decision.ascend_optimized = any(specs[p].ascend_optimized for p in producers)
+    lead = specs[producers[0]]  # our extension (the criterion) follows the group's first producer
+    decision.importance = criterion.name_for(lead)
     if group.disabled:
         decision.status, decision.reason = DISABLED, "; ".join(group.disabled)
         return decision, None
@@ -63,7 +88,7 @@ def _decide(
                            f"{group.size}" + (" (ascend_optimized keeps a multiple of 16)"
                                               if decision.ascend_optimized else ""))
         return decision, None
-    scores = criterion(group, model)
+    scores = criterion(group, lead)
     channels = select_pruned_channels(scores, decision.prune_ratio, decision.ascend_optimized, group.divisions)
     decision.status, decision.kept = PRUNED, group.size - len(channels)
     return decision, GroupCut(group, tuple(channels))
@@ -74,18 +99,20 @@ def filter_prune(
     settings: LayerPruneSettings,
     report: PruneReport,
     criterion: ImportanceCriterion | None = None,
+    data: ImportanceData | None = None,
 ) -> list[GroupCut]:
     """Filter pruning over the channel groups of ``cm`` (docs/spec/engine.md §4.4); removes channels from ``cm.module``
-    in place. ``criterion`` ranks each group's channels (importance.py); None: the default, BCP."""
-    if criterion is None:
-        criterion = IMPORTANCE_CRITERIA[DEFAULT_IMPORTANCE]
+    in place. ``criterion`` ranks every group's channels (importance.py); None: each group's cfg names
+    one (BCP unless the ``importance`` extension says otherwise). ``data``: the calibration batches a
+    data-driven criterion (Taylor) learns from."""
     specs = settings.filter()
     if not specs:
         return []
     deps: ChannelDependencies = build_channel_groups(cm)
+    criteria = _Criteria(cm.module, criterion, data)
     cuts, by_group = [], {}
     for group in deps.groups:
-        decision, cut = _decide(group, cm.module, settings, criterion)
+        decision, cut = _decide(group, cm.module, settings, criteria)
         report.groups.append(decision)
         by_group[group.id] = decision
         if cut is not None:

@@ -32,12 +32,14 @@ class GroupDecision:
     prune_ratio: float | None = None
     ascend_optimized: bool | None = None
     divisions: int = 1
+    importance: str | None = None  # the criterion that ranked its channels (importance.py)
 
     def describe(self) -> str:
         who = ", ".join(self.producers)
         if self.status in (PRUNED, REPLAYED):
+            how = f", ranked by {self.importance}" if self.importance else ""
             return (f"channel group {self.group} [{who}]: {self.channels} → {self.kept} channels "
-                    f"({self.channels - self.kept} pruned)")
+                    f"({self.channels - self.kept} pruned{how})")
         return f"channel group {self.group} [{who}] not pruned ({self.status}): {self.reason}"
 
 
@@ -61,6 +63,7 @@ class PruneReport:
     selective: list[SelectiveDecision] = field(default_factory=list)
     params_before: int = 0
     params_after: int = 0
+    bn_recalibrated: int = 0  # BatchNorms whose statistics were re-estimated after pruning (calibration.py)
 
     @property
     def pruned_groups(self) -> list[GroupDecision]:
@@ -74,6 +77,8 @@ class PruneReport:
         lines += [g.describe() for g in self.groups if g.status != NOT_CONFIGURED or g.reason]
         lines += [f"layer {name} is not pruned: {why}" for name, why in self.layers.items()]
         lines += [s.describe() for s in self.selective]
+        if self.bn_recalibrated:
+            lines.append(f"{self.bn_recalibrated} BatchNorms recalibrated on the calibration batches after pruning")
         return "\n".join(lines)
 
     def log(self, filter_configured: bool) -> None:

@@ -7,7 +7,7 @@ from torch import fx, nn
 from amct_engine.config.quant_json import QuantJsonConfig
 from amct_engine.graph.analysis import conv_bn_act_chains, input_from_relu
 from amct_engine.graph.capture import CapturedModel
-from amct_engine.quant.retrain_layer import QuantRetrainLayer, make_act_quantizer, make_weight_quantizer
+from amct_engine.quant.retrain_layer import make_act_quantizer, make_weight_quantizer, qat_layer_class
 from amct_engine.record import RecordFile
 
 
@@ -23,7 +23,8 @@ def _input_nodes(cm: CapturedModel) -> dict[str, fx.Node]:
 def insert_quant_layers(
     cm: CapturedModel, config: QuantJsonConfig, record: RecordFile | None, distill: bool = False
 ) -> nn.Module:
-    """Replace every enabled layer of `cm.module` with a QuantRetrainLayer; returns `cm.module`.
+    """Replace every enabled layer of `cm.module` with a QuantRetrainLayer (its per-type subclass,
+    `Conv2dQAT`, `LinearQAT`, …); returns `cm.module`.
 
     Retrain (docs/spec/engine.md §4.6) moves a following BN into the wrapper and defaults `fixed_min` to "input
     comes from a ReLU". Distillation (docs/spec/engine.md §4.1, §6) keeps the BN in place, because distill groups
@@ -55,7 +56,7 @@ def insert_quant_layers(
             bn = model.get_submodule(following_bn[name])
             model.set_submodule(following_bn[name], nn.Identity())
         layer = model.get_submodule(name)
-        wrapper = QuantRetrainLayer(
+        wrapper = qat_layer_class(layer)(  # Conv2dQAT, LinearQAT, … (AMCT's class names)
             name,
             layer,
             act_quant,

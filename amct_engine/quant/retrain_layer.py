@@ -125,6 +125,52 @@ class QuantRetrainLayer(nn.Module):
         return (gamma / torch.sqrt(bn.running_var + bn.eps)).float()
 
 
+# AMCT's users see its QAT ops by class (docs/spec/engine.md §1.5: create_distill_model makes Conv2dQAT /
+# LinearQAT; docs/spec/engine.md §1.1 AMCT_OPERATIONS): one subclass per layer type, so code written against AMCT that
+# checks the type keeps working; `isinstance(m, QuantRetrainLayer)` holds for all of them.
+class Conv1dQAT(QuantRetrainLayer):
+    """A quantised nn.Conv1d."""
+
+
+class Conv2dQAT(QuantRetrainLayer):
+    """A quantised nn.Conv2d."""
+
+
+class Conv3dQAT(QuantRetrainLayer):
+    """A quantised nn.Conv3d."""
+
+
+class ConvTranspose1dQAT(QuantRetrainLayer):
+    """A quantised nn.ConvTranspose1d."""
+
+
+class ConvTranspose2dQAT(QuantRetrainLayer):
+    """A quantised nn.ConvTranspose2d."""
+
+
+class ConvTranspose3dQAT(QuantRetrainLayer):
+    """A quantised nn.ConvTranspose3d."""
+
+
+class LinearQAT(QuantRetrainLayer):
+    """A quantised nn.Linear."""
+
+
+QAT_LAYER_CLASSES: dict[type[nn.Module], type[QuantRetrainLayer]] = {
+    nn.Conv1d: Conv1dQAT, nn.Conv2d: Conv2dQAT, nn.Conv3d: Conv3dQAT,
+    nn.ConvTranspose1d: ConvTranspose1dQAT, nn.ConvTranspose2d: ConvTranspose2dQAT,
+    nn.ConvTranspose3d: ConvTranspose3dQAT, nn.Linear: LinearQAT,
+}
+
+
+def qat_layer_class(layer: nn.Module) -> type[QuantRetrainLayer]:
+    """The QAT class of ``layer``: its nearest torch.nn base's (``Conv2dQAT``), else QuantRetrainLayer."""
+    for cls in type(layer).__mro__:
+        if cls in QAT_LAYER_CLASSES:
+            return QAT_LAYER_CLASSES[cls]
+    return QuantRetrainLayer
+
+
 def reciprocal_stable(scale: float) -> float:
     """The float32 scale next to `scale` whose float32 reciprocal maps back to it.
 
