@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 from torch import nn
+from torch.onnx import symbolic_helper
 
 from amct_engine.export.ascend import ASCEND_DOMAIN, LAYER_ATTR, WTS_TYPE_ATTR, pack_dequant_param
 from amct_engine.export.quant_layer import ExportQuantLayer
@@ -146,66 +147,67 @@ class FakeQuantBackend:
         return _rescale(g, _layer_op(g, x_int, module.layer, weight, bias), module)
 
 
-class IntegerDeployBackend:
-    """Quantise once, integer conv/matmul with int32 bias, one float rescale per channel."""
+LAYER_TAG = "amct_layer"  # temporary attribute naming a layer's nodes; export.qdq_graph removes it
+
+
+def _activation_qdq(g, x, scale: float, offset: int, tag: dict):
+    """QuantizeLinear -> DequantizeLinear with AMCT's int8 offset as a uint8 zero point (+128):
+    uint8 activations are what onnxruntime's fastest (U8S8) and exact (U8U8) kernels take."""
+    scale = _const(g, torch.tensor(scale, dtype=torch.float32))
+    zero_point = _const(g, torch.tensor(offset + 128, dtype=torch.uint8))
+    return g.op("DequantizeLinear", g.op("QuantizeLinear", x, scale, zero_point, **tag), scale, zero_point, **tag)
+
+
+def _weight_codes(f, signed: bool, transpose: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Weight codes and their zero point: int8 and 0 (`signed`), or uint8 codes + 128 and 128."""
+    codes = f.weight_q.t().contiguous() if transpose else f.weight_q
+    if signed:
+        return codes, torch.zeros(f.scale_w.shape, dtype=torch.int8)
+    return _unsigned_codes(codes), torch.full(f.scale_w.shape, 128, dtype=torch.uint8)
+
+
+class QdqDeployBackend:
+    """The deploy model as onnxruntime's own static quantiser writes it (QDQ form): the input
+    quantised by the layer's quantiser, DequantizeLinear on the integer weight and the int32 bias
+    (scale scale_w * scale_d), the float op between them. onnxruntime fuses each such group into
+    QLinearConv / QGemm once export.qdq_graph has quantised the layer's output too.
+
+    `module.signed_weights` (export.deploy_target) picks int8 or uint8 + 128 weight codes.
+    """
 
     @staticmethod
     def emit(g, x, module: ExportQuantLayer):
         layer, f = module.layer, module.factors
         if f.act_bits != 8 or not isinstance(layer, (nn.Linear, *CONV_TYPES)):
-            # No integer kernel for INT16 inputs or transposed convs in onnxruntime.
+            # No integer kernel for INT16 inputs or transposed convs in onnxruntime (the report says so).
             return FakeQuantBackend.emit(g, x, module)
-        if module.output_quant is not None and isinstance(layer, CONV_TYPES):
-            return IntegerDeployBackend.emit_requantised_conv(g, x, module)
-        # int8 codes with offset o are uint8 codes with zero point o + 128: same values,
-        # and uint8 inputs are what onnxruntime's integer kernels support everywhere.
-        zero_point = _const(g, torch.tensor(f.offset_d + 128, dtype=torch.uint8))
-        x_q = g.op("QuantizeLinear", x, _const(g, torch.tensor(f.scale_d, dtype=torch.float32)), zero_point)
-        w_zero = _const(g, torch.tensor(128, dtype=torch.uint8))
-        if isinstance(layer, nn.Linear):
-            w_t = _const(g, _unsigned_codes(f.weight_q).t().contiguous())
-            acc = g.op("MatMulInteger", x_q, w_t, zero_point, w_zero)
-        else:
-            # Pad explicitly with the zero point: a padded zero must be the quantised 0.0.
-            pads = _conv_pads(layer)
-            if any(pads):
-                dims = len(layer.kernel_size)
-                onnx_pads = [0, 0] + pads[:dims] + [0, 0] + pads[dims:]
-                x_q = g.op("Pad", x_q, _const(g, torch.tensor(onnx_pads, dtype=torch.int64)), zero_point)
-            attrs = _conv_attrs(layer, with_pads=False)
-            acc = g.op("ConvInteger", x_q, _const(g, _unsigned_codes(f.weight_q)), zero_point, w_zero, **attrs)
-        n, rank = f.scale_w.numel(), _output_rank(layer)
-        if f.bias_q is not None:
-            acc = g.op("Add", acc, _const(g, f.bias_q.reshape(output_channel_shape(layer, f.bias_q.numel(), rank))))
-        deq_scale = (f.scale_w * f.scale_d).reshape(output_channel_shape(layer, n, rank))
-        return g.op("Mul", g.op("Cast", acc, to_i=ONNX_FLOAT), _const(g, deq_scale))
-
-
-    @staticmethod
-    def emit_requantised_conv(g, x, module: ExportQuantLayer):
-        """QDQ around the conv with its output quantised by the next layer's quantiser
-        (export.requant): onnxruntime fuses DequantizeLinear -> Conv -> QuantizeLinear into a
-        QLinearConv, so the layer runs on integers in and out."""
-        layer, f = module.layer, module.factors
-        x_hat = _dequantized(g, x, f.scale_d, f.offset_d)
+        tag = {f"{LAYER_TAG}_s": module.layer_name}
+        x_hat = _activation_qdq(g, x, f.scale_d, f.offset_d, tag)
         per_channel = f.scale_w.numel() > 1
-        axis = {"axis_i": 0} if per_channel else {}
+        rank = symbolic_helper._get_tensor_rank(x)
+        linear = isinstance(layer, nn.Linear)
+        matmul = linear and rank != 2  # Gemm takes 2-D inputs only; MatMul has W^T, channels on axis 1
+        axis = {"axis_i": 1 if matmul else 0} if per_channel else {}
 
-        def vector(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-            return values.to(dtype) if per_channel else values.reshape(()).to(dtype)
+        def vector(values: torch.Tensor) -> torch.Tensor:
+            return values if per_channel else values.reshape(())
 
-        weight = g.op("DequantizeLinear", _const(g, _unsigned_codes(f.weight_q)),
-                      _const(g, vector(f.scale_w, torch.float32)),
-                      _const(g, vector(torch.full_like(f.scale_w, 128), torch.uint8)), **axis)
-        inputs = [x_hat, weight]
+        codes, zero = _weight_codes(f, getattr(module, "signed_weights", True), transpose=matmul)
+        weight = g.op("DequantizeLinear", _const(g, codes), _const(g, vector(f.scale_w.float())),
+                      _const(g, vector(zero)), **axis, **tag)
+        bias = None
         if f.bias_q is not None:
-            # The int32 bias shares the accumulator's scale, scale_d * scale_w, as QLinearConv needs.
+            # The int32 bias shares the accumulator's scale, scale_d * scale_w, as QLinearConv/QGemm need.
             bias_scale = (f.scale_w * f.scale_d).float()
-            inputs.append(g.op("DequantizeLinear", _const(g, f.bias_q),
-                               _const(g, vector(bias_scale, torch.float32)),
-                               _const(g, vector(torch.zeros_like(f.scale_w), torch.int32)), **axis))
-        y = g.op("Conv", *inputs, **_conv_attrs(layer))
-        return _dequantized(g, y, *module.output_quant)
+            bias = g.op("DequantizeLinear", _const(g, f.bias_q), _const(g, vector(bias_scale)),
+                        _const(g, vector(torch.zeros_like(f.scale_w, dtype=torch.int32))),
+                        **({"axis_i": 0} if per_channel else {}), **tag)
+        if matmul:
+            y = g.op("MatMul", x_hat, weight, **tag)
+            return g.op("Add", y, bias, **tag) if bias is not None else y
+        if linear:
+            return g.op("Gemm", x_hat, weight, *([bias] if bias is not None else []), transB_i=1, **tag)
+        return g.op("Conv", x_hat, weight, *([bias] if bias is not None else []), **_conv_attrs(layer), **tag)
 
 
 class AscendDeployBackend:

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 import onnx
 
 from amct_engine.export.ascend import ASCEND_DOMAIN, ascend_to_standard_onnx, finalize_ascend_model
-from amct_engine.export.backends import AscendDeployBackend, FakeQuantBackend, IntegerDeployBackend
-from amct_engine.export.onnx_graph import compact_graph
+from amct_engine.export.backends import AscendDeployBackend, FakeQuantBackend, QdqDeployBackend
+from amct_engine.export.qdq_graph import finalize_qdq_deploy
 from amct_engine.export.quant_layer import LayerWriter
 
 
@@ -27,9 +27,8 @@ class OnnxFormat:
     """How one kind of ONNX file is written, finished and checked.
 
     - `layer_writer`: emits each quantised layer (its `emit(g, x, module)` is the layer's symbolic);
-    - `requantises`: a layer whose output reaches the next quantised layer only through ops that
-      commute with quantisation quantises that output with the next layer's quantiser
-      (amct_engine.export.requant), so integer kernels run end to end;
+    - `finalize_with_inputs`: like `finalize`, also given the example input feeds (name -> array)
+      and the resolved deploy target (export.qdq_graph calibrates the quantisers it adds);
     - `custom_opsets`: domain -> version for custom ops the writer emits (torch.onnx.export);
     - `finalize`: applied to the written file (None: kept as the exporter wrote it);
     - `to_reference_onnx`: a standard-ONNX model computing the same, which `check_onnx` runs in
@@ -38,7 +37,7 @@ class OnnxFormat:
 
     name: str
     layer_writer: LayerWriter
-    requantises: bool = False
+    finalize_with_inputs: Callable[..., onnx.ModelProto] | None = None
     custom_opsets: Mapping[str, int] = field(default_factory=dict)
     finalize: Callable[[onnx.ModelProto], onnx.ModelProto] | None = None
     to_reference_onnx: Callable[[onnx.ModelProto], onnx.ModelProto] = _as_written
@@ -52,8 +51,8 @@ class OnnxFormat:
 # The float graph with QuantizeLinear/DequantizeLinear that matches the PyTorch QAT model.
 FAKE_QUANT = OnnxFormat("fake_quant", FakeQuantBackend)
 
-# Integer kernels (ConvInteger/MatMulInteger/QLinearConv) for onnxruntime, compacted.
-ONNX_DEPLOY = OnnxFormat("onnx", IntegerDeployBackend, requantises=True, finalize=compact_graph)
+# QDQ graph onnxruntime fuses into QLinearConv/QGemm/QLinearAdd/... end to end (export.qdq_graph).
+ONNX_DEPLOY = OnnxFormat("onnx", QdqDeployBackend, finalize_with_inputs=finalize_qdq_deploy)
 
 # docs/spec/engine.md §5: AMCT's layout for ATC; onnxruntime checks it through the reference rewrite.
 ASCEND_DEPLOY = OnnxFormat(

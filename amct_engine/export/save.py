@@ -18,11 +18,11 @@ import onnxruntime as ort
 import torch
 from torch import nn
 
+from amct_engine.export.deploy_target import DEFAULT_DEPLOY_TARGET, resolve_deploy_target, signed_weights
 from amct_engine.export.dynamic_shapes import traceable_sizes
 from amct_engine.export.formats import check_deploy_format
 from amct_engine.export.onnx_formats import FAKE_QUANT, OnnxFormat
 from amct_engine.export.quant_layer import ExportQuantLayer
-from amct_engine.export.requant import requant_targets
 from amct_engine.quant.deployed import compute_factors, fold_batch_norm
 from amct_engine.quant.retrain_layer import QuantRetrainLayer
 from amct_engine.record import LayerQuantRecord
@@ -44,13 +44,12 @@ def quant_layers(model: nn.Module) -> dict[str, QuantRetrainLayer]:
 
 def build_export_model(
     model: nn.Module, records: dict[str, LayerQuantRecord], onnx_format: OnnxFormat,
-    requant: dict[str, str] | None = None,
+    deploy_target: str = DEFAULT_DEPLOY_TARGET,
 ) -> nn.Module:
     """A CPU copy of `model` whose quantised layers are ExportQuantLayers written by `onnx_format`.
 
-    Every back end folds BN and takes every factor from the record (docs/spec/engine.md §5). `requant` (layer
-    path -> next quantised layer path, see export.requant) lets a layer quantise its output with
-    the next layer's input quantiser.
+    Every back end folds BN and takes every factor from the record (docs/spec/engine.md §5).
+    `deploy_target` (export.deploy_target) picks int8 or uint8 + 128 weight codes.
     """
     export_model = copy.deepcopy(model).cpu().eval()
     wrappers = quant_layers(export_model)
@@ -59,11 +58,7 @@ def build_export_model(
         record = records[wrapper.layer_name]
         factors = compute_factors(wrapper.layer_name, layer, record)
         new = ExportQuantLayer(wrapper.layer_name, layer, factors, onnx_format.layer_writer)
-        target = (requant or {}).get(path)
-        if target is not None:
-            following = records[wrappers[target].layer_name]
-            if record.act_bits == following.act_bits == 8:
-                new.output_quant = (following.scale_d, following.offset_d)
+        new.signed_weights = signed_weights(deploy_target)
         export_model.set_submodule(path, new)
     return export_model
 
@@ -136,14 +131,18 @@ def save_quantized_onnx(
     output_names=None,
     dynamic_axes=None,
     deploy_format: str = "onnx",
+    deploy_target: str = DEFAULT_DEPLOY_TARGET,
 ) -> dict[str, str]:
     """Write both models; returns {"fake_quant": path, "deploy": path}.
 
     `deploy_format` names the deploy model's format in `amct_engine.export.formats.DEPLOY_FORMATS`:
     "onnx", the portable integer model onnxruntime runs; "ascend", AMCT's layout with
-    AscendQuant/AscendDequant for the ATC converter (docs/spec/engine.md §5).
+    AscendQuant/AscendDequant for the ATC converter (docs/spec/engine.md §5). `deploy_target`
+    ("auto", "x86_vnni", "x86_avx2", "arm"; export.deploy_target) is the CPU the "onnx" deploy
+    model is written for; "auto" is the exporting machine's kind, and the deploy file's report says which.
     """
     deploy = check_deploy_format(deploy_format).load()
+    deploy_target = resolve_deploy_target(deploy_target)
     validate_dynamic_axes(dynamic_axes)
     cpu_inputs = tuple(t.detach().cpu() for t in input_data)
     paths = output_paths(save_path)
@@ -151,7 +150,7 @@ def save_quantized_onnx(
     cpu_model = copy.deepcopy(model).cpu().eval()
     for kind, path in paths.items():
         write_quantized_onnx(cpu_model, records, formats[kind], path, cpu_inputs, input_names, output_names,
-                             dynamic_axes)
+                             dynamic_axes, deploy_target)
     return paths
 
 
@@ -164,12 +163,19 @@ def write_quantized_onnx(
     input_names=None,
     output_names=None,
     dynamic_axes=None,
+    deploy_target: str = DEFAULT_DEPLOY_TARGET,
 ) -> None:
     """One file of `model` (on the CPU, eval mode) in `onnx_format`: export, finalise, check."""
-    requant = requant_targets(model, input_data) if onnx_format.requantises else None
-    export_model = build_export_model(model, records, onnx_format, requant)
+    deploy_target = resolve_deploy_target(deploy_target)
+    export_model = build_export_model(model, records, onnx_format, deploy_target)
     export_onnx(export_model, path, input_data, input_names, output_names, dynamic_axes,
                 dict(onnx_format.custom_opsets) or None)
     if onnx_format.finalize is not None:
         onnx.save(onnx_format.finalize(onnx.load(path)), path)
+    if onnx_format.finalize_with_inputs is not None:
+        written = onnx.load(path)
+        names = [i.name for i in written.graph.input]
+        feeds = {n: t.numpy() for n, t in zip(names, input_data, strict=False)}
+        onnx.save(onnx_format.finalize_with_inputs(written, feeds, deploy_target), path)
+        os.chmod(path, FILE_MODE)
     check_onnx(path, input_data, onnx_format)

@@ -1,0 +1,55 @@
+"""Which CPU a deploy model is written for, and so how its INT8 weights are stored.
+
+onnxruntime's x86 u8s8 kernels without VNNI (AVX2 `vpmaddubsw`) add pairs of uint8 x int8 products
+in saturating 16-bit lanes: 2 x 255 x 127 > 32767, so full-range int8 weights give wrong sums there
+(docs/spec/engine.md, "Weight codes of the deploy model"). VNNI (`vpdpbusd`, 32-bit sums) and ARM's
+dot-product kernels are exact. So:
+- "x86_vnni", "arm": signed int8 weights with zero point 0, ORT's fast U8S8 kernels;
+- "x86_avx2": the same integers as uint8 codes + 128 (zero point 128), ORT's exact u8u8 kernels;
+- "auto": the exporting machine's kind (`/proc/cpuinfo` flags, `platform.machine()`).
+Torch-free so that the API and the CLI can list the choices.
+"""
+
+from __future__ import annotations
+
+import platform
+
+DEPLOY_TARGETS = ("auto", "x86_vnni", "x86_avx2", "arm")
+DEFAULT_DEPLOY_TARGET = "auto"
+
+
+def check_deploy_target(name: object) -> str:
+    if name not in DEPLOY_TARGETS:
+        raise ValueError(f"deploy_target: unknown value {name!r}; choose one of {', '.join(DEPLOY_TARGETS)}")
+    return str(name)
+
+
+def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> set[str]:
+    try:
+        with open(cpuinfo, encoding="utf-8") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def detect_deploy_target(machine: str | None = None, flags: set[str] | None = None) -> str:
+    """The kind of this machine: "arm", "x86_vnni" (AVX512-VNNI or AVX-VNNI) or "x86_avx2"."""
+    machine = (machine or platform.machine()).lower()
+    if machine.startswith(("aarch64", "arm")):
+        return "arm"
+    flags = cpu_flags() if flags is None else flags
+    return "x86_vnni" if flags & {"avx512_vnni", "avx_vnni"} else "x86_avx2"
+
+
+def resolve_deploy_target(name: str = DEFAULT_DEPLOY_TARGET) -> str:
+    """A concrete target: `name` itself, or the exporting machine's kind for "auto"."""
+    name = check_deploy_target(name)
+    return detect_deploy_target() if name == "auto" else name
+
+
+def signed_weights(target: str) -> bool:
+    """True where int8 weights with zero point 0 run exactly (VNNI, ARM)."""
+    return resolve_deploy_target(target) != "x86_avx2"

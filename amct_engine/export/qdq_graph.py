@@ -1,0 +1,323 @@
+"""Quantise every tensor between two quantised layers so onnxruntime runs the graph in int8.
+
+The layer writer (export.backends.QdqDeployBackend) quantises each layer's *input* with the
+layer's own quantiser, as AMCT does. onnxruntime's QDQ fusions (QLinearConv, QGemm, QLinearAdd,
+QLinearConcat, QLinearGlobalAveragePool, int8 MaxPool) also need the *output* of each op quantised
+(`DequantizeLinear -> op -> QuantizeLinear`). This pass, on the exported ONNX graph:
+
+- finds every float tensor from which a quantised layer's input is reached ("leads to a
+  quantised layer"), except a ReLU's input: ORT drops a ReLU followed by QuantizeLinear whose zero
+  point is the lowest code, so the conv before it still fuses;
+- gives it its quantisation parameters: those of the quantiser that reads it or that reads it
+  through ops commuting with quantisation (MaxPool, Flatten, Reshape, ...): exact, since
+  max(q(a), q(b)) = q(max(a, b)); otherwise (residual Add inputs and outputs, pool inputs,
+  concat inputs, a float op such as CREPE's BatchNorm after a ReLU) uint8 parameters calibrated
+  on the example input (one quantisation step of error at that tensor, as ORT's quantiser);
+- inserts QuantizeLinear and one DequantizeLinear per reader.
+Then it names nodes and initialisers after their layer (`layer1.0.conv1/Conv`, `layer1.0.conv1.weight`).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+from amct_engine.export.backends import LAYER_TAG
+from amct_engine.export.onnx_graph import constants_to_initializers
+
+# Ops through which quantisation commutes: the input takes the output's parameters exactly.
+COMMUTING_OPS = {"MaxPool", "Flatten", "Reshape", "Identity", "Dropout", "Transpose", "Squeeze", "Unsqueeze"}
+# Which input of each op carries the data (the others are shapes, axes, ...).
+DATA_INPUTS = {"Reshape": 1, "Squeeze": 1, "Unsqueeze": 1, "Pad": 1, "Slice": 1, "Resize": 1, "Clip": 1}
+LAYER_OPS = {"Conv", "Gemm", "MatMul"}
+
+
+class _Graph:
+    """Producers and readers of every tensor of an ONNX graph."""
+
+    def __init__(self, model: onnx.ModelProto):
+        self.model = model
+        graph = model.graph
+        self.initializers = {t.name: t for t in graph.initializer}
+        self.outputs = {o.name for o in graph.output}
+        self.producer = {out: n for n in graph.node for out in n.output}
+        self.readers: dict[str, list[tuple[onnx.NodeProto, int]]] = defaultdict(list)
+        for node in graph.node:
+            for i, name in enumerate(node.input[: DATA_INPUTS.get(node.op_type, len(node.input))]):
+                if name:
+                    self.readers[name].append((node, i))
+        inferred = onnx.shape_inference.infer_shapes(model)
+        self.elem_type = {v.name: v.type.tensor_type.elem_type
+                          for v in (*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output)}
+
+    def is_float_activation(self, name: str) -> bool:
+        return name in self.producer and self.elem_type.get(name) == TensorProto.FLOAT
+
+    def quantizer_params(self, name: str) -> tuple[str, str] | None:
+        """(scale, zero point) initialiser names of a QuantizeLinear reading `name`."""
+        for node, _ in self.readers[name]:
+            if node.op_type == "QuantizeLinear" and len(node.input) == 3:
+                return node.input[1], node.input[2]
+        return None
+
+
+def _merge_equal_quantizers(model: onnx.ModelProto) -> None:
+    """One QuantizeLinear per tensor and parameter values: layers sharing an input quantiser
+    (a block output read by a conv and a downsample conv) read one, so ORT can fuse the producer."""
+    graph = model.graph
+    values = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    first: dict[tuple, str] = {}
+    replaced: dict[str, str] = {}
+    keep = []
+    for node in graph.node:
+        if node.op_type == "QuantizeLinear" and len(node.input) == 3 and all(i in values for i in node.input[1:]):
+            key = (node.input[0], values[node.input[1]].tobytes(), values[node.input[2]].tobytes(),
+                   str(values[node.input[2]].dtype), tuple(a.SerializeToString() for a in node.attribute))
+            if key in first:
+                replaced[node.output[0]] = first[key]
+                continue
+            first[key] = node.output[0]
+        keep.append(node)
+    for node in keep:
+        node.input[:] = [replaced.get(n, n) for n in node.input]
+    del graph.node[:]
+    graph.node.extend(keep)
+
+
+def _topological_tensors(model: onnx.ModelProto) -> list[str]:
+    return [out for node in model.graph.node for out in node.output]
+
+
+def _plan(g: _Graph) -> tuple[dict[str, tuple[str, str] | None], list[str]]:
+    """Tensor -> its quantiser's (scale, zero point) names, or None where it must be calibrated."""
+    leads: dict[str, bool] = {}
+    params: dict[str, tuple[str, str] | None] = {}
+    for name in reversed(_topological_tensors(g.model)):
+        readers = [n for n, _ in g.readers[name]]
+        leads[name] = g.is_float_activation(name) and any(
+            n.op_type == "QuantizeLinear" or any(leads.get(o, False) for o in n.output) for n in readers)
+        if not leads[name]:
+            continue
+        own = g.quantizer_params(name)
+        if own is None:
+            through = [params.get(n.output[0]) for n in readers if n.op_type in COMMUTING_OPS]
+            own = next((p for p in through if p is not None), None)
+        params[name] = own
+    plan = {}
+    for name, p in params.items():
+        producer = g.producer[name]
+        readers = [n for n, _ in g.readers[name]]
+        if producer.op_type == "DequantizeLinear":
+            continue
+        if readers and all(n.op_type == "Relu" for n in readers):
+            continue  # the ReLU's output is quantised; ORT removes the ReLU (zero point = lowest code)
+        if all(n.op_type == "QuantizeLinear" for n in readers) and name not in g.outputs:
+            continue  # already quantised for every reader
+        plan[name] = p
+    return plan, [n for n, p in plan.items() if p is None]
+
+
+def _calibrate(model: onnx.ModelProto, names: list[str], feeds: dict[str, np.ndarray]) -> dict[str, tuple]:
+    """uint8 (scale, zero point) covering each tensor's range on the example input, 0 included."""
+    if not names:
+        return {}
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    known = {o.name for o in probe.graph.output}
+    probe.graph.output.extend(helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in names
+                              if n not in known)
+    session = ort.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
+    values = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds), strict=True))
+    found = {}
+    for name in names:
+        lo, hi = min(float(values[name].min()), 0.0), max(float(values[name].max()), 0.0)
+        scale = (hi - lo) / 255 if hi > lo else 1.0
+        found[name] = (np.float32(scale), np.uint8(np.clip(round(-lo / scale), 0, 255)))
+    return found
+
+
+def _base_name(g: _Graph, tensor: str) -> str:
+    """A readable stem for the quantiser of `tensor`: its producer's layer or node name."""
+    node = g.producer[tensor]
+    tag = _tag(node)
+    return f"{tag}.output" if tag else (node.name.strip("/").replace("/", ".") or tensor) + ".output"
+
+
+def _pop_tags(model: onnx.ModelProto) -> None:
+    """Name each tagged node `<layer>/<Op>` (unique) and drop the temporary attribute ORT rejects."""
+    used: set[str] = set()
+    for node in model.graph.node:
+        names = [a.name for a in node.attribute]
+        if LAYER_TAG not in names:
+            continue
+        tag = node.attribute[names.index(LAYER_TAG)].s.decode()
+        del node.attribute[names.index(LAYER_TAG)]
+        stem = f"{tag}/{node.op_type}"
+        node.name, k = stem, 1
+        while node.name in used:
+            node.name, k = f"{stem}_{k}", k + 1
+        used.add(node.name)
+
+
+def _tag(node: onnx.NodeProto) -> str | None:
+    """The layer a node belongs to (`<layer>/<Op>` names; the exporter's own names start with '/')."""
+    return node.name.split("/")[0] if "/" in node.name and not node.name.startswith("/") else None
+
+
+def quantize_boundaries(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> onnx.ModelProto:
+    """Insert QuantizeLinear/DequantizeLinear on every tensor between quantised layers (module doc)."""
+    constants_to_initializers(model)
+    _pop_tags(model)
+    _merge_equal_quantizers(model)
+    g = _Graph(model)
+    plan, to_calibrate = _plan(g)
+    calibrated = _calibrate(model, to_calibrate, feeds)
+    graph = model.graph
+    new_nodes: dict[str, list[onnx.NodeProto]] = defaultdict(list)  # after the producer of a tensor
+    for name, params in plan.items():
+        base = _base_name(g, name)
+        if params is None:
+            scale_value, zero_value = calibrated[name]
+            params = (f"{base}_scale", f"{base}_zero_point")
+            graph.initializer.extend([numpy_helper.from_array(np.array(scale_value), params[0]),
+                                      numpy_helper.from_array(np.array(zero_value), params[1])])
+        quantized = next((n.output[0] for n, _ in g.readers[name] if n.op_type == "QuantizeLinear"
+                          and tuple(n.input[1:3]) == params), None)
+        if quantized is None:
+            quantized = f"{base}_quantized"
+            new_nodes[name].append(helper.make_node("QuantizeLinear", [name, *params], [quantized],
+                                                    name=f"{base}/QuantizeLinear"))
+        for k, (reader, index) in enumerate(g.readers[name]):
+            if reader.op_type == "QuantizeLinear":
+                continue
+            dequantized = f"{base}_dequantized_{k}"
+            new_nodes[quantized].append(helper.make_node("DequantizeLinear", [quantized, *params], [dequantized],
+                                                    name=f"{base}/DequantizeLinear_{k}"))
+            reader.input[index] = dequantized
+    ordered = []
+
+    def place(node: onnx.NodeProto) -> None:
+        ordered.append(node)
+        for out in node.output:
+            for follower in new_nodes.pop(out, []):
+                place(follower)
+
+    for node in list(graph.node):
+        place(node)
+    del graph.node[:]
+    graph.node.extend(ordered)
+    return model
+
+
+def name_after_layers(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Nodes `<layer>/<Op>` and initialisers `<layer>.weight`, `.weight_scale`, `.bias`, `.input_scale`
+    ...; the temporary layer attributes go. Other names stay as the exporter wrote them."""
+    graph = model.graph
+    producer = {out: n for n in graph.node for out in n.output}
+    initializers = {t.name: t for t in graph.initializer}
+    renamed: dict[str, str] = {}
+    for node in graph.node:
+        tag = _tag(node)
+        if tag is None or node.op_type not in LAYER_OPS:
+            continue
+        roles = {1: "weight", 2: "bias"}
+        for index, role in roles.items():
+            dq = producer.get(node.input[index]) if index < len(node.input) else None
+            if dq is not None and dq.op_type == "DequantizeLinear":
+                for k, suffix in enumerate(("", "_scale", "_zero_point")):
+                    _rename(graph, initializers, renamed, dq, k, f"{tag}.{role}{suffix}")
+        dq = producer.get(node.input[0])
+        q = producer.get(dq.input[0]) if dq is not None and dq.op_type == "DequantizeLinear" else None
+        if q is not None and q.op_type == "QuantizeLinear":
+            for k, suffix in ((1, "_scale"), (2, "_zero_point")):
+                _rename(graph, initializers, renamed, q, k, f"{tag}.input{suffix}")
+    for node in graph.node:
+        node.input[:] = [renamed.get(n, n) for n in node.input]
+    return model
+
+
+def _rename(graph, initializers, renamed, node, index, new_name):
+    """Name the initialiser `node.input[index]` `new_name` (a copy when another role named it already)."""
+    old = node.input[index] if index < len(node.input) else ""
+    if old not in initializers or new_name in initializers:
+        return
+    if old in renamed:  # shared constant already named for another role: give this one its own copy
+        copy = TensorProto()
+        copy.CopyFrom(initializers[renamed[old]])
+        copy.name = new_name
+        graph.initializer.append(copy)
+        initializers[new_name] = copy
+        node.input[index] = new_name
+        return
+    initializers[old].name = new_name
+    initializers[new_name] = initializers.pop(old)
+    renamed[old] = new_name
+
+
+PRODUCER = "amct_engine"
+REPORT_KEY = "amct_deploy_report"
+# What each quantised layer should become after ORT's optimiser.
+FUSED_OPS = {"QLinearConv", "QGemm", "QLinearMatMul", "MatMulIntegerToFloat", "QLinearAdd", "QLinearConcat",
+             "QLinearGlobalAveragePool", "QLinearAveragePool", "QLinearSigmoid", "QLinearLeakyRelu",
+             "DynamicQuantizeMatMul", "MatMulNBits"}
+
+
+def optimized_ops(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The graph ORT's CPU provider runs after its optimiser (all levels), as a ModelProto."""
+    import os
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        options = ort.SessionOptions()
+        options.optimized_model_filepath = os.path.join(tmp, "optimized.onnx")
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.log_severity_level = 3  # not the warning that the saved graph is hardware specific
+        ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        return onnx.load(options.optimized_model_filepath)
+
+
+def fusion_report(model: onnx.ModelProto, deploy_target: str) -> dict:
+    """Which op each quantised layer runs as after ORT's optimiser, and the layers that did not fuse.
+
+    ORT names a fused node after the node it replaces, so `<layer>/<Op>` survives optimisation.
+    """
+    layers = {n.name.split("/")[0] for n in model.graph.node
+              if n.op_type in LAYER_OPS and "/" in n.name and not n.name.startswith("/")}
+    optimized = optimized_ops(model)
+    runs_as: dict[str, str] = {}
+    for node in optimized.graph.node:
+        layer = node.name.split("/")[0]
+        if layer in layers and (node.op_type in FUSED_OPS or layer not in runs_as):
+            runs_as[layer] = node.op_type
+    ops = defaultdict(int)
+    for node in optimized.graph.node:
+        ops[node.op_type] += 1
+    not_fused = {layer: f"runs as float {op} (its output feeds no quantised reader, or an op between "
+                        f"the quantisers has no int8 kernel)"
+                 for layer, op in runs_as.items() if op not in FUSED_OPS}
+    return {"deploy_target": deploy_target, "layers": runs_as, "not_fused": not_fused,
+            "optimized_op_counts": dict(sorted(ops.items()))}
+
+
+def finalize_qdq_deploy(model: onnx.ModelProto, feeds: dict[str, np.ndarray], deploy_target: str) -> onnx.ModelProto:
+    """The "onnx" deploy format's finaliser: boundaries quantised, names, producer, fusion report."""
+    import json
+
+    model = name_after_layers(quantize_boundaries(model, feeds))
+    model.producer_name = PRODUCER
+    report = fusion_report(model, deploy_target)
+    del model.metadata_props[:]
+    model.metadata_props.add(key=REPORT_KEY, value=json.dumps(report, sort_keys=True))
+    return model
+
+
+def deploy_report(model: str | onnx.ModelProto) -> dict:
+    """The fusion report written into a deploy model by `finalize_qdq_deploy` ({} if none)."""
+    import json
+
+    model = onnx.load(model, load_external_data=False) if isinstance(model, str) else model
+    return next((json.loads(p.value) for p in model.metadata_props if p.key == REPORT_KEY), {})
