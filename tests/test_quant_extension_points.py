@@ -164,9 +164,10 @@ def test_a_registered_deploy_format_is_written_finalised_and_checked(mine_format
     paths = amct.save_quant_retrain_model(str(config), qmodel, str(record), str(tmp_path / "net"), INPUT,
                                           deploy_format="mine")
     deploy = onnx.load(paths["deploy"])
-    assert {p.key: p.value for p in deploy.metadata_props} == {"deploy_format": "mine"}
-    assert REFERENCE_RUNS == [{"deploy_format": "mine"}]  # the deploy file, through this format's check
-    assert "MatMulInteger" in {n.op_type for n in deploy.graph.node}  # the onnx format's layer writer
+    metadata = {p.key: p.value for p in deploy.metadata_props}
+    assert metadata["deploy_format"] == "mine" and "amct_deploy_report" in metadata
+    assert [r["deploy_format"] for r in REFERENCE_RUNS] == ["mine"]  # the deploy file, through this format's check
+    assert {"QuantizeLinear", "Gemm"} <= {n.op_type for n in deploy.graph.node}  # the onnx format's layer writer
     session = ort.InferenceSession(paths["deploy"], providers=["CPUExecutionProvider"])
     out = session.run(None, {session.get_inputs()[0].name: INPUT.numpy()})[0]
     np.testing.assert_allclose(out, expected, atol=0.05 * np.abs(expected).max())

@@ -164,7 +164,7 @@ def test_fake_quant_onnx_matches_pytorch_and_deploy_runs_integer_kernels(qat):
 
     deploy_model = onnx.load(paths["deploy"])
     op_types = {n.op_type for n in deploy_model.graph.node}
-    assert {"MatMulInteger", "QuantizeLinear"} <= op_types
+    assert {"QuantizeLinear", "DequantizeLinear", "Conv", "Gemm"} <= op_types
     assert "BatchNormalization" not in op_types
     options = ort.SessionOptions()
     options.optimized_model_filepath = str(tmp_path / "optimised.onnx")
@@ -172,9 +172,9 @@ def test_fake_quant_onnx_matches_pytorch_and_deploy_runs_integer_kernels(qat):
     ort.InferenceSession(paths["deploy"], options, providers=["CPUExecutionProvider"])
     optimised_ops = [n.op_type for n in onnx.load(options.optimized_model_filepath).graph.node]
     # conv1 and conv2 feed the next quantised layer through ReLU/flatten only, so their outputs are
-    # requantised and onnxruntime fuses them into QLinearConv; fc's float logits use MatMulInteger.
-    assert optimised_ops.count("QLinearConv") == 2 and optimised_ops.count("MatMulInteger") == 1
-    assert "Conv" not in optimised_ops and "FusedConv" not in optimised_ops
+    # requantised and onnxruntime fuses them into QLinearConv; fc's float logits come from QGemm.
+    assert optimised_ops.count("QLinearConv") == 2 and optimised_ops.count("QGemm") == 1
+    assert not {"Conv", "FusedConv", "MatMulInteger", "ConvInteger"} & set(optimised_ops)
 
 
 def test_dynamic_axes_let_the_exported_models_take_any_batch(qat):

@@ -115,10 +115,23 @@ def _plan(g: _Graph) -> tuple[dict[str, tuple[str, str] | None], list[str]]:
             continue
         if readers and all(n.op_type == "Relu" for n in readers):
             continue  # the ReLU's output is quantised; ORT removes the ReLU (zero point = lowest code)
-        if all(n.op_type == "QuantizeLinear" for n in readers) and name not in g.outputs:
+        if all(n.op_type == "QuantizeLinear" for n in readers) and name not in g.outputs \
+                and not _relu_kept_by_ort(g, name, p):
             continue  # already quantised for every reader
         plan[name] = p
     return plan, [n for n, p in plan.items() if p is None]
+
+
+def _relu_kept_by_ort(g: _Graph, name: str, params: tuple[str, str] | None) -> bool:
+    """A ReLU output whose quantiser's zero point is not the lowest code: ORT keeps that ReLU in float
+    (and so cannot fuse the conv before it); we rewrite it as Max(q, zero point) on the codes."""
+    producer = g.producer[name]
+    if producer.op_type != "Relu" or params is None or name in g.outputs:
+        return False
+    if [n.op_type for n, _ in g.readers[producer.input[0]]] != ["Relu"]:
+        return False
+    zero = numpy_helper.to_array(g.initializers[params[1]])
+    return int(zero) != int(np.iinfo(zero.dtype).min)
 
 
 def _calibrate(model: onnx.ModelProto, names: list[str], feeds: dict[str, np.ndarray]) -> dict[str, tuple]:
@@ -178,21 +191,41 @@ def quantize_boundaries(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) ->
     calibrated = _calibrate(model, to_calibrate, feeds)
     graph = model.graph
     new_nodes: dict[str, list[onnx.NodeProto]] = defaultdict(list)  # after the producer of a tensor
+    dropped: set = set()  # ReLUs rewritten as Max on codes, and the quantisers they made redundant
+    rewired: dict[str, str] = {}  # output of a dropped quantiser -> the codes that replace it
     for name, params in plan.items():
         base = _base_name(g, name)
         if params is None:
             scale_value, zero_value = calibrated[name]
             params = (f"{base}_scale", f"{base}_zero_point")
-            graph.initializer.extend([numpy_helper.from_array(np.array(scale_value), params[0]),
-                                      numpy_helper.from_array(np.array(zero_value), params[1])])
+            added = [numpy_helper.from_array(np.array(scale_value), params[0]),
+                     numpy_helper.from_array(np.array(zero_value), params[1])]
+            graph.initializer.extend(added)
+            g.initializers.update((t.name, t) for t in added)
         quantized = next((n.output[0] for n, _ in g.readers[name] if n.op_type == "QuantizeLinear"
                           and tuple(n.input[1:3]) == params), None)
-        if quantized is None:
+        if _relu_kept_by_ort(g, name, params):
+            # relu(q) on codes is max(q, zero point), exactly: quantise the ReLU's input instead.
+            relu = g.producer[name]
+            codes = f"{base}_quantized"
+            new_nodes[relu.input[0]].extend([
+                helper.make_node("QuantizeLinear", [relu.input[0], *params], [f"{base}_prerelu"],
+                                 name=f"{base}/QuantizeLinear"),
+                helper.make_node("Max", [f"{base}_prerelu", params[1]], [codes], name=f"{base}/Max")])
+            dropped.add(relu.name or id(relu))
+            for reader, _ in g.readers[name]:
+                if reader.op_type == "QuantizeLinear" and tuple(reader.input[1:3]) == params:
+                    dropped.add(reader.name or id(reader))
+                    rewired[reader.output[0]] = codes
+            quantized = codes
+        elif quantized is None:
             quantized = f"{base}_quantized"
             new_nodes[name].append(helper.make_node("QuantizeLinear", [name, *params], [quantized],
                                                     name=f"{base}/QuantizeLinear"))
         for k, (reader, index) in enumerate(g.readers[name]):
-            if reader.op_type == "QuantizeLinear":
+            if reader.op_type == "QuantizeLinear" and (reader.name or id(reader)) not in dropped:
+                continue
+            if (reader.name or id(reader)) in dropped:
                 continue
             dequantized = f"{base}_dequantized_{k}"
             new_nodes[quantized].append(helper.make_node("DequantizeLinear", [quantized, *params], [dequantized],
@@ -201,6 +234,9 @@ def quantize_boundaries(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) ->
     ordered = []
 
     def place(node: onnx.NodeProto) -> None:
+        if (node.name or id(node)) in dropped:
+            return
+        node.input[:] = [rewired.get(n, n) for n in node.input]
         ordered.append(node)
         for out in node.output:
             for follower in new_nodes.pop(out, []):
@@ -210,6 +246,62 @@ def quantize_boundaries(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) ->
         place(node)
     del graph.node[:]
     graph.node.extend(ordered)
+    return model
+
+
+def batch_norms_as_depthwise_convs(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A BatchNormalization between quantisers (CREPE's conv -> ReLU -> BN -> pool) as a 1x1
+    depthwise conv with int8 weight +-127 and per-channel scale |a|/127 (a = gamma / sqrt(var + eps)),
+    int32 bias round(b / (s_in * scale)): ORT runs it as a QLinearConv, so the graph stays int8.
+    a is represented to float precision and the bias to 1/254 of an input step."""
+    graph = model.graph
+    values = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    producer = {out: n for n in graph.node for out in n.output}
+    readers = defaultdict(list)
+    for node in graph.node:
+        for name in node.input:
+            readers[name].append(node)
+    ranks = {v.name: len(v.type.tensor_type.shape.dim)
+             for v in onnx.shape_inference.infer_shapes(model).graph.value_info}
+    for node in graph.node:
+        if node.op_type != "BatchNormalization" or len(node.output) != 1:
+            continue
+        dq = producer.get(node.input[0])
+        outs = readers[node.output[0]]
+        if dq is None or dq.op_type != "DequantizeLinear" or dq.input[1] not in values or not outs \
+                or any(r.op_type != "QuantizeLinear" for r in outs) or ranks.get(node.input[0], 0) < 3:
+            continue
+        gamma, beta, mean, var = (values[n].astype(np.float64) for n in node.input[1:5])
+        eps = next((a.f for a in node.attribute if a.name == "epsilon"), 1e-5)
+        a = gamma / np.sqrt(var + eps)
+        b = beta - mean * a
+        s_in = float(values[dq.input[1]])
+        w_scale = np.where(a == 0, 1.0, np.abs(a) / 127).astype(np.float32)
+        codes = np.where(a == 0, 0, np.sign(a) * 127).astype(np.int8)
+        bias = np.round(b / (s_in * w_scale.astype(np.float64))).astype(np.int32)
+        channels, dims = codes.size, ranks[node.input[0]] - 2
+        stem = node.name.strip("/").replace("/", ".") or node.output[0]
+        inits = {f"{stem}.weight": codes.reshape(channels, 1, *[1] * dims), f"{stem}.weight_scale": w_scale,
+                 f"{stem}.weight_zero_point": np.zeros(channels, np.int8), f"{stem}.bias": bias,
+                 f"{stem}.bias_scale": (w_scale * np.float32(s_in)).astype(np.float32),
+                 f"{stem}.bias_zero_point": np.zeros(channels, np.int32)}
+        graph.initializer.extend(numpy_helper.from_array(v, k) for k, v in inits.items())
+        weight = helper.make_node("DequantizeLinear", [f"{stem}.weight", f"{stem}.weight_scale",
+                                  f"{stem}.weight_zero_point"], [f"{stem}.weight_dq"], axis=0,
+                                  name=f"{stem}/DequantizeLinear_weight")
+        bias_dq = helper.make_node("DequantizeLinear", [f"{stem}.bias", f"{stem}.bias_scale",
+                                   f"{stem}.bias_zero_point"], [f"{stem}.bias_dq"], axis=0,
+                                   name=f"{stem}/DequantizeLinear_bias")
+        conv = helper.make_node("Conv", [node.input[0], f"{stem}.weight_dq", f"{stem}.bias_dq"], list(node.output),
+                                group=channels, kernel_shape=[1] * dims, name=f"{stem}/Conv")
+        node.CopyFrom(conv)
+        index = list(graph.node).index(node)
+        graph.node.insert(index, bias_dq)
+        graph.node.insert(index, weight)
+    used = {name for n in graph.node for name in n.input}
+    kept = [t for t in graph.initializer if t.name in used]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
     return model
 
 
@@ -291,7 +383,8 @@ def fusion_report(model: onnx.ModelProto, deploy_target: str) -> dict:
     runs_as: dict[str, str] = {}
     for node in optimized.graph.node:
         layer = node.name.split("/")[0]
-        if layer in layers and (node.op_type in FUSED_OPS or layer not in runs_as):
+        layer_op = node.op_type in FUSED_OPS or node.op_type in LAYER_OPS | {"FusedConv", "FusedGemm"}
+        if layer in layers and layer_op and runs_as.get(layer) not in FUSED_OPS:
             runs_as[layer] = node.op_type
     ops = defaultdict(int)
     for node in optimized.graph.node:
@@ -307,10 +400,12 @@ def finalize_qdq_deploy(model: onnx.ModelProto, feeds: dict[str, np.ndarray], de
     """The "onnx" deploy format's finaliser: boundaries quantised, names, producer, fusion report."""
     import json
 
-    model = name_after_layers(quantize_boundaries(model, feeds))
+    model = name_after_layers(batch_norms_as_depthwise_convs(quantize_boundaries(model, feeds)))
     model.producer_name = PRODUCER
     report = fusion_report(model, deploy_target)
+    kept = [p for p in model.metadata_props if p.key != REPORT_KEY]
     del model.metadata_props[:]
+    model.metadata_props.extend(kept)
     model.metadata_props.add(key=REPORT_KEY, value=json.dumps(report, sort_keys=True))
     return model
 

@@ -1,0 +1,94 @@
+"""The "onnx" deploy model is a graph onnxruntime runs in int8 end to end (issue 22).
+
+After ORT's own optimiser (`optimized_model_filepath`) no ConvInteger/MatMulInteger is left and no
+float op sits between two quantised layers, on a residual CNN (residual adds, a downsample conv,
+global pooling) and on CREPE's conv -> ReLU -> BatchNorm -> MaxPool stack; the deploy outputs equal
+the PyTorch eval model's within the quantisation steps the added quantisers introduce.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from torch import nn
+
+import amct_engine as amct
+from amct_engine.export.deploy_target import detect_deploy_target
+from amct_engine.export.qdq_graph import FUSED_OPS, deploy_report, optimized_ops
+from tests.models import TinyResNet
+
+INTEGER_OR_GLUE = {"DequantizeLinear", "QuantizeLinear", "Transpose", "Flatten", "Reshape", "MaxPool", "NhwcMaxPool",
+                   "Max"}
+
+
+class ReluBnPoolNet(nn.Module):
+    """CREPE's layer: conv -> ReLU -> BatchNorm -> MaxPool, twice, then a Linear; input [N, 1, 64, 1]."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        layers = []
+        for cin, cout in ((1, 8), (8, 16)):
+            layers += [nn.Conv2d(cin, cout, (8, 1), padding=(4, 0)), nn.ReLU(), nn.BatchNorm2d(cout),
+                       nn.MaxPool2d((2, 1))]
+        self.features = nn.Sequential(*layers)
+        self.fc = nn.Linear(16 * 16, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.flatten(self.features(x), 1))
+
+
+def _quantised(model: nn.Module, x: torch.Tensor, tmp_path):
+    torch.manual_seed(0)
+    for bn in (m for m in model.modules() if isinstance(m, nn.BatchNorm2d)):  # trained-looking BN
+        bn.running_mean.uniform_(-0.5, 0.5)
+        bn.running_var.uniform_(0.5, 2.0)
+        bn.weight.data.uniform_(0.5, 1.5)
+    model.eval()
+    config, record = tmp_path / "c.json", tmp_path / "r.txt"
+    amct.create_quant_retrain_config(str(config), model, x)
+    qmodel = amct.create_quant_retrain_model(str(config), model, str(record), x).eval()
+    with torch.no_grad():
+        qmodel(x)  # calibration: the record
+    paths = amct.save_quant_retrain_model(str(config), qmodel, str(record), str(tmp_path / "net"), x)
+    return qmodel, paths
+
+
+def _ort(path: str, x: torch.Tensor) -> np.ndarray:
+    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    return session.run(None, {session.get_inputs()[0].name: x.numpy()})[0]
+
+
+def _float_ops_between_quantised_layers(model: onnx.ModelProto) -> list[str]:
+    """Ops of the optimised graph that are neither int8 kernels nor layout/quantiser glue, except
+    the graph's first QuantizeLinear and the float ops after the last int8 kernel (the logits)."""
+    ops = [n.op_type for n in model.graph.node]
+    last = max(i for i, op in enumerate(ops) if op in FUSED_OPS)
+    return [op for op in ops[:last] if op not in FUSED_OPS | INTEGER_OR_GLUE]
+
+
+@pytest.mark.parametrize("net, shape", [(TinyResNet, (8, 3, 16, 16)), (ReluBnPoolNet, (8, 1, 64, 1))],
+                         ids=["residual", "relu-bn-pool"])
+def test_ort_runs_the_deploy_graph_in_int8_kernels_end_to_end(net, shape, tmp_path):
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(1))
+    qmodel, paths = _quantised(net(), x, tmp_path)
+    optimised = optimized_ops(onnx.load(paths["deploy"]))
+    ops = [n.op_type for n in optimised.graph.node]
+    assert not {"ConvInteger", "MatMulInteger", "Conv", "FusedConv"} & set(ops), ops
+    assert _float_ops_between_quantised_layers(optimised) == []
+    report = deploy_report(paths["deploy"])
+    assert report["not_fused"] == {} and report["deploy_target"] == detect_deploy_target()
+    assert set(report["layers"].values()) <= {"QLinearConv", "QGemm"}
+    if net is TinyResNet:
+        assert ops.count("QLinearAdd") == 3 and ops.count("QLinearGlobalAveragePool") == 1
+        assert ops.count("Transpose") <= 2  # NHWC from the first conv to the pool
+
+    with torch.no_grad():
+        expected = qmodel(x).numpy()
+    deploy, fake = _ort(paths["deploy"], x), _ort(paths["fake_quant"], x)
+    np.testing.assert_array_equal(fake, expected)  # the fake-quant model computes the eval model exactly
+    # The added quantisers (residual add inputs, the BN between ReLU and pool) round once each.
+    assert np.abs(deploy - expected).max() <= 0.02 * np.abs(expected).max()
+    assert (deploy.argmax(1) == expected.argmax(1)).mean() >= 0.875
