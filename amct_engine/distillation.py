@@ -20,6 +20,7 @@ from amct_engine.config.quant_json import (
     read_json_config,
     write_json_config,
 )
+from amct_engine.export.deploy_target import check_deploy_target
 from amct_engine.export.formats import check_deploy_format
 from amct_engine.export.save import quant_layers, save_quantized_onnx
 from amct_engine.graph.analysis import DISTILL_TYPES, distill_groups, quantizable_layers
@@ -88,13 +89,16 @@ def save_distill_model(
     output_names=None,
     dynamic_axes=None,
     deploy_format="onnx",
+    deploy_target="auto",
 ) -> dict[str, str]:
     """Write the record and the fake-quant and deploy ONNX models of a distilled student.
 
     Each BN that follows a quantised conv is folded in first (docs/spec/engine.md §6.3), exactly as the QAT save
     does, then the shared export pipeline runs. Returns the paths, `record` included.
+    deploy_target: the CPU the "onnx" deploy model is for (amct_engine.export.deploy_target).
     """
     check_deploy_format(deploy_format)  # before the record is rewritten
+    check_deploy_target(deploy_target)
     wrappers = quant_layers(model)
     if not wrappers:
         raise RuntimeError("model has no quantised layers: pass the model returned by create_distill_model")
@@ -113,5 +117,5 @@ def save_distill_model(
         student(*(t.to(device) for t in inputs))  # the eval forward writes every layer's factors
     records = records_for_save(student, record.path)
     paths = save_quantized_onnx(student, records, save_path, inputs, input_names, output_names, dynamic_axes,
-                                deploy_format)
+                                deploy_format, deploy_target)
     return {**paths, "record": record.path}

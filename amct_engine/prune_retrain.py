@@ -22,6 +22,7 @@ from amct_engine.config.cfg_checks import check_cfg_for_api, check_importance_na
 from amct_engine.config.cfg_loader import CfgDocument, load_cfg_document
 from amct_engine.config.layer_refs import check_layer_references
 from amct_engine.config.quant_json import RETRAIN, QuantJsonConfig, layer_specs_from_cfg
+from amct_engine.export.deploy_target import check_deploy_target
 from amct_engine.export.formats import check_deploy_format
 from amct_engine.export.save import (
     FILE_MODE,
@@ -87,11 +88,14 @@ def restore_prune_retrain_model(
 
 
 def save_prune_retrain_model(
-    model, save_path, input_data, input_names=None, output_names=None, dynamic_axes=None, deploy_format="onnx"
+    model, save_path, input_data, input_names=None, output_names=None, dynamic_axes=None, deploy_format="onnx",
+    deploy_target="auto",
 ) -> dict[str, str]:
     """Bake the 4:2 masks and write the pruned float model twice: ``_deploy_model.onnx`` and
-    ``_fake_quant_model.onnx`` with identical content (docs/spec/engine.md §1.3)."""
+    ``_fake_quant_model.onnx`` with identical content (docs/spec/engine.md §1.3). `deploy_target` is
+    accepted for a uniform API (export.deploy_target); a float model has no weight codes to choose."""
     _check_save_args(save_path, dynamic_axes, deploy_format)
+    check_deploy_target(deploy_target)
     if quant_layers(model):
         raise RuntimeError("the model has quantised layers: save it with save_compressed_retrain_model")
     _flush_selective_records(model, None)
@@ -131,12 +135,15 @@ def save_compressed_retrain_model(
     output_names=None,
     dynamic_axes=None,
     deploy_format="onnx",
+    deploy_target="auto",
 ) -> dict[str, str]:
     """Bake the 4:2 masks, then write ``<save_path>_fake_quant_model.onnx`` and ``_deploy_model.onnx``.
 
     Without quantised layers (a prune-only cfg) the float model is written twice (docs/spec/engine.md §1.4).
     deploy_format: a name in amct_engine.export.formats.DEPLOY_FORMATS: "onnx" (integer model for
     onnxruntime) or "ascend" (AMCT layout, docs/spec/engine.md §5).
+    deploy_target: the CPU the "onnx" deploy model is for ("auto": this machine; "x86_vnni", "x86_avx2",
+    "arm"), which picks int8 or exact uint8 + 128 weight codes (amct_engine.export.deploy_target).
     """
     _check_path(record_file, "record_file")
     _check_save_args(save_path, dynamic_axes, deploy_format)
@@ -150,7 +157,7 @@ def save_compressed_retrain_model(
         return _save_float(baked, save_path, inputs, input_names, output_names, dynamic_axes)
     records = records_for_save(model, record_file)
     return save_quantized_onnx(baked, records, save_path, inputs, input_names, output_names, dynamic_axes,
-                               deploy_format)
+                               deploy_format, deploy_target)
 
 
 # ---------------------------------------------------------------------- shared steps

@@ -100,11 +100,14 @@ def save_quant_retrain_model(
     output_names=None,
     dynamic_axes=None,
     deploy_format="onnx",
+    deploy_target="auto",
 ) -> dict[str, str]:
     """Write `<save_path>_fake_quant_model.onnx` and `<save_path>_deploy_model.onnx`.
 
     deploy_format: a name in amct_engine.export.formats.DEPLOY_FORMATS: "onnx" (integer model for
     onnxruntime) or "ascend" (AMCT layout, docs/spec/engine.md §5).
+    deploy_target: the CPU the "onnx" deploy model is for ("auto": this machine; "x86_vnni", "x86_avx2",
+    "arm"), which picks int8 or exact uint8 + 128 weight codes (amct_engine.export.deploy_target).
     """
     if getattr(model, CONFIG_ATTR, None) is None or not quant_layers(model):
         raise RuntimeError("model has no quantised layers: pass the model returned by create_quant_retrain_model")
@@ -113,7 +116,7 @@ def save_quant_retrain_model(
     records = records_for_save(model, record_file)
     return save_quantized_onnx(
         model, records, save_path, as_input_tuple(input_data), input_names, output_names, dynamic_axes,
-        deploy_format,
+        deploy_format, deploy_target,
     )
 
 

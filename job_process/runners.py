@@ -89,8 +89,9 @@ def train(ctx: JobContext, model: nn.Module) -> nn.Module:
 
 
 def export_options(ctx: JobContext) -> dict:
-    """Input/output names and the deploy layout the job asked for (default: onnx)."""
-    return {**IO_NAMES, "deploy_format": ctx.params.get("deploy_format", "onnx")}
+    """Input/output names, the deploy layout and the deploy CPU the job asked for (default: onnx, auto)."""
+    return {**IO_NAMES, "deploy_format": ctx.params.get("deploy_format", "onnx"),
+            "deploy_target": ctx.params.get("deploy_target", "auto")}
 
 
 def add_saved_models(ctx: JobContext, paths) -> None:

@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 
+from amct_engine.export.deploy_target import DEPLOY_TARGETS
 from amct_engine.export.formats import DEPLOY_FORMATS
 from job_process.kinds import DEFAULT_JOB_KIND, JOB_KINDS
 from service.local_servers import KEY_FILE, key_file_for, registry_path
@@ -58,6 +59,8 @@ def choices(name: str, values: Iterable[str]) -> type[StrEnum]:
 Kind = choices("Kind", JOB_KINDS.names())
 Device = choices("Device", DEVICES)
 DeployFormat = choices("DeployFormat", DEPLOY_FORMATS.names())
+DeployTarget = choices("DeployTarget", DEPLOY_TARGETS)
+DEFAULT_DEPLOY_TARGET = DeployTarget("auto")
 DEFAULT_KIND, DEFAULT_DEVICE, DEFAULT_DEPLOY_FORMAT = Kind(DEFAULT_JOB_KIND), Device("cpu"), DeployFormat("onnx")
 
 

@@ -20,12 +20,14 @@ from rich.table import Column, Table
 from job_process.kinds import JOB_KINDS
 from service.cli_common import (
     DEFAULT_DEPLOY_FORMAT,
+    DEFAULT_DEPLOY_TARGET,
     DEFAULT_DEVICE,
     DEFAULT_KIND,
     DEFAULT_SERVER,
     ApiKeyOpt,
     DataDirOpt,
     DeployFormat,
+    DeployTarget,
     Device,
     Kind,
     ServerOpt,
@@ -99,6 +101,8 @@ def submit(model: Annotated[Path, typer.Option(exists=True, dir_okay=False, help
            epochs: int = 1, batch_size: int = 64, lr: float = 1e-3, eval_fraction: float = 0.1, seed: int = 0,
            device: Annotated[Device, typer.Option()] = DEFAULT_DEVICE,
            deploy_format: Annotated[DeployFormat, typer.Option()] = DEFAULT_DEPLOY_FORMAT,
+           deploy_target: Annotated[DeployTarget, typer.Option(help="CPU of the onnx deploy model; auto: the "
+                                                               "worker's")] = DEFAULT_DEPLOY_TARGET,
            idempotency_key: Annotated[str | None, typer.Option(help="default: a fresh one per run")] = None,
            accept_uint8: Annotated[bool, typer.Option("--accept-uint8", help="send uint8 inputs as they are (for "
                                                       "a model that scales its input itself)")] = False,
@@ -107,7 +111,8 @@ def submit(model: Annotated[Path, typer.Option(exists=True, dir_okay=False, help
     """Upload the model, cfg and dataset, submit a job; prints the job id (alone on stdout)."""
     shape = parse_shape(input_shape, data)
     params = {"epochs": epochs, "batch_size": batch_size, "lr": lr, "eval_fraction": eval_fraction, "seed": seed,
-              "device": device.value, "deploy_format": deploy_format.value}
+              "device": device.value, "deploy_format": deploy_format.value,
+              "deploy_target": deploy_target.value}
     check_job_params(params)
     check_not_raw_images(data, accept_uint8)
     with service_client(server, api_key, data_dir) as client:

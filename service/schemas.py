@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic_core import PydanticCustomError, core_schema
 
+from amct_engine.export.deploy_target import DEPLOY_TARGETS
 from amct_engine.export.formats import DEPLOY_FORMATS
 from job_process.kinds import CFG_KINDS, JOB_KINDS
 from service.db.jobstate import STATES
@@ -57,6 +58,7 @@ class OneOf:
 
 JobKind = Annotated[str, OneOf(JOB_KINDS.names)]
 DeployFormat = Annotated[str, OneOf(DEPLOY_FORMATS.names)]
+DeployTarget = Annotated[str, OneOf(lambda: DEPLOY_TARGETS)]
 Device = Literal[DEVICES]
 JobStatus = Literal[STATES]
 CfgKind = Literal[CFG_KINDS]
@@ -115,6 +117,10 @@ class JobCreate(BaseModel):
     seed: int = Field(0, ge=0, le=2**31 - 1)
     deploy_format: DeployFormat = Field(
         "onnx", description="deploy model layout (GET /v1/meta lists each format with what it is for)"
+    )
+    deploy_target: DeployTarget = Field(
+        "auto", description="CPU the onnx deploy model is written for: int8 weights for VNNI x86 and ARM, exact "
+                            "uint8 + 128 codes for x86 without VNNI; auto: the worker's CPU (the report says which)"
     )
 
 
@@ -217,6 +223,7 @@ class Meta(BaseModel):
 
     job_kinds: list[JobKindInfo]
     deploy_formats: list[DeployFormatInfo]
+    deploy_targets: list[str] = Field(description="the `deploy_target` values, `auto` first")
     devices: list[Device]
     job_states: list[JobStatus]
     terminal_states: list[JobStatus]

@@ -88,7 +88,8 @@ def _deploy_weights(path: str) -> dict[str, np.ndarray]:
                 zero_point = constants[zero].reshape(-1)
                 zero_point = zero_point.reshape((-1,) + (1,) * (codes.ndim - 1)) if zero_point.size > 1 else zero_point
                 codes = (codes.astype(np.int16) - zero_point.astype(np.int16)).astype(np.int8)
-            weights[node.name.rsplit("/", 1)[0].strip("/")] = codes
+            # Deploy nodes are named `<layer path>/<Op>` (layer1.conv1/Conv); keyed as scopes, layer1/conv1.
+            weights[node.name.rsplit("/", 1)[0].strip("/").replace(".", "/")] = codes
     return weights
 
 

@@ -34,6 +34,7 @@ COMMUTING_OPS = {"MaxPool", "Flatten", "Reshape", "Identity", "Dropout", "Transp
 # Which input of each op carries the data (the others are shapes, axes, ...).
 DATA_INPUTS = {"Reshape": 1, "Squeeze": 1, "Unsqueeze": 1, "Pad": 1, "Slice": 1, "Resize": 1, "Clip": 1}
 LAYER_OPS = {"Conv", "Gemm", "MatMul"}
+CALIBRATION_MARGIN = 1.25
 
 
 class _Graph:
@@ -147,7 +148,9 @@ def _calibrate(model: onnx.ModelProto, names: list[str], feeds: dict[str, np.nda
     values = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds), strict=True))
     found = {}
     for name in names:
-        lo, hi = min(float(values[name].min()), 0.0), max(float(values[name].max()), 0.0)
+        # A margin over the example's range: the example is a batch or two, other inputs reach further.
+        lo, hi = CALIBRATION_MARGIN * min(float(values[name].min()), 0.0), \
+            CALIBRATION_MARGIN * max(float(values[name].max()), 0.0)
         scale = (hi - lo) / 255 if hi > lo else 1.0
         found[name] = (np.float32(scale), np.uint8(np.clip(round(-lo / scale), 0, 255)))
     return found

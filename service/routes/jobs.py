@@ -118,7 +118,8 @@ def submit_job(body: JobCreate, response: Response, session: SessionDep, setting
         return job_out(job)
     check_inputs(session, body, caller.project)
     check_quota(session, caller.project, settings)
-    params = body.model_dump(include={"epochs", "batch_size", "lr", "eval_fraction", "seed", "deploy_format"})
+    params = body.model_dump(include={"epochs", "batch_size", "lr", "eval_fraction", "seed", "deploy_format",
+                                      "deploy_target"})
     job = Job(project_id=caller.project, kind=body.kind, status=jobstate.QUEUED, model_id=body.model_id,
               config_id=body.config_id, dataset_id=body.dataset_id, params=params, device=body.device,
               queue=settings.queue_for(body.device), max_attempts=settings.max_attempts,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
+from amct_engine.export.deploy_target import DEPLOY_TARGETS
 from amct_engine.export.formats import DEPLOY_FORMATS
 from job_process.kinds import DEFAULT_JOB_KIND, JOB_KINDS
 from service.auth import ReadCaller
@@ -24,9 +25,10 @@ def get_meta(caller: ReadCaller) -> Meta:
         job_kinds=[JobKindInfo(name=k.name, cfg_kind=k.cfg_kind, needs_labels=k.needs_labels,
                                description=k.description) for k in JOB_KINDS.values()],
         deploy_formats=[DeployFormatInfo(name=f.name, summary=f.summary) for f in DEPLOY_FORMATS.values()],
+        deploy_targets=list(DEPLOY_TARGETS),
         devices=list(DEVICES),
         job_states=list(STATES),
         terminal_states=[s for s in STATES if s in TERMINAL],
         defaults={"kind": DEFAULT_JOB_KIND, **{name: JobCreate.model_fields[name].default
-                                               for name in ("device", "deploy_format")}},
+                                               for name in ("device", "deploy_format", "deploy_target")}},
     )

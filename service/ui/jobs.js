@@ -193,7 +193,8 @@ function submitForm(onSubmitted) {
     h("div", { class: "row" },
       field("Device", select("device")),
       field("Held-out share", num("eval_fraction", 0.1, { min: 0, max: 0.99, step: "any" })),
-      field("Deploy format", select("deploy_format"))),
+      field("Deploy format", select("deploy_format")),
+      field("Deploy CPU", select("deploy_target"))),
     h("button", { type: "submit", class: "primary" }, "Upload and submit"),
     status);
 
@@ -208,6 +209,7 @@ function submitForm(onSubmitted) {
     fill(input("device"), meta.devices, meta.defaults.device);
     const formats = new Map(meta.deploy_formats.map((f) => [f.name, f.summary]));
     fill(input("deploy_format"), [...formats.keys()], meta.defaults.deploy_format, (name) => formats.get(name));
+    fill(input("deploy_target"), meta.deploy_targets, meta.defaults.deploy_target);
     describeKind();
   }).catch(() => {}); // a 401 is shown by the banner; the key form rebuilds this view
   input("kind").addEventListener("change", describeKind);
@@ -236,6 +238,7 @@ function submitForm(onSubmitted) {
         epochs: Number(values.get("epochs")), batch_size: Number(values.get("batch_size")),
         lr: Number(values.get("lr")), device: values.get("device"),
         eval_fraction: Number(values.get("eval_fraction")), deploy_format: values.get("deploy_format"),
+        deploy_target: values.get("deploy_target"),
       }, { headers: { "Idempotency-Key": randomKey() } });
       say(`Submitted job ${job.id.slice(0, 8)}: ${job.status}.`, "ok");
       onSubmitted(job);
