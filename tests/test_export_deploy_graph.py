@@ -92,3 +92,19 @@ def test_ort_runs_the_deploy_graph_in_int8_kernels_end_to_end(net, shape, tmp_pa
     # The added quantisers (residual add inputs, the BN between ReLU and pool) round once each.
     assert np.abs(deploy - expected).max() <= 0.02 * np.abs(expected).max()
     assert (deploy.argmax(1) == expected.argmax(1)).mean() >= 0.875
+
+
+def test_deploy_graph_is_named_after_its_layers_and_passes_the_full_check(tmp_path):
+    x = torch.randn(4, 3, 16, 16, generator=torch.Generator().manual_seed(2))
+    _, paths = _quantised(TinyResNet(), x, tmp_path)
+    model = onnx.load(paths["deploy"])
+    onnx.checker.check_model(model, full_check=True)
+    assert model.producer_name == "amct_engine"
+    assert {o.domain: o.version for o in model.opset_import}[""] >= 17
+    initializers = {t.name for t in model.graph.initializer}
+    assert {"layer1.0.conv1.weight", "layer1.0.conv1.weight_scale", "layer1.0.conv1.input_scale",
+            "layer2.0.downsample.0.weight", "fc.weight", "fc.bias"} <= initializers
+    nodes = {n.name: n.op_type for n in model.graph.node}
+    assert nodes["layer1.0.conv1/Conv"] == "Conv" and nodes["fc/Gemm"] == "Gemm"
+    fused = {n.name.split("/")[0]: n.op_type for n in optimized_ops(model).graph.node if n.op_type == "QLinearConv"}
+    assert fused["layer1.0.conv1"] == "QLinearConv"  # ORT keeps the layer's name on the fused node

@@ -93,7 +93,7 @@ def test_submit_returns_202_location_and_a_queued_job_on_the_device_queue(api, u
     assert (job["status"], job["progress"], job["attempt"]) == ("queued", 0.0, 0)
     assert job["queue"] == api.settings.queue_for("cpu")
     assert job["params"] == {"epochs": 1, "batch_size": 64, "lr": 5e-4, "eval_fraction": 0.1, "seed": 0,
-                             "deploy_format": "onnx"}
+                             "deploy_format": "onnx", "deploy_target": "auto"}
     assert api.client.get(response.headers["location"]).json()["id"] == job["id"]
 
 
@@ -129,6 +129,7 @@ def test_idempotency_key_with_another_body_is_422(api, uploaded):
     ({"eval_fraction": 1.0}, "eval_fraction"),
     ({"colour": "red"}, "colour"),
     ({"deploy_format": "tensorrt"}, "deploy_format"),
+    ({"deploy_target": "tpu"}, "deploy_target"),
 ])
 def test_bad_job_parameters_are_422_naming_the_field(api, uploaded, overrides, field):
     assert_problem(api.submit(**job_body(uploaded, **overrides)), 422, field)

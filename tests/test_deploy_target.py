@@ -1,0 +1,63 @@
+"""`deploy_target`: the weight codes of the "onnx" deploy model follow the CPU it is written for
+(amct_engine/export/deploy_target.py), and the deploy model stays exact on this machine's CPU."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import numpy_helper
+
+import amct_engine as amct
+from amct_engine.export.deploy_target import check_deploy_target, detect_deploy_target
+from amct_engine.export.qdq_graph import deploy_report
+from tests.test_quant_retrain import INPUT, trained_qat_model
+
+
+@pytest.mark.parametrize("machine, flags, target", [
+    ("x86_64", {"avx2", "avx512f", "avx512_vnni"}, "x86_vnni"),
+    ("x86_64", {"avx2", "avx_vnni"}, "x86_vnni"),
+    ("x86_64", {"avx2", "fma"}, "x86_avx2"),
+    ("aarch64", set(), "arm"),
+])
+def test_auto_detects_the_kind_of_cpu(machine, flags, target):
+    assert detect_deploy_target(machine, flags) == target
+
+
+def test_an_unknown_target_names_the_option_and_the_choices():
+    with pytest.raises(ValueError, match="deploy_target.*x86_vnni"):
+        check_deploy_target("tpu")
+
+
+def _weight_codes(path: str) -> dict[str, tuple[np.dtype, set[int]]]:
+    inits = {t.name: numpy_helper.to_array(t) for t in onnx.load(path).graph.initializer}
+    return {layer: (inits[f"{layer}.weight"].dtype, set(inits[f"{layer}.weight_zero_point"].reshape(-1).tolist()))
+            for layer in ("conv1", "conv2", "fc")}
+
+
+@pytest.fixture(scope="module")
+def qat(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("target")
+    return tmp_path, *trained_qat_model(tmp_path)
+
+
+@pytest.mark.parametrize("target, dtype, zero", [("x86_vnni", np.int8, 0), ("arm", np.int8, 0),
+                                                 ("x86_avx2", np.uint8, 128)])
+def test_weight_codes_follow_the_target_and_the_report_says_which(qat, target, dtype, zero):
+    tmp_path, config, qmodel, record, expected = qat
+    paths = amct.save_quant_retrain_model(str(config), qmodel, str(record), str(tmp_path / target), INPUT,
+                                          deploy_target=target)
+    assert _weight_codes(paths["deploy"]) == {layer: (np.dtype(dtype), {zero}) for layer in ("conv1", "conv2", "fc")}
+    assert deploy_report(paths["deploy"])["deploy_target"] == target
+    if target == "x86_avx2" or detect_deploy_target() != "x86_avx2":
+        # Exact kernels for this target on this CPU: the deploy model computes the eval model bit for bit
+        # (this chain requantises only through ReLU/flatten, with the next layer's own quantiser).
+        session = ort.InferenceSession(paths["deploy"], providers=["CPUExecutionProvider"])
+        np.testing.assert_array_equal(session.run(None, {session.get_inputs()[0].name: INPUT.numpy()})[0], expected)
+
+
+def test_auto_is_the_exporting_machine(qat):
+    tmp_path, config, qmodel, record, _ = qat
+    paths = amct.save_quant_retrain_model(str(config), qmodel, str(record), str(tmp_path / "auto"), INPUT)
+    assert deploy_report(paths["deploy"])["deploy_target"] == detect_deploy_target()
