@@ -8,6 +8,8 @@ the PyTorch eval model's within the quantisation steps the added quantisers intr
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -108,3 +110,26 @@ def test_deploy_graph_is_named_after_its_layers_and_passes_the_full_check(tmp_pa
     assert nodes["layer1.0.conv1/Conv"] == "Conv" and nodes["fc/Gemm"] == "Gemm"
     fused = {n.name.split("/")[0]: n.op_type for n in optimized_ops(model).graph.node if n.op_type == "QLinearConv"}
     assert fused["layer1.0.conv1"] == "QLinearConv"  # ORT keeps the layer's name on the fused node
+
+
+def test_a8w4_deploy_file_stores_int4_weights_and_runs_the_int8_kernels_exactly(tmp_path):
+    from tests.test_quant_retrain import INPUT, _cfg_model
+
+    cfg = "retrain_weight_quant_config { arq_retrain { dst_type: INT4 } }"
+    qmodel, config, record, expected = _cfg_model(tmp_path, cfg)
+    paths = amct.save_quant_retrain_model(str(config), qmodel, str(record), str(tmp_path / "a8w4"), INPUT)
+    float_path = str(tmp_path / "fp32.onnx")
+    from amct_engine.export.save import export_onnx
+    from tests.models import ConvBnReluNet
+
+    export_onnx(ConvBnReluNet().eval(), float_path, (INPUT,))
+    ratio = Path(paths["deploy"]).stat().st_size / Path(float_path).stat().st_size
+    # 0.125 is the INT4 floor; this 33k-parameter model pays ~4 KB of graph (ResNet-18: bench/deploy_speed.py).
+    assert ratio <= 0.16, ratio
+    model = onnx.load(paths["deploy"])
+    int4 = {t.name for t in model.graph.initializer if t.data_type == onnx.TensorProto.INT4}
+    assert {"conv2.weight_int4", "fc.weight_int4"} <= int4  # conv1 has 1 input channel: INT8 (engine.md §2.2)
+    assert deploy_report(model)["int4_weights"] == ["conv2.weight", "fc.weight"]
+    ops = [n.op_type for n in optimized_ops(model).graph.node]  # ORT folds the Cast: the INT8 kernels run
+    assert ops.count("QLinearConv") == 2 and ops.count("QGemm") == 1 and "Conv" not in ops
+    np.testing.assert_array_equal(_ort(paths["deploy"], INPUT), expected)

@@ -192,7 +192,10 @@ class QdqDeployBackend:
         def vector(values: torch.Tensor) -> torch.Tensor:
             return values if per_channel else values.reshape(())
 
-        codes, zero = _weight_codes(f, getattr(module, "signed_weights", True), transpose=matmul)
+        # 4-bit codes cannot saturate the u8s8 kernels (2 x 255 x 8 < 2**15): signed on every target,
+        # which also lets export.int4_pack store them as INT4.
+        signed = getattr(module, "signed_weights", True) or f.wts_bits <= 4
+        codes, zero = _weight_codes(f, signed, transpose=matmul)
         weight = g.op("DequantizeLinear", _const(g, codes), _const(g, vector(f.scale_w.float())),
                       _const(g, vector(zero)), **axis, **tag)
         bias = None
