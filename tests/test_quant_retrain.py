@@ -249,7 +249,12 @@ def _integer_weight_codes(model: onnx.ModelProto) -> list[np.ndarray]:
         elif node.op_type == "Conv":
             dequantize = producers[node.input[1]]
             zero = constants.get(dequantize.input[2]) if len(dequantize.input) > 2 else None
-            codes.append(_signed_codes(constants[dequantize.input[0]], zero))
+            weight = dequantize.input[0]
+            if weight not in constants:  # INT4 codes stored as INT4 -> Cast(INT8) (export.int4_pack)
+                weight = producers[weight].input[0]
+            stored = constants[weight]
+            stored = stored if stored.dtype in (np.int8, np.uint8) else stored.astype(np.int8)  # INT4
+            codes.append(_signed_codes(stored, zero))
     assert all(c.dtype == np.int8 for c in codes)
     return codes
 
