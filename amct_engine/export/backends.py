@@ -4,9 +4,9 @@ Every writer receives the same `ExportQuantLayer` (folded layer + factors from t
 `OnnxFormat` (amct_engine.export.onnx_formats) names the writer of its file:
 - `FakeQuantBackend`: standard QuantizeLinear/DequantizeLinear on the activation and the weight;
   onnxruntime runs it and matches the PyTorch QAT model (the fake-quant model).
-- `IntegerDeployBackend`: integer weights as INT8 initialisers, the activation quantised once, and
-  the layer as ConvInteger/MatMulInteger with an int32 bias, then one float rescale (the
-  onnxruntime form of AMCT's AscendQuant -> int layer -> AscendDequant, docs/spec/engine.md §5).
+- `QdqDeployBackend`: the deploy model in onnxruntime's QDQ form (input QuantizeLinear ->
+  DequantizeLinear, DequantizeLinear on the INT8 weight and int32 bias, the float op); export.qdq_graph
+  then quantises the tensors between layers so ORT fuses every layer into its int8 kernels.
 - `AscendDeployBackend`: AMCT's AscendQuant/AscendDequant layout for the ATC converter.
 
 We emit nodes from the autograd function's `symbolic` of the TorchScript-based exporter: it lets a
@@ -25,8 +25,6 @@ from amct_engine.export.ascend import ASCEND_DOMAIN, LAYER_ATTR, WTS_TYPE_ATTR, 
 from amct_engine.export.quant_layer import ExportQuantLayer
 from amct_engine.graph.layer_types import CONV_TYPES
 from amct_engine.quant.deployed import output_channel_shape
-
-ONNX_FLOAT = 1  # TensorProto.FLOAT
 
 
 def _const(g, value: torch.Tensor):
@@ -54,13 +52,6 @@ def _conv_attrs(layer: nn.Module, with_pads: bool = True) -> dict:
     if with_pads:
         attrs["pads_i"] = _conv_pads(layer)
     return attrs
-
-
-def _dequantized(g, x, scale: float, offset: int):
-    """QuantizeLinear -> DequantizeLinear with AMCT's int8 offset as a uint8 zero point (+128)."""
-    scale = _const(g, torch.tensor(scale, dtype=torch.float32))
-    zero_point = _const(g, torch.tensor(offset + 128, dtype=torch.uint8))
-    return g.op("DequantizeLinear", g.op("QuantizeLinear", x, scale, zero_point), scale, zero_point)
 
 
 def _unsigned_codes(weight_q: torch.Tensor) -> torch.Tensor:
