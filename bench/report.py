@@ -321,9 +321,9 @@ def latency_cause(peer: Row, ours: Row) -> str:
                 f"{_op_difference(ours, peer)} more)")
     return (f"the graphs differ: ours has {_op_difference(ours, peer)} that theirs lacks, theirs has "
             f"{_op_difference(peer, ours)}; onnxruntime fuses only QuantizeLinear→op→DequantizeLinear patterns "
-            "into int8 kernels (QLinearConv/QGemm) and runs every other node separately; and our weights are uint8 "
-            "codes + 128, so onnxruntime runs its exact u8u8 kernels, slower than the u8s8 ones the peers' int8 "
-            "weights get (those saturate on x86 without VNNI); the profile table shows the per-node times")
+            "into int8 kernels (QLinearConv/QGemm) and runs every other node separately; on x86 without VNNI our "
+            "weights are uint8 codes + 128 (deploy_target x86_avx2), which run the exact u8u8 kernels, slower than "
+            "the u8s8 ones (those saturate there); the profile table shows the per-node times")
 
 
 def step_cause(peer: Row) -> str:
@@ -385,7 +385,7 @@ def own_costs(results: Mapping[str, Any]) -> list[str]:
 
 
 def _crepe_latency_cause(crepe: Mapping[str, Any]) -> str:
-    """Why, when the profile shows it: convs left as ConvInteger (not requantised into QLinearConv)."""
+    """Why, when the profile shows it: convs left as ConvInteger (deploy files written before issue 22)."""
     int8 = next((p for p in crepe.get("ort_profile", []) if p["name"] == "int8"), None)
     nodes = int8["ort_profile"][0]["nodes"] if int8 else []
     slow = [n for n in nodes if n["op"] == "ConvInteger"]

@@ -23,9 +23,11 @@ from service import local_servers
 from service.cli_common import (
     DEFAULT_DATA_DIR,
     DEFAULT_DEPLOY_FORMAT,
+    DEFAULT_DEPLOY_TARGET,
     DEFAULT_DEVICE,
     DEFAULT_KIND,
     DeployFormat,
+    DeployTarget,
     Device,
     Kind,
     check_job_params,
@@ -137,6 +139,8 @@ def compress(model: Annotated[Path, typer.Option(exists=True, dir_okay=False, he
              eval_fraction: Annotated[float, typer.Option(help="held-out share for the report")] = 0.1,
              seed: int = 0, device: Annotated[Device, typer.Option()] = DEFAULT_DEVICE,
              deploy_format: Annotated[DeployFormat, typer.Option()] = DEFAULT_DEPLOY_FORMAT,
+             deploy_target: Annotated[DeployTarget, typer.Option(help="CPU of the onnx deploy model; auto: this "
+                                                                 "machine's")] = DEFAULT_DEPLOY_TARGET,
              accept_uint8: Annotated[bool, typer.Option("--accept-uint8", help="use uint8 inputs as they are (for "
                                                         "a model that scales its input itself)")] = False) -> None:
     """Compress a model here, no server: the engine a worker runs, with a progress bar and a summary table."""
@@ -146,7 +150,7 @@ def compress(model: Annotated[Path, typer.Option(exists=True, dir_okay=False, he
 
     shape = [int(d) for d in parse_shape(input_shape, data).split(",")]
     params = {"epochs": epochs, "batch_size": batch_size, "lr": lr, "eval_fraction": eval_fraction, "seed": seed,
-              "deploy_format": deploy_format.value}
+              "deploy_format": deploy_format.value, "deploy_target": deploy_target.value}
     check_job_params({**params, "device": device.value})  # the bounds POST /v1/jobs has, before the engine starts
     check_not_raw_images(data, accept_uint8)
     with progress_view() as (bar, show):
