@@ -23,7 +23,7 @@ from amct_engine.export.qdq_graph import FUSED_OPS, deploy_report, optimized_ops
 from tests.models import TinyResNet
 
 INTEGER_OR_GLUE = {"DequantizeLinear", "QuantizeLinear", "Transpose", "Flatten", "Reshape", "MaxPool", "NhwcMaxPool",
-                   "Max"}
+                   "Clip"}
 
 
 class ReluBnPoolNet(nn.Module):
