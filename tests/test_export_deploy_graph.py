@@ -133,3 +133,15 @@ def test_a8w4_deploy_file_stores_int4_weights_and_runs_the_int8_kernels_exactly(
     ops = [n.op_type for n in optimized_ops(model).graph.node]  # ORT folds the Cast: the INT8 kernels run
     assert ops.count("QLinearConv") == 2 and ops.count("QGemm") == 1 and "Conv" not in ops
     np.testing.assert_array_equal(_ort(paths["deploy"], INPUT), expected)
+
+
+def test_the_report_names_every_layer_that_did_not_fuse_and_why(tmp_path):
+    from tests.test_quant_retrain import INPUT, _cfg_model
+
+    cfg = "retrain_data_quant_config { ulq_quantize { dst_type: INT16 } }"
+    qmodel, config, record, expected = _cfg_model(tmp_path, cfg)
+    paths = amct.save_quant_retrain_model(str(config), qmodel, str(record), str(tmp_path / "a16"), INPUT)
+    report = deploy_report(paths["deploy"])
+    assert set(report["not_fused"]) == {"conv1", "conv2", "fc"}  # INT16 inputs: no int8 kernel, never silent
+    assert all("INT16" in why for why in report["not_fused"].values())
+    np.testing.assert_allclose(_ort(paths["deploy"], INPUT), expected, atol=1e-4)

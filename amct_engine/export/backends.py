@@ -170,8 +170,9 @@ class QdqDeployBackend:
     def emit(g, x, module: ExportQuantLayer):
         layer, f = module.layer, module.factors
         if f.act_bits != 8 or not isinstance(layer, (nn.Linear, *CONV_TYPES)):
-            # No integer kernel for INT16 inputs or transposed convs in onnxruntime (the report says so).
-            return FakeQuantBackend.emit(g, x, module)
+            # No integer kernel for INT16 inputs or transposed convs in onnxruntime: the fake-quant form,
+            # marked by an Identity that export.qdq_graph names `<layer>/NoInt8Kernel` for the report.
+            return g.op("Identity", FakeQuantBackend.emit(g, x, module), **{f"{LAYER_TAG}_s": module.layer_name})
         tag = {f"{LAYER_TAG}_s": module.layer_name}
         x_hat = _activation_qdq(g, x, f.scale_d, f.offset_d, tag)
         per_channel = f.scale_w.numel() > 1

@@ -173,7 +173,7 @@ def _pop_tags(model: onnx.ModelProto) -> None:
             continue
         tag = node.attribute[names.index(LAYER_TAG)].s.decode()
         del node.attribute[names.index(LAYER_TAG)]
-        stem = f"{tag}/{node.op_type}"
+        stem = f"{tag}/NoInt8Kernel" if node.op_type == "Identity" else f"{tag}/{node.op_type}"
         node.name, k = stem, 1
         while node.name in used:
             node.name, k = f"{stem}_{k}", k + 1
@@ -391,8 +391,21 @@ def optimized_ops(model: onnx.ModelProto) -> onnx.ModelProto:
         return onnx.load(options.optimized_model_filepath)
 
 
+def _why_not_fused(model: onnx.ModelProto, layer: str) -> str:
+    """The reason a layer's op stayed float: what reads its output in the deploy graph."""
+    node = next(n for n in model.graph.node if n.name.split("/")[0] == layer and n.op_type in LAYER_OPS)
+    outputs = {o.name for o in model.graph.output}
+    readers = [n.op_type for n in model.graph.node if node.output[0] in n.input]
+    if node.output[0] in outputs or not readers:
+        return "its output is a model output, kept float (a quantised output would cost a rounding)"
+    if "QuantizeLinear" not in readers:
+        return (f"its output is read by float ops ({', '.join(sorted(set(readers)))}) and reaches no quantised "
+                "layer, so it is not quantised and ORT cannot make an int8 kernel of it")
+    return "ORT's QDQ selectors rejected the group (see the optimised graph)"
+
+
 def fusion_report(model: onnx.ModelProto, deploy_target: str) -> dict:
-    """Which op each quantised layer runs as after ORT's optimiser, and the layers that did not fuse.
+    """Which op each quantised layer runs as after ORT's optimiser, and the layers that did not fuse, why.
 
     ORT names a fused node after the node it replaces, so `<layer>/<Op>` survives optimisation.
     """
@@ -408,9 +421,14 @@ def fusion_report(model: onnx.ModelProto, deploy_target: str) -> dict:
     ops = defaultdict(int)
     for node in optimized.graph.node:
         ops[node.op_type] += 1
-    not_fused = {layer: f"runs as float {op} (its output feeds no quantised reader, or an op between "
-                        f"the quantisers has no int8 kernel)"
+    not_fused = {layer: f"runs as float {op}: {_why_not_fused(model, layer)}"
                  for layer, op in runs_as.items() if op not in FUSED_OPS}
+    for node in model.graph.node:  # layers the writer could not give an int8 kernel (QdqDeployBackend)
+        if node.op_type == "Identity" and node.name.endswith("/NoInt8Kernel"):
+            layer = node.name.split("/")[0]
+            runs_as[layer] = "float (integer-valued)"
+            not_fused[layer] = ("INT16 activations or a transposed conv: onnxruntime has no int8 kernel for it, "
+                                "so it runs the fake-quant form (integer-valued floats, exact)")
     return {"deploy_target": deploy_target, "layers": runs_as, "not_fused": not_fused,
             "optimized_op_counts": dict(sorted(ops.items()))}
 
