@@ -35,6 +35,9 @@ COMMUTING_OPS = {"MaxPool", "Flatten", "Reshape", "Identity", "Dropout", "Transp
 # Which input of each op carries the data (the others are shapes, axes, ...).
 DATA_INPUTS = {"Reshape": 1, "Squeeze": 1, "Unsqueeze": 1, "Pad": 1, "Slice": 1, "Resize": 1, "Clip": 1}
 LAYER_OPS = {"Conv", "Gemm", "MatMul"}
+# Ops ORT runs in int8 between quantisers (QDQ fusions, dropped QDQ pairs, or our BatchNorm rewrite).
+INT8_OPS = COMMUTING_OPS | {"Relu", "Add", "Concat", "GlobalAveragePool", "AveragePool", "BatchNormalization",
+                            "Sigmoid", "LeakyRelu"}
 CALIBRATION_MARGIN = 1.25
 
 
@@ -65,6 +68,105 @@ class _Graph:
             if node.op_type == "QuantizeLinear" and len(node.input) == 3:
                 return node.input[1], node.input[2]
         return None
+
+
+def fold_zero_pads(model: onnx.ModelProto) -> None:
+    """A zero `Pad` before a quantised conv (CREPE pads each conv's input itself) becomes the conv's own
+    padding: exact, since QuantizeLinear maps 0.0 to the zero point, which is what QLinearConv pads with."""
+    graph = model.graph
+    values = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    readers = defaultdict(list)
+    for node in graph.node:
+        for name in node.input:
+            readers[name].append(node)
+    dropped = []
+    for pad in (n for n in graph.node if n.op_type == "Pad"):
+        for name in pad.input[1:3]:
+            if name and name not in values:  # F.pad's pads come out of a Concat/Slice/Cast chain on constants
+                found = _constant_value(model, name)
+                if found is not None:
+                    values[name] = found
+        convs = _padded_convs(pad, values, readers)
+        if convs is None:
+            continue
+        pads = values[pad.input[1]].astype(int).tolist()
+        rank = len(pads) // 2
+        spatial = pads[2:rank] + pads[rank + 2:]
+        for quantize, conv in convs:
+            quantize.input[0] = pad.input[0]
+            names = [a.name for a in conv.attribute]
+            old = list(conv.attribute[names.index("pads")].ints) if "pads" in names else [0] * len(spatial)
+            if "pads" in names:
+                del conv.attribute[names.index("pads")]
+            conv.attribute.append(helper.make_attribute("pads", [a + b for a, b in zip(old, spatial, strict=True)]))
+        dropped.append(pad)
+    for pad in dropped:
+        graph.node.remove(pad)
+    if dropped:
+        _drop_dead_nodes(model)
+
+
+def _drop_dead_nodes(model: onnx.ModelProto) -> None:
+    """Nodes none of whose outputs is read or is a graph output (the pads computation of a folded Pad)."""
+    graph = model.graph
+    while True:
+        used = {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
+        dead = [n for n in graph.node if not any(o in used for o in n.output)]
+        if not dead:
+            return
+        for node in dead:
+            graph.node.remove(node)
+
+
+def _constant_value(model: onnx.ModelProto, name: str) -> np.ndarray | None:
+    """The value of a tensor computed from initialisers only (onnx's reference evaluator), else None."""
+    from onnx.reference import ReferenceEvaluator
+
+    producer = {out: n for n in model.graph.node for out in n.output}
+    initializers = {t.name for t in model.graph.initializer}
+    needed, stack = [], [name]
+    while stack:
+        tensor = stack.pop()
+        if tensor in initializers or not tensor:
+            continue
+        node = producer.get(tensor)
+        if node is None or len(needed) > 32:
+            return None  # a graph input, or not a small constant computation
+        if node not in needed:
+            needed.append(node)
+            stack.extend(node.input)
+    order = [n for n in model.graph.node if n in needed]
+    used = {i for n in order for i in n.input}
+    graph = helper.make_graph(order, "constant", [], [helper.make_tensor_value_info(name, TensorProto.UNDEFINED, None)],
+                              [t for t in model.graph.initializer if t.name in used])
+    sub = helper.make_model(graph, opset_imports=model.opset_import)
+    try:
+        return np.asarray(ReferenceEvaluator(sub).run(None, {})[0])
+    except Exception:  # noqa: BLE001 - not evaluable: the Pad stays
+        return None
+
+
+def _padded_convs(pad, values, readers) -> list | None:
+    """[(QuantizeLinear, Conv)] reading a constant zero Pad over spatial dims only, else None."""
+    mode = next((a.s.decode() for a in pad.attribute if a.name == "mode"), "constant")
+    if mode != "constant" or len(pad.input) < 2 or pad.input[1] not in values or len(pad.input) > 3 and pad.input[3]:
+        return None
+    if len(pad.input) > 2 and pad.input[2] and (pad.input[2] not in values or values[pad.input[2]].any()):
+        return None
+    pads = values[pad.input[1]].astype(int).tolist()
+    rank = len(pads) // 2
+    if rank < 3 or any(pads[i] for i in (0, 1, rank, rank + 1)) or min(pads) < 0:
+        return None
+    found = []
+    for quantize in readers[pad.output[0]]:
+        dequantize = readers[quantize.output[0]] if quantize.op_type == "QuantizeLinear" else []
+        convs = readers[dequantize[0].output[0]] if len(dequantize) == 1 and dequantize[0].op_type == \
+            "DequantizeLinear" else []
+        if len(convs) != 1 or convs[0].op_type != "Conv" or convs[0].input[0] != dequantize[0].output[0] \
+                or any(a.name == "auto_pad" and a.s not in (b"", b"NOTSET") for a in convs[0].attribute):
+            return None
+        found.append((quantize, convs[0]))
+    return found or None
 
 
 def _merge_equal_quantizers(model: onnx.ModelProto) -> None:
@@ -100,8 +202,10 @@ def _plan(g: _Graph) -> tuple[dict[str, tuple[str, str] | None], list[str]]:
     params: dict[str, tuple[str, str] | None] = {}
     for name in reversed(_topological_tensors(g.model)):
         readers = [n for n, _ in g.readers[name]]
+        # Only through ops with an int8 form: a transformer's LayerNorm, Softmax or GELU stays float.
         leads[name] = g.is_float_activation(name) and any(
-            n.op_type == "QuantizeLinear" or any(leads.get(o, False) for o in n.output) for n in readers)
+            n.op_type == "QuantizeLinear" or (n.op_type in INT8_OPS and any(leads.get(o, False) for o in n.output))
+            for n in readers)
         if not leads[name]:
             continue
         own = g.quantizer_params(name)
@@ -112,6 +216,8 @@ def _plan(g: _Graph) -> tuple[dict[str, tuple[str, str] | None], list[str]]:
     plan = {}
     for name, p in params.items():
         producer = g.producer[name]
+        if producer.op_type not in INT8_OPS | LAYER_OPS | {"DequantizeLinear"}:
+            continue  # a float op's output: quantised by the layer reading it, as AMCT does
         readers = [n for n, _ in g.readers[name]]
         if producer.op_type == "DequantizeLinear":
             continue
@@ -149,6 +255,8 @@ def _calibrate(model: onnx.ModelProto, names: list[str], feeds: dict[str, np.nda
     values = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds), strict=True))
     found = {}
     for name in names:
+        if not np.isfinite(values[name]).all():
+            continue  # e.g. an attention mask's -inf: left float
         # A margin over the example's range: the example is a batch or two, other inputs reach further.
         lo, hi = CALIBRATION_MARGIN * min(float(values[name].min()), 0.0), \
             CALIBRATION_MARGIN * max(float(values[name].max()), 0.0)
@@ -189,6 +297,7 @@ def quantize_boundaries(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) ->
     """Insert QuantizeLinear/DequantizeLinear on every tensor between quantised layers (module doc)."""
     constants_to_initializers(model)
     _pop_tags(model)
+    fold_zero_pads(model)
     _merge_equal_quantizers(model)
     g = _Graph(model)
     plan, to_calibrate = _plan(g)
@@ -199,6 +308,8 @@ def quantize_boundaries(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) ->
     rewired: dict[str, str] = {}  # output of a dropped quantiser -> the codes that replace it
     for name, params in plan.items():
         base = _base_name(g, name)
+        if params is None and name not in calibrated:
+            continue
         if params is None:
             scale_value, zero_value = calibrated[name]
             params = (f"{base}_scale", f"{base}_zero_point")
