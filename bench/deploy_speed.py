@@ -153,7 +153,7 @@ def ours(model: nn.Module, calibration: torch.Tensor, folder: Path) -> str:
     return paths["deploy"]
 
 
-def op_profile(path: str, batch: int, runs: int) -> dict[str, float]:
+def op_profile(path: str, batch: int, runs: int, feeds: dict[str, np.ndarray] | None = None) -> dict[str, float]:
     """Mean µs per run by op type of the optimised graph (onnxruntime's profiler, THREADS threads)."""
     folder = os.path.dirname(path)
     import onnxruntime as ort
@@ -162,7 +162,7 @@ def op_profile(path: str, batch: int, runs: int) -> dict[str, float]:
     options.enable_profiling, options.profile_file_prefix = True, os.path.join(folder, "profile")
     options.intra_op_num_threads, options.inter_op_num_threads = THREADS, 1
     session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
-    feeds = random_feeds(session, batch, path)
+    feeds = feeds or random_feeds(session, batch, path)
     for _ in range(runs):
         session.run(None, feeds)
     events = json.loads(Path(session.end_profiling()).read_text())
@@ -249,40 +249,39 @@ def minilm_section(quick: bool, folder: Path) -> dict[str, Any]:
             rows[label][f"b{b}_ms"] = lat[label]["median"] * 1e3
             rows[label][f"b{b}_vs_fp32"] = lat[label]["median"] / lat["FP32"]["median"]
     return {"name": "MiniLM", "rows": list(rows.values()), "report": deploy_report(paths["deploy"]),
-            "profile_ours": op_profile(paths["deploy"], 1, 5)}
+            "profile_ours": op_profile(paths["deploy"], 1, 5, _feeds(ids, mask, 1))}
 
 
-def sections(quick: bool, only: set[str], folder: Path) -> list[dict[str, Any]]:
+def sections(quick: bool, only: set[str], folder: Path):
+    """The sections asked for, one at a time (a generator: each is printed as soon as it is measured)."""
     torch.manual_seed(0)
-    found = []
-    if "resnet18" in only:
+        if "resnet18" in only:
         x = torch.randn(16 if quick else 64, 3, 112, 112)
-        found.append(cnn_section("ResNet-18 layout 112x112", _randomised_bn(ResNet18()), x, (1, 8), quick,
+        yield (cnn_section("ResNet-18 layout 112x112", _randomised_bn(ResNet18()), x, (1, 8), quick,
                                  folder / "resnet18"))
     if "fashion" in only:
         from examples.fashion_mnist import load_fashion_mnist
 
         x = load_fashion_mnist("train", limit=256 if quick else 1024)[0].float()
-        found.append(cnn_section("Fashion CNN 459k", _randomised_bn(FashionCnn459k()), x, (1, 64), quick,
+        yield (cnn_section("Fashion CNN 459k", _randomised_bn(FashionCnn459k()), x, (1, 64), quick,
                                  folder / "fashion"))
     if "crepe" in only:
         from bench.crepe import load_crepe_tiny, tones
 
         try:
-            found.append(cnn_section("CREPE tiny", load_crepe_tiny(), tones(128 if quick else 512, 1)[0], (1, 64),
+            yield (cnn_section("CREPE tiny", load_crepe_tiny(), tones(128 if quick else 512, 1)[0], (1, 64),
                                      quick, folder / "crepe"))
         except ImportError as exc:
-            found.append({"name": "CREPE tiny", "status": f"skipped: {exc}"})
+            yield {"name": "CREPE tiny", "status": f"skipped: {exc}"}
     if "minilm" in only:
-        found.append(minilm_section(quick, folder / "minilm"))
-    return found
+        yield minilm_section(quick, folder / "minilm")
 
 
 def run(quick: bool = False, only: str = "resnet18,fashion,crepe,minilm") -> dict[str, Any]:
     """Every section above as one dict: ``{header, sections}`` (bench/run_all.py's "deploy" section)."""
     torch.set_num_threads(THREADS)
     with tempfile.TemporaryDirectory(prefix="amct-deploy-speed-") as tmp:
-        return {"header": isa_header(), "sections": sections(quick, set(only.split(",")), Path(tmp))}
+        return {"header": isa_header(), "sections": list(sections(quick, set(only.split(",")), Path(tmp)))}
 
 
 def print_section(section: dict[str, Any]) -> None:
@@ -323,8 +322,8 @@ def main(argv: list[str] | None = None) -> int:
         for section in sections(args.quick, set(args.only.split(",")), Path(tmp)):
             print_section(section)
             results.append(section)
-    if args.json:
-        Path(args.json).write_text(json.dumps({"header": header, "sections": results}, indent=1))
+            if args.json:  # after each section: a later failure keeps what was measured
+                Path(args.json).write_text(json.dumps({"header": header, "sections": results}, indent=1))
     return 0
 
 
