@@ -255,7 +255,7 @@ def minilm_section(quick: bool, folder: Path) -> dict[str, Any]:
 def sections(quick: bool, only: set[str], folder: Path):
     """The sections asked for, one at a time (a generator: each is printed as soon as it is measured)."""
     torch.manual_seed(0)
-        if "resnet18" in only:
+    if "resnet18" in only:
         x = torch.randn(16 if quick else 64, 3, 112, 112)
         yield (cnn_section("ResNet-18 layout 112x112", _randomised_bn(ResNet18()), x, (1, 8), quick,
                                  folder / "resnet18"))
