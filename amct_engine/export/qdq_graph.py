@@ -221,6 +221,8 @@ def _plan(g: _Graph) -> tuple[dict[str, tuple[str, str] | None], list[str]]:
         readers = [n for n, _ in g.readers[name]]
         if producer.op_type == "DequantizeLinear":
             continue
+        if readers and _tag(producer) and all(n.op_type == "Add" and _tag(n) == _tag(producer) for n in readers):
+            continue  # a MatMul layer's own bias Add: the layer's output is the Add's
         if readers and all(n.op_type == "Relu" for n in readers):
             continue  # the ReLU's output is quantised; ORT removes the ReLU (zero point = lowest code)
         if all(n.op_type == "QuantizeLinear" for n in readers) and name not in g.outputs \
@@ -306,8 +308,12 @@ def quantize_boundaries(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) ->
     new_nodes: dict[str, list[onnx.NodeProto]] = defaultdict(list)  # after the producer of a tensor
     dropped: set = set()  # ReLUs rewritten as Max on codes, and the quantisers they made redundant
     rewired: dict[str, str] = {}  # output of a dropped quantiser -> the codes that replace it
+    bases: set[str] = set()
     for name, params in plan.items():
-        base = _base_name(g, name)
+        base, k = _base_name(g, name), 1
+        while base in bases:  # a layer with two planned outputs (MatMul, then its bias Add)
+            base, k = f"{_base_name(g, name)}_{k}", k + 1
+        bases.add(base)
         if params is None and name not in calibrated:
             continue
         if params is None:
