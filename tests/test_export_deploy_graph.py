@@ -128,7 +128,7 @@ def test_a8w4_deploy_file_stores_int4_weights_and_runs_the_int8_kernels_exactly(
     assert ratio <= 0.16, ratio
     model = onnx.load(paths["deploy"])
     int4 = {t.name for t in model.graph.initializer if t.data_type == onnx.TensorProto.INT4}
-    assert {"conv2.weight_int4", "fc.weight_int4"} <= int4  # conv1 has 1 input channel: INT8 (engine.md §2.2)
+    assert {"conv2.weight_int4", "fc.weight_int4"} <= int4  # conv1 has 1 input channel: INT8 (docs/spec/engine.md §2.2)
     assert deploy_report(model)["int4_weights"] == ["conv2.weight", "fc.weight"]
     ops = [n.op_type for n in optimized_ops(model).graph.node]  # ORT folds the Cast: the INT8 kernels run
     assert ops.count("QLinearConv") == 2 and ops.count("QGemm") == 1 and "Conv" not in ops

@@ -2,7 +2,7 @@
 
 onnxruntime's x86 u8s8 kernels without VNNI (AVX2 `vpmaddubsw`) add pairs of uint8 x int8 products
 in saturating 16-bit lanes: 2 x 255 x 127 > 32767, so full-range int8 weights give wrong sums there
-(docs/spec/engine.md, "Weight codes of the deploy model"). VNNI (`vpdpbusd`, 32-bit sums) and ARM's
+(docs/spec/engine.md §5, "Weight codes of the deploy model"). VNNI (`vpdpbusd`, 32-bit sums) and ARM's
 dot-product kernels are exact. So:
 - "x86_vnni", "arm": signed int8 weights with zero point 0, ORT's fast U8S8 kernels;
 - "x86_avx2": the same integers as uint8 codes + 128 (zero point 128), ORT's exact u8u8 kernels;
