@@ -188,14 +188,18 @@ class QdqDeployBackend:
         # which also lets export.int4_pack store them as INT4.
         signed = getattr(module, "signed_weights", True) or f.wts_bits <= 4
         codes, zero = _weight_codes(f, signed, transpose=matmul)
-        weight = g.op("DequantizeLinear", _const(g, codes), _const(g, vector(f.scale_w.float())),
-                      _const(g, vector(zero)), **axis, **tag)
+        # A conv's zero point of 0 is left out (its default): a vector per layer costs bytes on small models.
+        # ORT's QGemm/MatMul selectors want the zero points written.
+        zero_input = [_const(g, vector(zero))] if zero.dtype == torch.uint8 or linear else []
+        weight = g.op("DequantizeLinear", _const(g, codes), _const(g, vector(f.scale_w.float())), *zero_input,
+                      **axis, **tag)
         bias = None
         if f.bias_q is not None:
             # The int32 bias shares the accumulator's scale, scale_d * scale_w, as QLinearConv/QGemm need.
             bias_scale = (f.scale_w * f.scale_d).float()
-            bias = g.op("DequantizeLinear", _const(g, f.bias_q), _const(g, vector(bias_scale)),
-                        _const(g, vector(torch.zeros_like(f.scale_w, dtype=torch.int32))),
+            # ORT's QGemm selector wants the bias zero point written; a conv's may be left out.
+            bias_zero = [_const(g, vector(torch.zeros_like(f.scale_w, dtype=torch.int32)))] if linear else []
+            bias = g.op("DequantizeLinear", _const(g, f.bias_q), _const(g, vector(bias_scale)), *bias_zero,
                         **({"axis_i": 0} if per_channel else {}), **tag)
         if matmul:
             y = g.op("MatMul", x_hat, weight, **tag)
