@@ -33,11 +33,13 @@ class GroupDecision:
     ascend_optimized: bool | None = None
     divisions: int = 1
     importance: str | None = None  # the criterion that ranked its channels (importance.py)
+    schedule: str | None = None  # progressive pruning (progressive.py): how the mask grows; None: one shot
 
     def describe(self) -> str:
         who = ", ".join(self.producers)
         if self.status in (PRUNED, REPLAYED):
             how = f", ranked by {self.importance}" if self.importance else ""
+            how += f"; {self.schedule}" if self.schedule else ""
             return (f"channel group {self.group} [{who}]: {self.channels} → {self.kept} channels "
                     f"({self.channels - self.kept} pruned{how})")
         return f"channel group {self.group} [{who}] not pruned ({self.status}): {self.reason}"
