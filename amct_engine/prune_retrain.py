@@ -108,15 +108,18 @@ def save_prune_retrain_model(
 
 def create_compressed_retrain_model(model, input_data, config_defination, record_file, calibration_data=None, *,
                                     sample_instance=None, calibration_batches=DEFAULT_CALIBRATION_BATCHES,
-                                    recalibrate_bn=True) -> nn.Module:
+                                    recalibrate_bn=True, recalibrate_quantized_bn=False) -> nn.Module:
     """Prune (BCP and/or 4:2), re-capture, insert QAT layers; a new copy of ``model``.
 
     Quantisation factors reach the record at the first eval forward after training (docs/spec/engine.md §1.2).
     ``calibration_data`` and the keywords after it: as in ``create_prune_retrain_model`` (the BatchNorms
-    are recalibrated on the pruned float model, before the QAT layers go in).
+    are recalibrated on the pruned float model, before the QAT layers go in). ``recalibrate_quantized_bn``:
+    once more after the QAT layers are in, on the fake-quantised forward (the activation quantisers
+    take their IFMR start from the first calibration batches then).
     """
     calibration = _calibration(calibration_data, sample_instance, calibration_batches, recalibrate_bn)
-    return _create(model, input_data, config_defination, record_file, "compressed", calibration)
+    return _create(model, input_data, config_defination, record_file, "compressed", calibration,
+                   recalibrate_quantized_bn and calibration is not None)
 
 
 def restore_compressed_retrain_model(
@@ -169,7 +172,8 @@ def _calibration(data, sample_instance, limit: int, recalibrate_bn: bool) -> tup
     return calibration_batches(data, limit, sample_instance), recalibrate_bn
 
 
-def _create(model, input_data, config_defination, record_file, api: str, calibration=None) -> nn.Module:
+def _create(model, input_data, config_defination, record_file, api: str, calibration=None,
+            recalibrate_quantized: bool = False) -> nn.Module:
     _check_path(record_file, "record_file")
     doc = _load_cfg(config_defination, api)
     cm = _capture(model, input_data, doc, api)
@@ -193,6 +197,8 @@ def _create(model, input_data, config_defination, record_file, api: str, calibra
         report.bn_recalibrated = recalibrate_batch_norm(cm.module, batches)  # pruned BNs start from real data
     report.params_after = _params_after_save(cm.module)
     result, cm = _quantise(cm, doc, record, api)
+    if recalibrate_quantized and quant_layers(result):
+        report.bn_recalibrated_quantized = recalibrate_batch_norm(result, batches)
     masks = selective_prune(result, cm, settings, record, report)
     write_prune_records(record, prune_records(cuts, masks))
     report.log(filter_configured=bool(settings.filter()))

@@ -55,33 +55,48 @@ retrain_weight_quant_config { arq_retrain { channel_wise: true dst_type: INT8 } 
 FILTER_CFG = ("prune_config { filter_pruner { balanced_l2_norm_filter_prune "
               "{ prune_ratio: %s ascend_optimized: false%s } } }")  # the ratio, then extension fields
 M4N2_CFG = "prune_config { n_out_of_m_pruner { l1_selective_prune { n_out_of_m_type: M4N2 update_freq: 0 } } }"
-KD_ALPHA, KD_TEMPERATURE = 0.5, 2.0
 Row = dict[str, Any]
 
 
 @dataclass(frozen=True)
 class Recipe:
-    """One way to prune then quantise: the criterion, and whether BN recalibration and KD are on."""
+    """One way to prune then quantise: the criterion, BN recalibration (after pruning, and again after the
+    QAT layers go in), a progressive schedule, and KD from the FP32 base."""
 
     label: str  # the row name's prefix: "BCP", "group-L2 … + BN recal"
     importance: str = "bcp"
     recalibrate: bool = False
     teacher: bool = False
+    quant_recalibrate: bool = False  # recalibrate_quantized_bn
+    schedule_steps: int = 0  # prune_schedule steps (0: one shot); the target is reached at half the epoch
+    schedule_start: float = 0.0  # start_ratio, as a share of the target ratio
+    kd_alpha: float = 0.5
+    kd_temperature: float = 2.0
 
-    def filter_cfg(self, ratio: float) -> str:
-        return FILTER_CFG % (ratio, f' importance: "{self.importance}"' if self.importance != "bcp" else "")
+    def filter_cfg(self, ratio: float, batches: int = 0) -> str:
+        extra = f' importance: "{self.importance}"' if self.importance != "bcp" else ""
+        if self.schedule_steps:
+            interval = max(1, batches // (2 * self.schedule_steps))
+            extra += (f" prune_schedule {{ steps: {self.schedule_steps} start_ratio: "
+                      f"{round(self.schedule_start * ratio, 4)} interval: {interval} }}")
+        return FILTER_CFG % (ratio, extra)
 
     def needs_data(self) -> bool:
-        return self.recalibrate or self.importance == "taylor"
+        return self.recalibrate or self.quant_recalibrate or self.importance == "taylor"
 
 
 AMCT = Recipe("BCP")
 # The recipes of issue 18; the first is the one the report leads with (docs/spec/engine.md §2.2).
 RECIPES = (
+    Recipe("Taylor … + BN recal", "taylor", recalibrate=True),
     Recipe("group-L2 … + BN recal", "group_l2", recalibrate=True),
     Recipe("BCP … + BN recal", "bcp", recalibrate=True),
-    Recipe("Taylor … + BN recal", "taylor", recalibrate=True),
     Recipe("group-L2 … + BN recal + KD", "group_l2", recalibrate=True, teacher=True),
+    Recipe("Taylor … + BN recal ×2", "taylor", recalibrate=True, quant_recalibrate=True),
+    Recipe("group-L2 … + BN recal ×2", "group_l2", recalibrate=True, quant_recalibrate=True),
+    Recipe("group-L2 … progressive + BN recal", "group_l2", recalibrate=True, schedule_steps=4, schedule_start=0.5),
+    Recipe("Taylor … + BN recal + KD α0.3 T4", "taylor", recalibrate=True, teacher=True, kd_alpha=0.3,
+           kd_temperature=4.0),
 )
 
 
@@ -101,8 +116,10 @@ def amct_compressed(setup, name: str, cfg_text: str, recipe: Recipe | None = Non
     torch.manual_seed(setup.seed + 1)
     start = time.perf_counter()
     model = create_compressed_retrain_model(setup.base_copy(), setup.example, str(cfg), str(record),
-                                            calibration_data=calibration, recalibrate_bn=recalibrate)
-    loss = TeacherGuidedLoss(setup.base, KD_ALPHA, KD_TEMPERATURE) if recipe is not None and recipe.teacher else None
+                                            calibration_data=calibration, recalibrate_bn=recalibrate,
+                                            recalibrate_quantized_bn=recipe is not None and recipe.quant_recalibrate)
+    loss = (TeacherGuidedLoss(setup.base, recipe.kd_alpha, recipe.kd_temperature)
+            if recipe is not None and recipe.teacher else None)
     prepare_s = time.perf_counter() - start
     training = timed_training(model, setup.loader(), setup.epochs, setup.lr, loss_fn=loss)
     accuracy = evaluate_accuracy(model, setup.x_test, setup.y_test)  # the eval forward fills the record
@@ -133,7 +150,7 @@ def accuracy_after_pruning(setup, workdir: Path, cfg_text: str, recipe: Recipe) 
 
 def _recipe_row(setup, recipe: Recipe, ratio: float) -> tuple[str, str, Callable[[], Row]]:
     name = row_name(recipe, ratio)
-    return name, "ours", lambda: amct_compressed(setup, name, recipe.filter_cfg(ratio), recipe)
+    return name, "ours", lambda: amct_compressed(setup, name, recipe.filter_cfg(ratio, len(setup.loader())), recipe)
 
 
 def methods(setup) -> list[tuple[str, str, Callable[[], Row]]]:

@@ -42,7 +42,7 @@ def compare(workdir: Path, quick: bool, ratios: list[float], parts: list[str], t
         rows.append(_row(f"Torch-Pruning {round(ratio * 100)} % + ORT PTQ", ptq, ptq["torch_accuracy"]))
         for recipe in recipes:
             name = compress.row_name(recipe, ratio)
-            row = compress.amct_compressed(setup, name, recipe.filter_cfg(ratio), recipe)
+            row = compress.amct_compressed(setup, name, recipe.filter_cfg(ratio, len(setup.loader())), recipe)
             rows.append(_row(name, row, ort_accuracy(row["onnx"], setup.x_test, setup.y_test, threads)))
     return rows
 

@@ -182,3 +182,28 @@ def test_a_schedule_with_the_taylor_criterion_is_refused(tmp_path):
     cfg.write_text(SCHEDULE_CFG.format(schedule="steps: 2").replace("group_l2", "taylor"))
     with pytest.raises(ConfigError, match=r't.cfg:7:7: prune_schedule needs a weight-based importance'):
         amct.create_prune_retrain_model(_model(), _batch(0)[0][:2], str(cfg), str(tmp_path / "r.txt"))
+
+
+def test_batch_norms_can_be_recalibrated_again_after_the_qat_layers_go_in(tmp_path):
+    """recalibrate_quantized_bn: the BN inside conv1's QAT layer ends with the statistics of the
+    fake-quantised conv output over the calibration batches (not of the float output)."""
+    cfg = tmp_path / "c.cfg"
+    cfg.write_text(ONE_SHOT_CFG + "\n" + QUANT_CFG)
+    batches = [_batch(200 + i) for i in range(3)]
+    kwargs = dict(calibration_data=batches, recalibrate_bn=True)
+    float_only = amct.create_compressed_retrain_model(_model(), _batch(0)[0][:2], str(cfg), str(tmp_path / "a.txt"),
+                                                      **kwargs)
+    model = amct.create_compressed_retrain_model(_model(), _batch(0)[0][:2], str(cfg), str(tmp_path / "b.txt"),
+                                                 recalibrate_quantized_bn=True, **kwargs)
+    layer = model.conv1
+    assert layer.act_quant.calibrated  # IFMR took its start from the first calibration batch
+    with torch.no_grad():
+        outputs = [F.conv2d(layer.act_quant(x), layer.weight_quant(layer.layer.weight), layer.layer.bias,
+                            padding=layer.layer.padding) for x, _ in batches]
+    expected = torch.stack([y.mean(dim=(0, 2, 3)) for y in outputs]).mean(0)
+    error = (layer.bn.running_mean - expected).abs().max()
+    float_error = (float_only.conv1.bn.running_mean - expected).abs().max()  # the statistics of the float output
+    assert error < 1e-6 < float_error / 10, (error, float_error)
+    assert model.amct_prune_report.bn_recalibrated_quantized == 2
+    assert "2 BatchNorms recalibrated on the fake-quantised model" in model.amct_prune_report.summary()
+    assert float_only.amct_prune_report.bn_recalibrated_quantized == 0
