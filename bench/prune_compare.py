@@ -4,7 +4,7 @@ The engine table's setting (bench/fashion.py: same FP32 base, same extra epoch, 
 pruning rows (bench/compress.py recipes, bench/peers.py Torch-Pruning) and nothing else: no latency,
 no other methods. For choosing a recipe on a shared machine:
 
-    OMP_NUM_THREADS=1 python bench/prune_compare.py [--quick] [--recipe LABEL-PART ...] [--ratio 0.3 ...]
+    OMP_NUM_THREADS=1 python bench/prune_compare.py [--quick] [--recipe LABEL-PART ...] [--ratio 0.3 ...] [--seed N]
 
 Prints one line per row: top-1 right after pruning (before training; BN recalibrated when the recipe
 has it) and after the epoch (onnxruntime, deploy model), then a JSON summary on stdout.
@@ -28,9 +28,10 @@ from bench.common import ort_accuracy  # noqa: E402
 from bench.fashion import prepare  # noqa: E402
 
 
-def compare(workdir: Path, quick: bool, ratios: list[float], parts: list[str], threads: int) -> list[dict]:
+def compare(workdir: Path, quick: bool, ratios: list[float], parts: list[str], threads: int,
+            seed: int = 0) -> list[dict]:
     torch.set_num_threads(threads)
-    setup = prepare(workdir, quick=quick, threads=threads)
+    setup = prepare(workdir, quick=quick, seed=seed, threads=threads)
     print(f"FP32 base top-1 {setup.base_accuracy:.4f}", file=sys.stderr, flush=True)
     recipes = [r for r in (compress.AMCT, *compress.RECIPES) if not parts or any(p in r.label for p in parts)]
     rows = []
@@ -62,9 +63,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ratio", type=float, action="append", default=[])
     parser.add_argument("--recipe", action="append", default=[], help="part of a recipe label; repeatable")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=0, help="the base model's and the batches' seed (0: the table's)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="amct-prune-compare-") as tmp:
-        rows = compare(Path(tmp), args.quick, args.ratio or [0.3, 0.5], args.recipe, args.threads)
+        rows = compare(Path(tmp), args.quick, args.ratio or [0.3, 0.5], args.recipe, args.threads, args.seed)
     print(json.dumps(rows, indent=1))
     return 0
 
