@@ -33,7 +33,9 @@ def compare(workdir: Path, quick: bool, ratios: list[float], parts: list[str], t
     torch.set_num_threads(threads)
     setup = prepare(workdir, quick=quick, seed=seed, threads=threads)
     print(f"FP32 base top-1 {setup.base_accuracy:.4f}", file=sys.stderr, flush=True)
-    recipes = [r for r in (compress.AMCT, *compress.RECIPES) if not parts or any(p in r.label for p in parts)]
+    every = (compress.AMCT, *compress.RECIPES)
+    labels = {r.label for r in every}  # a whole label picks that recipe only, a part every label with it
+    recipes = [r for r in every if not parts or any(p == r.label if p in labels else p in r.label for p in parts)]
     rows = []
     for ratio in ratios:
         tp = peers.torch_pruning(setup, ratio)
