@@ -237,7 +237,7 @@ def _replay_schedule(cm: CapturedModel, path: str, report: PruneReport) -> None:
     entries = progressive.restored_groups(state, build_channel_groups(cm).groups, path)
     schedule = progressive.ProgressivePruning(entries, progressive.float_modules(cm.module, [e.group for e in entries]),
                                               state_file=path, batches=state["batches"], history=state["history"])
-    progressive.attach(cm.module, schedule)
+    progressive.attach(cm.module, schedule, restored=True)
     for i, e in enumerate(entries):
         report.groups.append(GroupDecision(i, e.group.producer_names, [], e.group.size, e.group.size - len(e.masked),
                                            REPLAYED, importance=e.importance,

@@ -132,6 +132,8 @@ def test_restore_replays_the_schedule_exactly(tmp_path):
         assert torch.equal(model(x), restored(x))
     ours, theirs = progressive.schedule_of(model), progressive.schedule_of(restored)
     assert theirs.batches == ours.batches == 3
+    assert theirs.history == ours.history  # steps 0 and 1 of both groups, not taken again
+    assert [(h["step"], h["masked"]) for h in ours.history] == [(0, 3), (0, 6), (1, 5), (1, 10)]
     assert [(e.step, e.masked) for e in theirs.groups] == [(e.step, e.masked) for e in ours.groups]
     # training on from there takes the same next step on both
     torch.manual_seed(5)

@@ -101,8 +101,7 @@ class ProgressivePruning:
     def start(self) -> None:
         """The masks at creation (step 0: ``start_ratio``; groups without a schedule: the target)."""
         for entry in self.groups:
-            if not entry.masked:
-                self._mask_at(entry, 0)
+            self._mask_at(entry, 0)
         self.apply_masks()
         self.write_state()
 
@@ -220,11 +219,16 @@ def _pre_hook(module: nn.Module, _args) -> None:
         schedule.before_forward(module.training)
 
 
-def attach(model: nn.Module, schedule: ProgressivePruning) -> None:
-    """Make ``model``'s forward apply (and grow) the masks; a module-level hook, so deepcopy keeps it working."""
+def attach(model: nn.Module, schedule: ProgressivePruning, restored: bool = False) -> None:
+    """Make ``model``'s forward apply (and grow) the masks; a module-level hook, so deepcopy keeps it working.
+    ``restored``: the schedule's state comes from its file (restore), so no step 0 is taken."""
     setattr(model, ATTR, schedule)
     model.register_forward_pre_hook(_pre_hook)
-    schedule.start()
+    if restored:
+        schedule.apply_masks()
+        schedule._written = schedule.batches
+    else:
+        schedule.start()
 
 
 def schedule_of(model: nn.Module) -> ProgressivePruning | None:
