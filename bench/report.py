@@ -31,7 +31,7 @@ TIME_NOISE = 0.10  # relative (latency and step time on a shared 2-core machine)
 
 # Our best filter-pruning recipe (bench/compress.py RECIPES[0], measured by bench/prune_compare.py): the
 # row each Torch-Pruning row is measured against, at the same ratio.
-BEST_PRUNE_ROW = "amct Taylor {pct} % + BN recal + INT8"
+BEST_PRUNE_ROW = "amct group-L2 {pct} % + BN recal + INT8"
 # Which of our rows each peer is measured against.
 COUNTERPART = {
     "ORT static PTQ (QDQ, per-channel)": "amct INT8 QAT",
