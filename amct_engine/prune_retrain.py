@@ -11,7 +11,6 @@ Every returned model carries ``amct_prune_report`` (a ``PruneReport``): what was
 
 from __future__ import annotations
 
-import copy
 import os
 import shutil
 
@@ -248,7 +247,7 @@ def _params_after_save(model: nn.Module) -> int:
     """Parameters of the saved model: with a schedule, after its channels are removed."""
     if progressive.schedule_of(model) is None:
         return parameter_count(model)
-    trial = copy.deepcopy(model)
+    trial = progressive.copy_model(model)
     progressive.remove_channels(trial)
     return parameter_count(trial)
 
@@ -258,7 +257,9 @@ def _quantise(cm: CapturedModel, doc: CfgDocument, record: RecordFile, api: str)
     (docs/spec/engine.md §2.2)."""
     if api != "compressed":
         return cm.module, cm
-    cm = capture_model(cm.module, cm.example_inputs)
+    float_model = cm.module
+    cm = capture_model(float_model, cm.example_inputs)
+    progressive.carry_over(float_model, cm.module)
     cfg = doc.message
     layers = {info.name: info.module for info in quantizable_layers(cm, RETRAIN_TYPES)}
     config = QuantJsonConfig(RETRAIN, batch_num=cfg.batch_num)
@@ -321,7 +322,7 @@ def _refresh_records(model: nn.Module, inputs) -> None:
 
 def _baked_copy(model: nn.Module) -> nn.Module:
     """The model to export: 4:2 masks baked in, a schedule's channels removed (its state written)."""
-    baked = copy.deepcopy(model).eval()
+    baked = progressive.copy_model(model).eval()
     bake_selective_masks(baked)
     progressive.remove_channels(baked)
     return baked

@@ -209,3 +209,31 @@ def test_batch_norms_can_be_recalibrated_again_after_the_qat_layers_go_in(tmp_pa
     assert model.amct_prune_report.bn_recalibrated_quantized == 2
     assert "2 BatchNorms recalibrated on the fake-quantised model" in model.amct_prune_report.summary()
     assert float_only.amct_prune_report.bn_recalibrated_quantized == 0
+
+
+class _ShapeBranchCnn(SmallFashionCnn):
+    """torch.fx cannot trace a branch on an input size: captured with torch.export (a GraphModule)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] > 8:
+            return super().forward(x)
+        return super().forward(F.pad(x, (10, 10, 10, 10)))
+
+
+def test_a_schedule_survives_the_torch_export_capture_of_a_compressed_model(tmp_path):
+    cfg = _cfg(tmp_path, "steps: 2 start_ratio: 0.25 interval: 1", extra=QUANT_CFG)
+    record = str(tmp_path / "r.txt")
+    torch.manual_seed(0)
+    with pytest.warns(UserWarning, match="torch.export"):
+        model = amct.create_compressed_retrain_model(_ShapeBranchCnn().eval(), _batch(0)[0][:2], cfg, record)
+    assert isinstance(model, torch.fx.GraphModule)
+    assert progressive.schedule_of(model) is not None
+    _train(model, 3)
+    assert [e.step for e in progressive.schedule_of(model).groups] == [2, 2]
+    model.eval()
+    x = _batch(70)[0]
+    with torch.no_grad():
+        model(x)
+    paths = amct.save_compressed_retrain_model(model, record, str(tmp_path / "c"), x)
+    assert sorted(_onnx_channels(paths["fake_quant"]).values()) == [8, 16]
+    assert model.amct_prune_report.params_after < model.amct_prune_report.params_before

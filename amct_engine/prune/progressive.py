@@ -19,6 +19,7 @@ steps (docs/spec/engine.md §2.2). The network adapts to each loss of capacity b
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 from collections.abc import Sequence
@@ -233,6 +234,33 @@ def attach(model: nn.Module, schedule: ProgressivePruning, restored: bool = Fals
 
 def schedule_of(model: nn.Module) -> ProgressivePruning | None:
     return getattr(model, ATTR, None)
+
+
+def carry_over(old: nn.Module, new: nn.Module) -> None:
+    """After a re-capture of ``old`` into ``new`` (same module paths, before QAT layers go in): the schedule
+    on ``new``'s modules. A plain module's deepcopy carries it already; a GraphModule's (torch.export
+    capture) drops attributes and hooks."""
+    schedule = schedule_of(old)
+    if schedule is None or schedule_of(new) is not None:
+        return
+    moved = copy.copy(schedule)
+    moved.groups = [copy.copy(g) for g in schedule.groups]
+    moved.modules = {path: new.get_submodule(path) for path in schedule.modules}
+    attach(new, moved, restored=True)
+
+
+def copy_model(model: nn.Module) -> nn.Module:
+    """``copy.deepcopy(model)`` that keeps the schedule on the copy's modules, also for a GraphModule."""
+    memo: dict = {}
+    copied = copy.deepcopy(model, memo)
+    schedule = schedule_of(model)
+    if schedule is None or schedule_of(copied) is not None:
+        return copied
+    missing = [path for path, m in schedule.modules.items() if id(m) not in memo]
+    if missing:
+        raise RuntimeError(f"copying the model lost the progressive pruning of {', '.join(missing[:3])}")
+    attach(copied, copy.deepcopy(schedule, memo), restored=True)
+    return copied
 
 
 def remove_channels(model: nn.Module) -> None:
