@@ -14,7 +14,8 @@ allows it, channels ranked by ``RECIPE``'s criterion, masked progressively durin
 at save, the BatchNorms recalibrated on training tones right after creation, INT8 QAT), trained to
 reproduce the teacher's 360 sigmoid pitch activations (binary cross-entropy against them: no labels).
 Pitch is decoded as CREPE does: the activation-weighted mean of the cents of the 9 bins around the
-argmax, then cents → Hz. Reported for FP32 and the deployed INT8 ONNX (onnxruntime): median / mean absolute error in Hz and cents, and raw pitch accuracy (within 50 cents).
+argmax, then cents → Hz. Reported for FP32 and the deployed INT8 ONNX (onnxruntime): median / mean
+absolute error in Hz and cents, and raw pitch accuracy (within 50 cents).
 A second student gets the same recipe without pruning (INT8 only), to show which part costs what.
 
 Run on its own: ``python bench/crepe.py [--quick]``.
