@@ -212,6 +212,13 @@ class DeployFormatInfo(BaseModel):
     summary: str
 
 
+class SandboxInfo(BaseModel):
+    mode: Literal["bubblewrap", "unsafe-no-sandbox", "unavailable"] = Field(
+        description="how user models run: in bubblewrap, without isolation (the operator's opt-out), or refused")
+    detail: str
+    seccomp: bool
+
+
 class Meta(BaseModel):
     """What this server accepts, read from its tables: the dashboard and clients build their choices from it."""
 
@@ -221,3 +228,4 @@ class Meta(BaseModel):
     job_states: list[JobStatus]
     terminal_states: list[JobStatus]
     defaults: dict[str, str] = Field(description="what a form offers first: `kind`, `device`, `deploy_format`")
+    sandbox: SandboxInfo = Field(description="the isolation user models run in (docs/security.md)")

@@ -19,6 +19,7 @@ import tempfile
 import uuid
 from pathlib import Path
 
+from job_process import bubblewrap
 from job_process.launcher import ChildProcess
 from service.db import jobstate
 from service.db.session import session_factory
@@ -37,6 +38,7 @@ class JobRunner:
         self.store = store or open_store(settings.resolved_artifact_store, settings.s3_endpoint_url)
         self.sessions = session_factory(settings.resolved_database_url)
         self.owner = owner or f"{os.uname().nodename}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        bubblewrap.log_state("worker")  # jobs fail with SandboxUnavailable without one (no opt-out)
 
     def run(self, job_id: str) -> str:
         """Run the job if this delivery can claim it; returns the outcome (`skipped` for a no-op)."""

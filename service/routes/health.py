@@ -1,4 +1,5 @@
-"""GET /healthz (the process answers) and /readyz (database, broker and store answer)."""
+"""GET /healthz (the process answers) and /readyz (database, broker and store answer, and user models can
+run in the sandbox: docs/security.md)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy import text
 from starlette.concurrency import run_in_threadpool
 
+from job_process import bubblewrap
 from service.problems import problem_response
 
 router = APIRouter(tags=["health"])
@@ -33,9 +35,12 @@ async def readyz(request: Request):
         with state.sessions() as session:
             session.execute(text("SELECT 1"))
 
-    checks = {"database": database, "broker": state.dispatcher.ping, "store": state.store.check}
+    checks = {"database": database, "broker": state.dispatcher.ping, "store": state.store.check,
+              "sandbox": bubblewrap.require}
     results = {name: await run_in_threadpool(_check, fn) for name, fn in checks.items()}
     body = {name: ("ok" if err is None else err) for name, err in results.items()}
+    if results["sandbox"] is None and bubblewrap.state().mode != "bubblewrap":
+        body["sandbox"] = "unsafe-no-sandbox"  # ready, as the operator asked, but never silently
     failed = [name for name, err in results.items() if err is not None]
     if failed:
         return problem_response(503, "Service Unavailable", f"not ready: {', '.join(failed)} unavailable",

@@ -1,0 +1,49 @@
+"""The one place error text from a child that ran a user model becomes text a user may read.
+
+Two steps, because the child itself is untrusted (the model runs in it):
+- in the child, `describe` reduces an exception to its type, the stage and either the engine's own
+  message (raised by amct_engine or job_process code) or, for anything raised while the model's code
+  ran (TorchScript `raise`, a torch op failing inside `forward`), a short excerpt: the last line only,
+  capped at EXCERPT_CHARS. A model's exception text is never passed on whole;
+- in the parent, `scrub` is applied again to whatever the child reported (error.json, the validation
+  line), so a child that forged its report still cannot return more than a capped, printable line.
+Tracebacks, stderr and the model's prints go to the job's log only, never into an answer.
+"""
+
+from __future__ import annotations
+
+import re
+import traceback
+from pathlib import Path
+
+EXCERPT_CHARS = 200  # of a message raised while the model's code ran
+MAX_CHARS = 500  # of any error text a user reads
+_ENGINE_DIRS = tuple(str(Path(__file__).resolve().parents[1] / p) + "/" for p in ("amct_engine", "job_process"))
+_UNPRINTABLE = re.compile(r"[^\x20-\x7e]+")  # ASCII printables only: no control codes, no binary
+
+
+def scrub(text: object, limit: int = MAX_CHARS) -> str:
+    """One printable line of at most `limit` characters."""
+    line = _UNPRINTABLE.sub(" ", str(text)).strip()
+    line = re.sub(r" {2,}", " ", line)
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def raised_by_engine(e: BaseException) -> bool:
+    """True when the innermost Python frame that raised `e` is our own code (not torch running the model)."""
+    frames = traceback.extract_tb(e.__traceback__)
+    return bool(frames) and frames[-1].filename.startswith(_ENGINE_DIRS)
+
+
+def describe(e: BaseException, stage: str) -> str:
+    """What a user reads about an exception in `stage` (load, forward, capture, training, …)."""
+    name = type(e).__name__
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    if raised_by_engine(e):
+        return scrub(f"{name}: {' '.join(lines)}" if lines else name)
+    # TorchScript puts the real cause on the last line of a long trace of the model's own code.
+    last = lines[-1] if lines else ""
+    if last.startswith(name + ":"):
+        last = last[len(name) + 1:]
+    excerpt = scrub(last, EXCERPT_CHARS)
+    return f"the model raised {name} in {stage}" + (f": {excerpt}" if excerpt else "")
