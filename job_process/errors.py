@@ -19,6 +19,7 @@ from pathlib import Path
 EXCERPT_CHARS = 200  # of a message raised while the model's code ran
 MAX_CHARS = 500  # of any error text a user reads
 _ENGINE_DIRS = tuple(str(Path(__file__).resolve().parents[1] / p) + "/" for p in ("amct_engine", "job_process"))
+_RAISED = re.compile(r"(?:builtins\.)?([A-Za-z]{1,40}(?:Error|Exception)): ?(.*)")
 _UNPRINTABLE = re.compile(r"[^\x20-\x7e]+")  # ASCII printables only: no control codes, no binary
 
 
@@ -41,9 +42,10 @@ def describe(e: BaseException, stage: str) -> str:
     lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
     if raised_by_engine(e):
         return scrub(f"{name}: {' '.join(lines)}" if lines else name)
-    # TorchScript puts the real cause on the last line of a long trace of the model's own code.
+    # TorchScript puts the real cause on the last line of a long trace of the model's own code, as
+    # `builtins.RuntimeError: …` for a `raise` in the model (the Python exception is a torch.jit.Error).
     last = lines[-1] if lines else ""
-    if last.startswith(name + ":"):
-        last = last[len(name) + 1:]
+    if match := _RAISED.match(last):
+        name, last = match.group(1), match.group(2)
     excerpt = scrub(last, EXCERPT_CHARS)
     return f"the model raised {name} in {stage}" + (f": {excerpt}" if excerpt else "")

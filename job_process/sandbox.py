@@ -126,10 +126,11 @@ def popen(module: str, args: Sequence[str], cwd: str | os.PathLike, memory_bytes
 
 
 def run(module: str, args: Sequence[str], cwd: str | os.PathLike, timeout_s: float,
-        memory_bytes: int | None = None, cpu_seconds: int | None = None) -> subprocess.CompletedProcess:
+        memory_bytes: int | None = None, cpu_seconds: int | None = None,
+        read_only: Iterable[str | os.PathLike] = ()) -> subprocess.CompletedProcess:
     """Run to completion; raises subprocess.TimeoutExpired after killing the whole group."""
-    proc = popen(module, args, cwd, memory_bytes, cpu_seconds=cpu_seconds, stdout=subprocess.PIPE,
-                 stderr=subprocess.PIPE, text=True)
+    proc = popen(module, args, cwd, memory_bytes, cpu_seconds=cpu_seconds, read_only=read_only,
+                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         out, err = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:

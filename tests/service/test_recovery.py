@@ -160,7 +160,7 @@ def test_a_distillation_resumes_after_its_last_finished_group(assets, tmp_path):
         messages = []
         with open(tmp_path / "child.log", "ab") as log:
             proc = sandbox.popen(JOB_MODULE, [str(tmp_path)], cwd=tmp_path, stdout=subprocess.PIPE,
-                                 stderr=log, text=True)
+                                 stderr=log, text=True, read_only=[spec["model"], spec["cfg"], spec["dataset"]])
             for line in proc.stdout:
                 if (message := parse_line(line)) is not None:
                     messages.append(message)
@@ -242,7 +242,7 @@ def test_an_engine_that_ignores_cancel_is_killed_after_the_grace_period(runner_e
     api, ids = runner_env
     settings = api.settings.model_copy(update={"cancel_grace_s": 1.5})
 
-    def stubborn(module, args, cwd, **kwargs):  # never looks at the cancel file
+    def stubborn(module, args, cwd, read_only=(), **kwargs):  # never looks at the cancel file
         return subprocess.Popen([sys.executable, "-c", STUBBORN], cwd=cwd, start_new_session=True, **kwargs)
 
     monkeypatch.setattr(sandbox, "popen", stubborn)
@@ -262,12 +262,13 @@ def test_an_engine_that_ignores_cancel_is_killed_after_the_grace_period(runner_e
     assert not os.path.exists(f"/proc/{pid}")  # killed and reaped
 
 
-def test_the_engine_child_dies_with_the_worker_that_started_it():
-    """PR_SET_PDEATHSIG: a SIGKILLed worker leaves no engine behind (the engine has its own session)."""
+def test_the_engine_child_dies_with_the_worker_that_started_it(tmp_path):
+    """bwrap --die-with-parent (PR_SET_PDEATHSIG): a SIGKILLed worker leaves no engine behind (the engine has
+    its own session)."""
     middle = subprocess.Popen(  # plays the worker: starts a child the sandbox way, reports when it is set up
         [sys.executable, "-c",
          "import subprocess, time; from job_process import sandbox;"
-         "p = sandbox.popen('tests.service.sleeper', [], cwd='.', stdout=subprocess.PIPE, text=True);"
+         f"p = sandbox.popen('tests.service.sleeper', [], cwd={str(tmp_path)!r}, stdout=subprocess.PIPE, text=True);"
          "assert p.stdout.readline().strip() == 'ready'; print(p.pid, flush=True); time.sleep(60)"],
         cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.PIPE, text=True)
     child = int(middle.stdout.readline())
