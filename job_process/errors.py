@@ -44,8 +44,9 @@ def describe(e: BaseException, stage: str) -> str:
         return scrub(f"{name}: {' '.join(lines)}" if lines else name)
     # TorchScript puts the real cause on the last line of a long trace of the model's own code, as
     # `builtins.RuntimeError: …` for a `raise` in the model (the Python exception is a torch.jit.Error).
-    last = lines[-1] if lines else ""
-    if match := _RAISED.match(last):
-        name, last = match.group(1), match.group(2)
-    excerpt = scrub(last, EXCERPT_CHARS)
+    raised = [i for i, ln in enumerate(lines) if _RAISED.match(ln)]
+    if raised:
+        match = _RAISED.match(lines[raised[-1]])
+        name, lines = match.group(1), [match.group(2), *lines[raised[-1] + 1:]]
+    excerpt = scrub(lines[-1] if lines else "", EXCERPT_CHARS)
     return f"the model raised {name} in {stage}" + (f": {excerpt}" if excerpt else "")

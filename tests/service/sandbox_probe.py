@@ -2,10 +2,12 @@
 
 TorchScript cannot open a socket, so the network is probed with plain Python through the same
 command line the job process and model validation start with (job_process/sandbox.py).
-`python -m tests.service.sandbox_probe PORT PATH...`: connect to 127.0.0.1:PORT, open a raw packet
+`python -m tests.service.sandbox_probe PORT PATH...`: connect to 127.0.0.1:PORT and to an address
+off this machine (TEST-NET-1: it never answers, but a route to it exists outside), open a raw packet
 socket, read each PATH, write next to each PATH.
 """
 
+import ctypes
 import json
 import os
 import socket
@@ -20,6 +22,13 @@ def attempt(fn) -> str:
     except OSError as e:
         return f"{type(e).__name__}: errno {e.errno}"
     return "ok"
+
+
+def new_user_namespace() -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(0x10000000) != 0:  # CLONE_NEWUSER (os.unshare is Python 3.12+)
+        errno = ctypes.get_errno()
+        raise OSError(errno, os.strerror(errno))
 
 
 def main(port: int, paths: list[str]) -> dict:
@@ -37,8 +46,9 @@ def main(port: int, paths: list[str]) -> dict:
         "environ": sorted(os.environ),
         "passwd": open("/etc/passwd").read(),
         "connect": attempt(lambda: socket.create_connection(("127.0.0.1", port), timeout=2).close()),
+        "connect_outside": attempt(lambda: socket.create_connection(("192.0.2.1", 80), timeout=2).close()),
         "packet_socket": attempt(lambda: socket.socket(socket.AF_PACKET, socket.SOCK_RAW).close()),
-        "unshare": attempt(lambda: os.unshare(os.CLONE_NEWUSER)),
+        "unshare": attempt(new_user_namespace),
         "read": {p: attempt(lambda p=p: read(p)) for p in paths},
         "write": {p: attempt(lambda p=p: write(p)) for p in paths},
         "write_own_folder": attempt(lambda: write(os.path.join(os.getcwd(), "own"))),
