@@ -39,6 +39,7 @@ _SYSTEM_FILES = ("/etc/ld.so.cache", "/etc/localtime", "/etc/nsswitch.conf")
 _MERGED_USR = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 # Accelerators the job may use (cuda, npu); none of them exist on a cpu host.
 _DEVICE_GLOBS = ("/dev/nvidia*", "/dev/dri", "/dev/davinci*", "/dev/devmm_svm", "/dev/hisi_hdc")
+_ACCELERATOR_INFO = ("/proc/driver/nvidia", "/sys/bus/pci", "/sys/devices", "/sys/class")
 _PASSWD = f"amct:x:{SANDBOX_UID}:{SANDBOX_GID}:sandbox:{SANDBOX_HOME}:/usr/sbin/nologin\n"
 _GROUP = f"amct:x:{SANDBOX_GID}:\n"
 _HOSTS = "127.0.0.1 localhost\n"
@@ -140,8 +141,11 @@ def wrap(inner: Sequence[str], workdir: Path, read_only: Iterable[Path] = (), *,
         fds.append(_data_fd(text.encode()))
         argv += ["--ro-bind-data", str(fds[-1]), f"/etc/{name}"]
     argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
-    for device in sorted(d for pattern in _DEVICE_GLOBS for d in glob.glob(pattern)):
+    devices = sorted(d for pattern in _DEVICE_GLOBS for d in glob.glob(pattern))
+    for device in devices:
         argv += ["--dev-bind", device, device]
+    if devices:  # CUDA's and the NPU driver's libraries read their driver's /proc and PCI topology in /sys
+        argv += [arg for path in _ACCELERATOR_INFO if os.path.exists(path) for arg in ("--ro-bind", path, path)]
     for path in _python_dirs(packages):
         argv += ["--ro-bind", path, path]
     if writable:
