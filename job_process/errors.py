@@ -2,9 +2,10 @@
 
 Two steps, because the child itself is untrusted (the model runs in it):
 - in the child, `describe` reduces an exception to its type, the stage and either the engine's own
-  message (raised by amct_engine or job_process code) or, for anything raised while the model's code
-  ran (TorchScript `raise`, a torch op failing inside `forward`), a short excerpt: the last line only,
-  capped at EXCERPT_CHARS. A model's exception text is never passed on whole;
+  message (raised by amct_engine or job_process code; capped at EXCERPT_CHARS when it wraps one the
+  model raised, as it may quote it) or, for anything raised while the model's code ran (TorchScript
+  `raise`, a torch op failing inside `forward`), a short excerpt: the last line only, capped at
+  EXCERPT_CHARS. A model's exception text is never passed on whole;
 - in the parent, `scrub` is applied again to whatever the child reported (error.json, the validation
   line), so a child that forged its report still cannot return more than a capped, printable line.
 Tracebacks, stderr and the model's prints go to the job's log only, never into an answer.
@@ -36,12 +37,24 @@ def raised_by_engine(e: BaseException) -> bool:
     return bool(frames) and frames[-1].filename.startswith(_ENGINE_DIRS)
 
 
+def _wraps_model_error(e: BaseException) -> bool:
+    seen, inner = set(), e.__cause__ or e.__context__
+    while inner is not None and id(inner) not in seen:
+        if not raised_by_engine(inner):
+            return True
+        seen.add(id(inner))
+        inner = inner.__cause__ or inner.__context__
+    return False
+
+
 def describe(e: BaseException, stage: str) -> str:
     """What a user reads about an exception in `stage` (load, forward, capture, training, …)."""
     name = type(e).__name__
     lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
     if raised_by_engine(e):
-        return scrub(f"{name}: {' '.join(lines)}" if lines else name)
+        # Our words; but an engine error wrapping one the model raised may quote it: then capped as an excerpt.
+        limit = EXCERPT_CHARS if _wraps_model_error(e) else MAX_CHARS
+        return scrub(f"{name}: {' '.join(lines)}" if lines else name, limit)
     # TorchScript puts the real cause on the last line of a long trace of the model's own code, as
     # `builtins.RuntimeError: …` for a `raise` in the model (the Python exception is a torch.jit.Error).
     raised = [i for i, ln in enumerate(lines) if _RAISED.match(ln)]

@@ -75,8 +75,9 @@ def validate_in_child(upload: Upload, shape: list[int], dtype: str, settings: Se
         return {"ok": False, "stage": "crash", "error": f"the validation process died ({reason})"}
     if not report.get("ok"):
         stage = str(report.get("stage"))
-        return {"ok": False, "stage": stage if stage in _STAGE_VERB else "crash",
-                "error": scrub(report.get("error", ""))}
+        # The engine's words may name the file by its path in the data folder: not the user's business.
+        error = str(report.get("error", "")).replace(str(upload.path), "the model file")
+        return {"ok": False, "stage": stage if stage in _STAGE_VERB else "crash", "error": scrub(error)}
     return report
 
 

@@ -26,9 +26,11 @@ from job_process import bubblewrap, sandbox
 from job_process.errors import EXCERPT_CHARS, MAX_CHARS, describe, scrub
 from job_process.launcher import ChildProcess
 from job_process.protocol import ERROR_FILE, SPEC_FILE
+from service.db.models import Model
 from tests.service import hostile
 from tests.service.support import QUANT_CFG, ROOT, Api, make_settings, open_api
 from tests.service.test_api import assert_problem
+from worker.runner import JobRunner
 
 HOST_PASSWD = Path("/etc/passwd").read_bytes()[:10]  # "root:x:0:0"
 OTHER_JOB_SECRET = b"OTHER-JOB-SECRET-5f1c9e"
@@ -119,6 +121,36 @@ def test_a_job_whose_model_reads_a_host_file_gets_none_of_it_back(service, asset
     assert code == 1 and error["type"] == "engine_error", (folder / "child.log").read_text()[-2000:]
     assert error["detail"].startswith("the model raised "), error
     assert secret.decode() not in error["detail"] and secret not in (folder / "child.log").read_bytes()
+
+
+def test_an_http_job_whose_model_reads_the_key_file_fails_without_the_secret(api, assets, tmp_path):
+    """End to end, on SQLite and PostgreSQL: a job submitted over HTTP, run by the worker's JobRunner
+    (the job folder of worker/inputs.py), whose model reads the key file; the job fails, and neither
+    its error nor its events nor its log artifact holds a byte of the key. (The model row is inserted
+    directly: in the sandbox, such a model does not even pass the upload check, whose graph capture
+    runs `from_file` too.)"""
+    key_file = api.settings.data_dir / "api-key"
+    if not key_file.exists():  # PostgreSQL: no embedded first start; the operator's key file stands in
+        key_file.write_text(api.client.headers["Authorization"].split()[1] + "\n")
+    secret = key_file.read_bytes()[:40]
+    model_path = hostile.save(hostile.Exfiltrate(str(key_file), len(secret)), tmp_path / "exfil.pt")
+    blob = api.client.app.state.store.put_file(model_path)
+    with api.client.app.state.sessions() as session:
+        model = Model(project_id=api.settings.project, name="exfil", input_shape=[1, 1, 28, 28], status="ready",
+                      layers={}, sha256=blob.sha256, size_bytes=blob.size_bytes, uri=blob.uri)
+        session.add(model)
+        session.commit()
+        model_id = model.id
+    ids = {"model_id": model_id, "config_id": api.upload_config(QUANT_CFG).json()["id"],
+           "dataset_id": api.upload_dataset((assets / "small.npz").read_bytes()).json()["id"]}
+    job_id = api.submit(kind="quant_retrain", **ids).json()["id"]
+    assert JobRunner(api.settings, owner="test-sandbox").run(job_id) == "failed"
+    job = api.client.get(f"/v1/jobs/{job_id}").json()
+    assert job["error"]["type"] == "engine_error" and job["error"]["detail"].startswith("the model raised"), job
+    events = api.client.get(f"/v1/jobs/{job_id}/events").text
+    log = next(a for a in api.client.get(f"/v1/jobs/{job_id}/artifacts").json()["items"] if a["kind"] == "log")
+    for text in (json.dumps(job), events, api.client.get(log["content_url"]).text):
+        assert secret.decode() not in text and secret[:8].decode() not in text
 
 
 # -- writing host files -------------------------------------------------------------------------------
@@ -265,3 +297,22 @@ def test_engine_errors_keep_their_own_words():
     with pytest.raises(DeviceUnavailable) as raised:
         _device("npu")
     assert describe(raised.value, "the job").startswith("DeviceUnavailable: device 'npu' needs torch_npu")
+
+
+def test_outputs_and_checkpoints_the_child_lists_are_stored_only_as_files_inside_its_folder(tmp_path):
+    """A link planted in the job folder (to the api-key, or a ckpt/ folder linked to the data dir) is
+    never uploaded as an artifact or a checkpoint (worker/records.py)."""
+    from worker.records import _inside, _regular_inside
+
+    secret = tmp_path / "api-key"
+    secret.write_text("amct_secret")
+    folder = tmp_path / "job"
+    (folder / "out").mkdir(parents=True)
+    (folder / "out" / "report.json").write_text("{}")
+    (folder / "out" / "stolen.json").symlink_to(secret)
+    (folder / "ckpt").symlink_to(tmp_path)
+    assert _inside(folder, str(folder / "out" / "report.json")) == (folder / "out" / "report.json").resolve()
+    for planted in (folder / "out" / "stolen.json", folder / "ckpt" / "api-key", folder / ".." / "api-key"):
+        assert not _regular_inside(folder, planted)
+        with pytest.raises(ValueError, match="not a file in its job folder"):
+            _inside(folder, str(planted))
