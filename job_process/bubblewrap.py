@@ -134,8 +134,9 @@ def wrap(inner: Sequence[str], workdir: Path, read_only: Iterable[Path] = (), *,
          writable: bool = True, packages: Iterable[str] = ()) -> Command:
     """bwrap argv running `inner` with `workdir` as its only writable folder and `read_only` files visible."""
     fds: list[int] = []
-    argv = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
-            "--cap-drop", "ALL", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_GID), "--hostname", "sandbox"]
+    argv = [bwrap, "--unshare-all", "--unshare-user", *_if_supported(bwrap, "--disable-userns"),
+            "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--uid", str(SANDBOX_UID),
+            "--gid", str(SANDBOX_GID), "--hostname", "sandbox"]
     argv += _system_mounts()
     for name, text in (("passwd", _PASSWD), ("group", _GROUP), ("hosts", _HOSTS)):
         fds.append(_data_fd(text.encode()))
@@ -157,6 +158,16 @@ def wrap(inner: Sequence[str], workdir: Path, read_only: Iterable[Path] = (), *,
         argv += ["--seccomp", str(fds[-1])]
     argv += ["--chdir", str(workdir), "--", *inner]
     return Command(argv, fds)
+
+
+@functools.cache
+def _if_supported(bwrap: str, flag: str) -> list[str]:
+    """[flag] when this bwrap knows it (--disable-userns: 0.8.0, Debian 12; seccomp denies unshare anyway)."""
+    try:
+        usage = subprocess.run([bwrap, "--help"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [flag] if flag in usage else []
 
 
 def _system_mounts() -> list[str]:

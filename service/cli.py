@@ -140,6 +140,7 @@ def compress(model: Annotated[Path, typer.Option(exists=True, dir_okay=False, he
              accept_uint8: Annotated[bool, typer.Option("--accept-uint8", help="use uint8 inputs as they are (for "
                                                         "a model that scales its input itself)")] = False) -> None:
     """Compress a model here, no server: the engine a worker runs, with a progress bar and a summary table."""
+    from job_process.bubblewrap import SandboxUnavailable
     from service.local_compress import LocalJobError
     from service.local_compress import compress as run_local
     from service.report_view import summary_table
@@ -154,6 +155,8 @@ def compress(model: Annotated[Path, typer.Option(exists=True, dir_okay=False, he
             result = run_local(model, cfg, data, kind.value, out, shape, params, device.value, on_message=show)
         except LocalJobError as e:
             raise fail(f"{e.type}: {e.detail}") from None
+        except SandboxUnavailable as e:  # the engine runs the model in bubblewrap here too (docs/security.md)
+            raise fail(str(e)) from None
         bar.update(bar.task_ids[0], completed=1.0, description="done")
     console.print(summary_table(result["report"], title=f"{kind.value}: {model.name} → {out}"))
     files = Table("artifact", "file", "bytes")
