@@ -200,7 +200,7 @@ def test_the_sandbox_has_no_network_no_host_files_and_no_credentials(service, tm
     paths = [p for p, _ in targets(service.settings).values() if p != "/etc/passwd"]
     with socket.create_server(("127.0.0.1", 0)) as listener:
         port = listener.getsockname()[1]
-        control = subprocess.run([sys.executable, "-m", "tests.service.sandbox_probe", str(port)], cwd=ROOT,
+        control = subprocess.run([sys.executable, "-m", "tests.service.sandbox_probe", str(port)], cwd=tmp_path,
                                  env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True)
         assert json.loads(control.stdout)["connect"] == "ok"  # the port answers outside the sandbox
         seen = _probe(service, folder, port, paths, monkeypatch)
