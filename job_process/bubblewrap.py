@@ -29,6 +29,7 @@ from pathlib import Path
 from job_process import seccomp
 
 log = logging.getLogger(__name__)
+ROOT = Path(__file__).resolve().parents[1]  # the repo: its packages are mounted one by one
 UNSAFE_ENV = "AMCT_UNSAFE_NO_SANDBOX"  # "1": run user models without bubblewrap (never on a shared host)
 BWRAP_ENV = "AMCT_BWRAP"  # the bwrap binary; default: `bwrap` on PATH
 SANDBOX_UID = SANDBOX_GID = 1000
@@ -185,8 +186,6 @@ def _system_mounts() -> list[str]:
 
 def _python_dirs(packages: Iterable[str]) -> list[str]:
     """The interpreter's install, the venv, and the repo's packages (never the repo root: `var/` lives there)."""
-    from job_process.sandbox import ROOT  # the repo; sandbox.py imports this module
-
     dirs = {os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix), sys.prefix,
             os.path.dirname(os.path.realpath(sys.executable))}
     dirs = {d for d in dirs if not d.startswith("/usr/")}

@@ -23,7 +23,7 @@ from pathlib import Path
 from job_process import bubblewrap
 from job_process.kinds import MODULES_ENV
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = bubblewrap.ROOT
 # Only these reach the child: no DATABASE_URL, BROKER_URL, AWS_* or tokens.
 _PASS_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
              "CUDA_VISIBLE_DEVICES", "ASCEND_RT_VISIBLE_DEVICES", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE",
