@@ -188,8 +188,9 @@ def _python_dirs(packages: Iterable[str]) -> list[str]:
     """The interpreter's install, the venv, and the repo's packages (never the repo root: `var/` lives there)."""
     dirs = {os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix), sys.prefix,
             os.path.dirname(os.path.realpath(sys.executable))}
-    dirs = {d for d in dirs if not d.startswith("/usr/")}
-    return sorted(dirs | {str(ROOT / p) for p in package_dirs(packages) if (ROOT / p).exists()})
+    dirs |= {str(ROOT / p) for p in package_dirs(packages) if (ROOT / p).exists()}
+    # /usr is mounted already; a folder inside another one in the list comes with it.
+    return sorted(d for d in dirs if not any(d.startswith(other + "/") for other in dirs | {"/usr"}))
 
 
 def package_dirs(modules: Iterable[str] = ()) -> set[str]:

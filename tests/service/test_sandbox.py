@@ -202,12 +202,14 @@ def test_the_sandbox_has_no_network_no_host_files_and_no_credentials(service, tm
         port = listener.getsockname()[1]
         control = subprocess.run([sys.executable, "-m", "tests.service.sandbox_probe", str(port)], cwd=tmp_path,
                                  env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True)
-        assert json.loads(control.stdout)["connect"] == "ok"  # the port answers outside the sandbox
+        unsandboxed = json.loads(control.stdout)
+        assert unsandboxed["connect"] == "ok" and unsandboxed["keyctl"] == "ok"  # what the sandbox takes away
         seen = _probe(service, folder, port, paths, monkeypatch)
     # Its own loopback only (nothing listens there), and no route anywhere else: an empty network namespace.
     assert seen["connect"] == "ConnectionRefusedError: errno 111", seen
     assert seen["connect_outside"] == "OSError: errno 101", seen  # ENETUNREACH
     assert seen["packet_socket"] != "ok" and seen["unshare"] != "ok"
+    assert seen["keyctl"] == "PermissionError: errno 1"  # EPERM from the seccomp filter (job_process/seccomp.py)
     assert all(result.startswith("FileNotFoundError") for result in seen["read"].values()), seen["read"]
     assert not any(os.path.exists(p + ".planted") for p in paths)
     assert seen["write_own_folder"] == "ok" and (folder / "own.planted").exists()
