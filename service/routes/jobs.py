@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Response
@@ -19,8 +19,18 @@ from service.db import jobstate
 from service.db.models import Artifact, Config, Dataset, Job, Model
 from service.deps import DispatcherDep, SessionDep, SettingsDep
 from service.problems import Problem
-from service.routes.common import get_or_404
-from service.schemas import ArtifactList, ArtifactOut, JobCreate, JobKind, JobOut, JobPage, JobStatus
+from service.routes.common import get_or_404, refuse_control_characters
+from service.schemas import (
+    ArtifactList,
+    ArtifactOut,
+    CleanStr,
+    JobCreate,
+    JobKind,
+    JobOut,
+    JobPage,
+    JobStatus,
+    control_character,
+)
 from service.settings import Settings
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -110,6 +120,8 @@ def check_quota(session: Session, project: str, settings: Settings) -> None:
 def submit_job(body: JobCreate, response: Response, session: SessionDep, settings: SettingsDep,
                dispatcher: DispatcherDep, caller: WriteCaller,
                idempotency_key: Annotated[str | None, Header(max_length=200)] = None) -> JobOut:
+    if idempotency_key is not None:
+        refuse_control_characters(idempotency_key, "Idempotency-Key")
     digest = request_hash(body)
     # A replay answers with the job it already made, whatever the quota says now.
     if idempotency_key and (job := _replay(session, caller.project, idempotency_key, digest)):
@@ -146,11 +158,21 @@ def encode_cursor(job: Job) -> str:
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
+# Every job was created inside this range: a cursor outside it is not one this API returned, and its
+# timestamp may not even fit the database's (year 9999 with a negative offset is year 10000 in UTC).
+CURSOR_RANGE = (datetime(1970, 1, 1, tzinfo=UTC), datetime(3000, 1, 1, tzinfo=UTC))
+
+
 def decode_cursor(cursor: str) -> tuple[datetime, str]:
     try:
         created, id_ = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
-        return datetime.fromisoformat(created), str(id_)
-    except (ValueError, TypeError):
+        stamp = datetime.fromisoformat(created)
+        stamp = (stamp if stamp.tzinfo else stamp.replace(tzinfo=UTC)).astimezone(UTC)
+        if not (CURSOR_RANGE[0] <= stamp < CURSOR_RANGE[1] and isinstance(id_, str)
+                and control_character(id_) is None):
+            raise ValueError(created)
+        return stamp, id_
+    except (ValueError, TypeError, OverflowError):
         raise Problem(422, "cursor is not one this API returned", field="cursor") from None
 
 
@@ -177,13 +199,13 @@ def list_jobs(session: SessionDep, caller: ReadCaller,
 
 
 @router.get("/{job_id}", response_model=JobOut)
-def get_job(job_id: str, session: SessionDep, caller: ReadCaller) -> JobOut:
+def get_job(job_id: CleanStr, session: SessionDep, caller: ReadCaller) -> JobOut:
     return job_out(get_or_404(session, Job, job_id, caller.project, "job"))
 
 
 @router.post("/{job_id}/cancel", status_code=202, response_model=JobOut,
              responses={409: {"description": "the job already finished"}})
-def cancel_job(job_id: str, session: SessionDep, caller: WriteCaller) -> JobOut:
+def cancel_job(job_id: CleanStr, session: SessionDep, caller: WriteCaller) -> JobOut:
     """Queued jobs are cancelled at once; a running job's worker stops it within a heartbeat."""
     job = get_or_404(session, Job, job_id, caller.project, "job")
     if job.status in jobstate.TERMINAL:
@@ -195,7 +217,7 @@ def cancel_job(job_id: str, session: SessionDep, caller: WriteCaller) -> JobOut:
 
 
 @router.get("/{job_id}/artifacts", response_model=ArtifactList)
-def list_artifacts(job_id: str, session: SessionDep, caller: ReadCaller) -> ArtifactList:
+def list_artifacts(job_id: CleanStr, session: SessionDep, caller: ReadCaller) -> ArtifactList:
     get_or_404(session, Job, job_id, caller.project, "job")
     rows = session.scalars(select(Artifact).where(Artifact.job_id == job_id).order_by(Artifact.kind)).all()
     return ArtifactList(items=[artifact_out(a) for a in rows])
