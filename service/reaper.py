@@ -13,7 +13,9 @@ is jobstate's rule (`recover_lost_job`); this module finds the jobs and talks to
 
 from __future__ import annotations
 
+import shutil
 from datetime import timedelta
+from pathlib import Path
 
 from sqlalchemy import func, select, update
 
@@ -37,10 +39,38 @@ def reap_once(settings: Settings, dispatcher: Dispatcher) -> dict:
             elif outcome == jobstate.CANCELLED:
                 cancelled.append(job_id)
         resent = _stale_queued(session, settings.requeue_after_s, dispatcher)
+        removed = _remove_dead_folders(session, settings.tmp_dir)
     for job_id, queue in requeued + resent:  # after the commit, as at submit
         dispatcher.enqueue(job_id, queue)
     return {"requeued": [j for j, _ in requeued], "failed": failed, "cancelled": cancelled,
-            "resent": [j for j, _ in resent]}
+            "resent": [j for j, _ in resent], "folders_removed": removed}
+
+
+JOB_FOLDER_PREFIX = "job-"  # worker/runner.py names each attempt's folder job-<job id>-<random>
+
+
+def job_folders(scratch: Path, job_id: str | None = None) -> list[Path]:
+    """The attempt folders under `scratch`, of one job or of all."""
+    pattern = f"{JOB_FOLDER_PREFIX}{job_id}-*" if job_id else f"{JOB_FOLDER_PREFIX}*-*"
+    return [p for p in scratch.glob(pattern) if p.is_dir()] if scratch.is_dir() else []
+
+
+def _remove_dead_folders(session, scratch: Path) -> int:
+    """Remove the folders of attempts whose worker died (a SIGKILL skips the runner's clean-up).
+
+    Only a running job has a live attempt: a folder of a job that is queued (requeued after a crash),
+    finished, or gone belongs to a dead one. Its checkpoints are in the store already (uploaded as
+    they were announced), so nothing the next attempt needs is lost. ~6 MB each for a small CNN.
+    """
+    folders = {p: p.name[len(JOB_FOLDER_PREFIX):].rsplit("-", 1)[0] for p in job_folders(scratch)}
+    if not folders:
+        return 0
+    running = set(session.scalars(select(Job.id).where(Job.id.in_(set(folders.values())),
+                                                       Job.status == jobstate.RUNNING)))
+    dead = [p for p, job_id in folders.items() if job_id not in running]
+    for folder in dead:
+        shutil.rmtree(folder, ignore_errors=True)
+    return len(dead)
 
 
 def _stale_queued(session, after_s: float, dispatcher: Dispatcher) -> list[tuple[str, str]]:
