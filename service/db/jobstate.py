@@ -176,6 +176,15 @@ def expired_running_jobs(session: Session, now: datetime | None = None) -> list[
     return [r[0] for r in rows]
 
 
+def expire_leases(session: Session, owner_prefix: str) -> list[str]:
+    """End now the leases of the running jobs whose owner starts with `owner_prefix`: a worker known to
+    be dead (service/embedded_worker.py). The reaper then treats them as any lost job."""
+    rows = session.execute(
+        update(Job).where(Job.status == RUNNING, Job.lease_owner.startswith(owner_prefix, autoescape=True))
+        .values(lease_expires_at=utcnow() - timedelta(seconds=1)).returning(Job.id)).all()
+    return [r[0] for r in rows]
+
+
 def recover_lost_job(session: Session, job_id: str) -> str | None:
     """A running job whose lease expired (its worker is gone): the state it moves to, None if it moved on.
 
@@ -226,7 +235,7 @@ def cancelling(session: Session, job_id: str) -> bool:
 
 __all__ = [
     "CANCELLED", "FAILED", "QUEUED", "RUNNING", "STATES", "SUCCEEDED", "TERMINAL", "TRANSITIONS",
-    "IllegalTransition", "Lease", "add_event", "attempts_exhausted", "cancelling", "claim_job",
+    "IllegalTransition", "Lease", "add_event", "attempts_exhausted", "cancelling", "claim_job", "expire_leases",
     "expired_running_jobs", "give_up_if_exhausted", "recover_lost_job", "renew_lease", "request_cancel",
     "requeue_crashed",
     "transition",

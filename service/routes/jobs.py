@@ -14,6 +14,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from job_process.kinds import JOB_KINDS
+from service import workers
 from service.auth import ReadCaller, WriteCaller
 from service.db import jobstate
 from service.db.models import Artifact, Config, Dataset, Job, Model, Project
@@ -123,6 +124,8 @@ def check_quota(session: Session, project: str, settings: Settings) -> None:
 
 @router.post("", status_code=202, response_model=JobOut,
              responses={404: {"description": "model, config or dataset not found"},
+                        409: {"description": "no live worker serves the job's device; `served_devices` lists those "
+                                             "that are served"},
                         422: {"description": "invalid parameters, or an Idempotency-Key reused with another body"},
                         429: {"description": "the project's queued + running jobs are at the quota",
                               "headers": {"Retry-After": {"description": "seconds to wait before submitting again",
@@ -139,6 +142,9 @@ def submit_job(body: JobCreate, response: Response, session: SessionDep, setting
         response.headers["Idempotent-Replayed"] = "true"
         return job_out(job)
     check_inputs(session, body, caller.project)
+    if (served := workers.unserved(session, body.device, settings)) is not None:
+        raise Problem(409, workers.unserved_message(body.device, served), type_="/problems/device-not-served",
+                      field="device", served_devices=served)
     lock_project(session, caller.project)
     check_quota(session, caller.project, settings)
     params = body.model_dump(include={"epochs", "batch_size", "lr", "eval_fraction", "seed", "deploy_format"})
