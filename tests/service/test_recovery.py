@@ -197,7 +197,7 @@ def test_a_killed_engine_child_is_retried_from_its_checkpoint(runner_env):
     """kill -9 of the engine process mid-training (not of its worker): the job is requeued as another
     attempt, which the same worker runs at once from the checkpoint, and succeeds (issue 16)."""
     api, ids = runner_env
-    job_id = api.submit(kind="quant_retrain", epochs=3, batch_size=8, lr=5e-4, **ids).json()["id"]
+    job_id = api.submit(kind="quant_retrain", epochs=2, batch_size=16, lr=5e-4, **ids).json()["id"]
     thread, outcome = _run_in_thread(api.settings.model_copy(update={"checkpoint_every_steps": 0}), job_id)
     checkpoint = wait_until(lambda: next((e for e in job_events(api, job_id) if e["type"] == "checkpoint"), None),
                             120, interval=0.05, what="the checkpoint of epoch 1")
