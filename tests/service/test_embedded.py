@@ -6,15 +6,12 @@ local store, all under --data-dir.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import httpx
 import numpy as np
@@ -22,11 +19,16 @@ import onnxruntime as ort
 import pytest
 
 from job_process.sandbox import stop_group
+from tests.service.crash_scenario import (
+    FAST_RECOVERY_ENV,
+    WIRING,
+    EmbeddedServer,
+    kill_embedded_worker_and_resume,
+    trial_summary,
+)
 from tests.service.support import QUANT_CFG, ROOT, wait_until
 
 pytestmark = pytest.mark.slow
-WIRING = ("DATABASE_URL", "BROKER_URL", "ARTIFACT_STORE", "AMCT_DATABASE_URL", "AMCT_BROKER_URL",
-          "AMCT_ARTIFACT_STORE")
 
 
 def _free_port() -> int:
@@ -37,16 +39,9 @@ def _free_port() -> int:
 
 @pytest.fixture
 def server(tmp_path):
-    with serve(tmp_path) as (client, data_dir, _proc):
-        yield client, data_dir
-
-
-@contextlib.contextmanager
-def serve(tmp_path, **extra_env):
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if k not in WIRING}
-    env.update({"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "2", "AMCT_HEARTBEAT_S": "1",
-                "AMCT_BROKER_POLL_S": "0.05", **extra_env})
+    env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="2", AMCT_HEARTBEAT_S="1", AMCT_BROKER_POLL_S="0.05")
     log = open(tmp_path / "serve.log", "wb")  # noqa: SIM115 - the server's whole life
     proc = subprocess.Popen([sys.executable, "-m", "service", "serve", "--port", str(port),
                              "--data-dir", str(tmp_path / "data")], cwd=ROOT, env=env, stdout=log,
@@ -64,7 +59,7 @@ def serve(tmp_path, **extra_env):
         wait_until(up, 90, interval=0.2, what="the server answers /readyz")
         # The first start wrote the local admin key for local clients (mode 0600).
         client.headers["Authorization"] = f"Bearer {(tmp_path / 'data' / 'api-key').read_text().strip()}"
-        yield client, tmp_path / "data", proc
+        yield client, tmp_path / "data"
     finally:
         client.close()
         stop_group(proc, 30)
@@ -110,72 +105,18 @@ def test_embedded_serve_runs_a_quant_job_end_to_end(server, assets):
 
 # -- the embedded worker killed --------------------------------------------------------------------
 
-def _processes() -> dict[int, tuple[int, int, bytes]]:
-    """pid -> (parent pid, process group, command line) of every process now."""
-    found = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-                found[int(entry)] = (int(stat[1]), int(stat[2]), Path(f"/proc/{entry}/cmdline").read_bytes())
-            except (OSError, IndexError):
-                continue
-    return found
-
-
-def _worker_of(server_pid: int) -> int | None:
-    return next((pid for pid, (ppid, _, cmd) in _processes().items() if ppid == server_pid and b"celery" in cmd),
-                None)
-
-
-def _job_events(data_dir, job_id: str) -> list[dict]:
-    from sqlalchemy import create_engine, text
-
-    engine = create_engine(f"sqlite:///{data_dir / 'amct.db'}")
-    try:
-        with engine.connect() as conn:
-            rows = conn.execute(text("SELECT type, payload FROM job_events WHERE job_id = :j ORDER BY seq"),
-                                {"j": job_id}).all()
-    finally:
-        engine.dispose()
-    return [{"type": t, **(json.loads(p) if isinstance(p, str) else p)} for t, p in rows]
-
-
-FAST = {"AMCT_LEASE_S": "3", "AMCT_HEARTBEAT_S": "0.5", "AMCT_REAP_INTERVAL_S": "1", "AMCT_REQUEUE_AFTER_S": "3",
-        "AMCT_CHECKPOINT_EVERY_STEPS": "0"}
-
-
 def test_a_killed_embedded_worker_is_restarted_and_its_job_resumes(tmp_path, assets):
     """kill -9 of `amct serve`'s worker mid-training: its pool and beat go with it, a new worker starts,
     and the job resumes from its checkpoint there and succeeds (issue 16: it stayed queued for good)."""
-    with serve(tmp_path, **FAST) as (client, data_dir, proc):
-        with open(assets / "cnn.pt", "rb") as f:
-            model = client.post("/v1/models", files={"file": ("cnn.pt", f)},
-                                data={"name": "cnn", "input_shape": "1,1,28,28"}).json()
-        config = client.post("/v1/configs", files={"file": ("q.cfg", QUANT_CFG)}, data={"kind": "retrain"}).json()
-        dataset = client.post("/v1/datasets", files={"file": ("d.npz", (assets / "small.npz").read_bytes())}).json()
-        job_id = client.post("/v1/jobs", json={"kind": "quant_retrain", "model_id": model["id"],
-                                               "config_id": config["id"], "dataset_id": dataset["id"],
-                                               "epochs": 2, "batch_size": 16, "lr": 5e-4}).json()["id"]
-        wait_until(lambda: any(e["type"] == "checkpoint" for e in _job_events(data_dir, job_id)), 180,
-                   interval=0.1, what="the checkpoint of epoch 1")
-        worker = _worker_of(proc.pid)
-        group = [pid for pid, (_, pgid, _) in _processes().items() if pgid == worker]
-        assert worker is not None and len(group) >= 3  # the worker, its pool process, its beat
-        os.kill(worker, signal.SIGKILL)
-        killed_at = time.monotonic()
-        # Nothing of the old worker is left (no second beat after the restart), and a new one runs.
-        wait_until(lambda: not set(group) & set(_processes()), 15, interval=0.1, what="the old worker's group gone")
-        wait_until(lambda: (w := _worker_of(proc.pid)) is not None and w != worker, 30, interval=0.1,
-                   what="a new worker")
-        job = wait_until(lambda: (j := client.get(f"/v1/jobs/{job_id}").json())["status"]
-                         in ("succeeded", "failed", "cancelled") and j, 240, interval=0.2, what="the job finished")
-        events = _job_events(data_dir, job_id)
-        assert job["status"] == "succeeded", (job, (tmp_path / "serve.log").read_text()[-3000:])
+    with EmbeddedServer(tmp_path, **FAST_RECOVERY_ENV) as server:
+        ids = server.upload(assets)
+        trial = kill_embedded_worker_and_resume(server, ids)
+        job, events = trial.job, trial.events
+        assert job["status"] == "succeeded", (job, server.log_tail())
+        assert trial.old_worker_group and trial.orphans == []  # the worker, its pool and beat: all gone
         assert job["attempt"] == 2 and job["metrics"]["resumed_from"]["epoch"] >= 1
         states = [e["status"] for e in events if e["type"] == "state"]
         assert states == ["queued", "running", "queued", "running", "succeeded"], states
-        resumed = next(e for e in events if e["type"] == "resumed")
-        assert resumed["epoch"] >= 1
-        assert time.monotonic() - killed_at < 240
-        assert list((data_dir / "tmp").glob(f"job-{job_id}-*")) == []
+        summary = trial_summary(trial)
+        assert summary == {"succeeded": True, "resumed": True, "ran_twice": False, "left_queued": False}, summary
+        assert list((server.data_dir / "tmp").glob(f"job-{job['id']}-*")) == []
