@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import subprocess
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -62,11 +61,26 @@ def worker_command(settings: Settings, devices: list[str], beat: bool, concurren
     return cmd
 
 
-def start_worker(settings: Settings, devices: list[str], beat: bool) -> subprocess.Popen:
+def local_devices() -> list[str]:
+    """The devices this machine has, for the embedded worker: cpu, and cuda / npu when their device files
+    exist (without importing torch: the server never does). A worker that claimed a device the machine
+    lacks would take its jobs only to fail them; unserved, they are refused at submit (service/workers.py)."""
+    found = ["cpu"]
+    if Path("/dev/nvidia0").exists() or Path("/dev/nvidiactl").exists():
+        found.append("cuda")
+    if any(Path("/dev").glob("davinci[0-9]*")):
+        found.append("npu")
+    return [d for d in DEVICES if d in found]
+
+
+def start_worker(settings: Settings, devices: list[str], beat: bool):
+    """The embedded worker, watched and restarted by a thread of this process (service/embedded_worker.py)."""
+    from service.embedded_worker import EmbeddedWorker
+
     env = dict(os.environ, AMCT_DATA_DIR=str(settings.data_dir.resolve()),
                PYTHONPATH=os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[1]),
                                                          os.environ.get("PYTHONPATH")])))
-    return subprocess.Popen(worker_command(settings, devices, beat), env=env)
+    return EmbeddedWorker(settings, worker_command(settings, devices, beat), env).start()
 
 
 @app.command()
@@ -88,7 +102,7 @@ def serve(host: str = "127.0.0.1", port: int = 8000,
     local_servers.remember(f"http://{host}:{port}", settings.data_dir)
     # Migrate before the worker starts, so neither races the other on an empty database.
     migrate.upgrade(settings.resolved_database_url)
-    worker = None if no_worker else start_worker(settings, list(DEVICES), beat=True)
+    worker = None if no_worker else start_worker(settings, local_devices(), beat=True)
     # uvicorn shuts down on SIGTERM, then re-raises it to the handler it found: with the default one the
     # process would die there, before the `finally` below stops the worker. Exit normally instead.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
@@ -96,11 +110,7 @@ def serve(host: str = "127.0.0.1", port: int = 8000,
         uvicorn.run(create_app(settings, run_migrations=False), host=host, port=port, log_level="info")
     finally:
         if worker is not None:
-            worker.send_signal(signal.SIGTERM)
-            try:
-                worker.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                worker.kill()
+            worker.stop(grace_s=30)
 
 
 @app.command()

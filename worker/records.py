@@ -103,6 +103,12 @@ class JobRecords:
         values = {"error_type": error_type, "error_detail": detail[:4000], "phase": None}
         self.finish(jobstate.FAILED, values, {"error": {"type": error_type, "detail": detail[:500]}}, artifacts)
 
+    def crashed(self, detail: str) -> str:
+        """The engine process died of a signal: queued for another attempt (or failed after the last);
+        returns the state, or `lost` when the job is no longer ours."""
+        with self.sessions.begin() as session:
+            return jobstate.requeue_crashed(session, self.job_id, self.owner, detail) or "lost"
+
     def cancelled(self, **event) -> None:
         self.finish(jobstate.CANCELLED, {"phase": None}, {"reason": "cancel requested", **event})
 

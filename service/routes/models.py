@@ -21,7 +21,7 @@ from service.db.models import Model
 from service.deps import SessionDep, SettingsDep, StoreDep
 from service.problems import Problem
 from service.routes.common import NAME_FIELD, UPLOAD_ERRORS, get_or_404, multipart, require_name
-from service.schemas import ModelOut
+from service.schemas import CleanStr, ModelOut
 from service.settings import Settings
 from service.uploads import Upload, receive_upload
 from service.zipcheck import check_zip
@@ -139,5 +139,5 @@ _STAGE_VERB = {"load": "load as TorchScript", "forward": "run on input_shape", "
 
 
 @router.get("/{model_id}", response_model=ModelOut)
-def get_model(model_id: str, session: SessionDep, caller: ReadCaller) -> Model:
+def get_model(model_id: CleanStr, session: SessionDep, caller: ReadCaller) -> Model:
     return get_or_404(session, Model, model_id, caller.project, "model")
