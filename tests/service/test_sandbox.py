@@ -42,7 +42,7 @@ def service(tmp_path_factory):
     folder of another job, with a secret in it, next to where this test's checks and jobs run."""
     settings = make_settings(tmp_path_factory.mktemp("sandboxed"))
     with open_api(settings) as client:
-        other = settings.tmp_dir / "job-other-attempt"
+        other = settings.tmp_dir / "other-attempt"
         other.mkdir(parents=True)
         (other / "model.pt").write_bytes(OTHER_JOB_SECRET)
         yield Api(client, settings)
@@ -55,7 +55,7 @@ def targets(settings) -> dict[str, tuple[str, bytes]]:
     assert key.startswith(b"amct_") and database.read_bytes()[:15] == b"SQLite format 3"
     return {"passwd": ("/etc/passwd", HOST_PASSWD), "api_key": (str(settings.data_dir / "api-key"), key),
             "database": (str(database), b"SQLite format 3"),
-            "other_job": (str(settings.tmp_dir / "job-other-attempt" / "model.pt"), OTHER_JOB_SECRET)}
+            "other_job": (str(settings.tmp_dir / "other-attempt" / "model.pt"), OTHER_JOB_SECRET)}
 
 
 def steals_without_the_sandbox(model_path, secret: bytes) -> None:
@@ -67,7 +67,7 @@ def steals_without_the_sandbox(model_path, secret: bytes) -> None:
 
 def job_folder(settings, name: str, model_path, assets):
     """A job folder as worker/inputs.py lays it out: every input inside it."""
-    folder = settings.tmp_dir / f"job-{name}"
+    folder = settings.tmp_dir / f"attempt-{name}"  # not job-*: the reaper removes those of jobs not running
     folder.mkdir(parents=True)
     shutil.copy(model_path, folder / "model.pt")
     (folder / "job.cfg").write_bytes(QUANT_CFG)
