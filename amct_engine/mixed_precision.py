@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
@@ -72,11 +72,12 @@ class MixedPrecisionResult:
     files: dict[str, str] = field(default_factory=dict)
     file_bytes: dict[str, int] = field(default_factory=dict)  # deploy file sizes, ours and all-INT8's
     steps: list[dict] = field(default_factory=list)
+    model: nn.Module | None = field(default=None, repr=False)  # the final PTQ calibration model
 
     def to_json(self) -> dict:
-        data = asdict(self)
-        data["searched"], data["deployed"] = asdict(self.searched), asdict(self.deployed)
-        data["int8_deployed"] = asdict(self.int8_deployed)
+        data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "model"}
+        for name in ("searched", "deployed", "int8_deployed"):
+            data[name] = asdict(data[name])
         return data
 
 
@@ -107,8 +108,9 @@ def ort_outputs(path: str, inputs) -> torch.Tensor:
     return torch.from_numpy(np.concatenate(parts)).float()
 
 
-def run_cfg(model, input_data, calibration_data, cfg_file, workdir, name: str) -> dict[str, str]:
-    """PTQ with `cfg_file` (create_quant_config -> quantize_model -> batches -> save_model), two deploy formats."""
+def run_cfg(model, input_data, calibration_data, cfg_file, workdir, name: str) -> tuple[dict[str, str], nn.Module]:
+    """PTQ with `cfg_file` (create_quant_config -> quantize_model -> batches -> save_model) in two deploy
+    formats; returns the files and the calibration model."""
     from amct_engine.ptq import create_quant_config, quantize_model, save_model
 
     folder = Path(workdir)
@@ -124,7 +126,7 @@ def run_cfg(model, input_data, calibration_data, cfg_file, workdir, name: str) -
     paths = save_model(str(onnx_file), str(record), str(folder / name), model=calibration)
     paths["ascend_deploy"] = save_model(str(onnx_file), str(record), str(folder / f"{name}_ascend"),
                                         model=calibration, deploy_format="ascend")["deploy"]
-    return paths
+    return paths, calibration
 
 
 def auto_mixed_precision(
@@ -189,11 +191,11 @@ def auto_mixed_precision(
     batch_num = len(calibration_data)
     int8_cfg = Path(workdir, "all_int8.cfg")
     int8_cfg.write_text(calibration_cfg_text({n: "INT8" for n in types}, batch_num))
-    int8_files = run_cfg(model, input_data, calibration_data, int8_cfg, workdir, "int8")
+    int8_files, _ = run_cfg(model, input_data, calibration_data, int8_cfg, workdir, "int8")
     int8_dev = deviation(ort_outputs(int8_files["deploy"], eval_data), reference, eval_labels)
     while True:
         cfg_file.write_text(calibration_cfg_text(choice, batch_num))
-        files = run_cfg(model, input_data, calibration_data, cfg_file, workdir, "mixed")
+        files, calibration = run_cfg(model, input_data, calibration_data, cfg_file, workdir, "mixed")
         deployed = deviation(ort_outputs(files["deploy"], eval_data), reference, eval_labels)
         if budget.met(deployed) or not accepted:
             break
@@ -205,4 +207,4 @@ def auto_mixed_precision(
     return MixedPrecisionResult(
         precisions=choice, weight_bytes=size(choice), int8_weight_bytes=size({n: "INT8" for n in types}),
         searched=dev, deployed=deployed, int8_deployed=int8_dev, cfg_file=str(cfg_file), files=files,
-        file_bytes={k: os.path.getsize(v) for k, v in sizes.items()}, steps=steps)
+        file_bytes={k: os.path.getsize(v) for k, v in sizes.items()}, steps=steps, model=calibration)

@@ -81,5 +81,5 @@ def test_mixed_precision_cfg_reproduces_its_deploy_result(tmp_path, fashion_fp32
     specs = resolve_ptq_layers(doc.message, {"conv1": "Conv2d", "conv2": "Conv2d", "fc": "Linear"})
     assert {n: ("INT4" if s.wts_bits == 4 else "INT8") for n, s in specs.items()} == result.precisions
     # ... and PTQ fed with it gives the same deploy outputs.
-    files = run_cfg(fashion_fp32, example, calibration, result.cfg_file, tmp_path / "again", "again")
+    files, _ = run_cfg(fashion_fp32, example, calibration, result.cfg_file, tmp_path / "again", "again")
     assert torch.equal(ort_outputs(files["deploy"], x_eval), ort_outputs(result.files["deploy"], x_eval))

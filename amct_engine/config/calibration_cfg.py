@@ -126,6 +126,32 @@ def _duplicate_errors(doc: CfgDocument) -> Iterator[ConfigError]:
             seen.add(value)
 
 
+def _search_errors(doc: CfgDocument) -> Iterator[ConfigError]:
+    search = doc.message.search_config
+    if search.HasField("max_top1_drop") and search.max_top1_drop < 0:
+        yield doc.error("search_config.max_top1_drop", "max_top1_drop must be >= 0 (accuracy points)")
+    if search.HasField("min_cosine") and not -1 <= search.min_cosine <= 1:
+        yield doc.error("search_config.min_cosine", "min_cosine must lie in [-1, 1]")
+    for i, ratio in enumerate(search.prune_ratios):
+        if not 0 < ratio < 1:
+            yield doc.error(f"search_config.prune_ratios[{i}]", f"a prune ratio must lie in (0, 1), got {ratio:g}")
+
+
+def search_settings(msg, labelled: bool) -> dict:
+    """The search_config extension as engine arguments, with the defaults of docs/spec/engine.md §2.5."""
+    search = msg.search_config
+    names = {calibration_pb2.INT4: "INT4", calibration_pb2.INT8: "INT8", calibration_pb2.INT16: "INT16"}
+    budget = {}
+    if search.HasField("max_top1_drop"):
+        budget["max_top1_drop"] = search.max_top1_drop
+    if search.HasField("min_cosine"):
+        budget["min_cosine"] = search.min_cosine
+    if not budget:
+        budget = {"max_top1_drop": 0.5} if labelled else {"min_cosine": 0.99}
+    return {"budget": budget, "prune_ratios": [round(r, 6) for r in search.prune_ratios],
+            "precisions": [names[p] for p in search.precisions], "keep_float": search.keep_float}
+
+
 def check_calibration_cfg(doc: CfgDocument) -> None:
     """The checks the schema cannot express; the first error found in file order is raised."""
     msg = doc.message
@@ -135,6 +161,7 @@ def check_calibration_cfg(doc: CfgDocument) -> None:
     for path, config in _scopes(msg):
         errors.extend(_scope_errors(doc, path, config))
     errors.extend(_duplicate_errors(doc))
+    errors.extend(_search_errors(doc))
     if errors:
         errors.sort(key=lambda e: (e.line or 0, e.column or 0))
         raise errors[0]

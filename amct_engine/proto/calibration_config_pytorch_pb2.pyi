@@ -17,7 +17,7 @@ INT8: DataType
 INT16: DataType
 
 class AMCTConfig(_message.Message):
-    __slots__ = ("batch_num", "activation_offset", "skip_layers", "skip_layer_types", "do_fusion", "skip_fusion_layers", "common_config", "override_layer_configs", "override_layer_types")
+    __slots__ = ("batch_num", "activation_offset", "skip_layers", "skip_layer_types", "do_fusion", "skip_fusion_layers", "common_config", "override_layer_configs", "override_layer_types", "search_config")
     BATCH_NUM_FIELD_NUMBER: _ClassVar[int]
     ACTIVATION_OFFSET_FIELD_NUMBER: _ClassVar[int]
     SKIP_LAYERS_FIELD_NUMBER: _ClassVar[int]
@@ -27,6 +27,7 @@ class AMCTConfig(_message.Message):
     COMMON_CONFIG_FIELD_NUMBER: _ClassVar[int]
     OVERRIDE_LAYER_CONFIGS_FIELD_NUMBER: _ClassVar[int]
     OVERRIDE_LAYER_TYPES_FIELD_NUMBER: _ClassVar[int]
+    SEARCH_CONFIG_FIELD_NUMBER: _ClassVar[int]
     batch_num: int
     activation_offset: bool
     skip_layers: _containers.RepeatedScalarFieldContainer[str]
@@ -36,7 +37,22 @@ class AMCTConfig(_message.Message):
     common_config: CalibrationConfig
     override_layer_configs: _containers.RepeatedCompositeFieldContainer[OverrideLayer]
     override_layer_types: _containers.RepeatedCompositeFieldContainer[OverrideLayerType]
-    def __init__(self, batch_num: _Optional[int] = ..., activation_offset: _Optional[bool] = ..., skip_layers: _Optional[_Iterable[str]] = ..., skip_layer_types: _Optional[_Iterable[str]] = ..., do_fusion: _Optional[bool] = ..., skip_fusion_layers: _Optional[_Iterable[str]] = ..., common_config: _Optional[_Union[CalibrationConfig, _Mapping]] = ..., override_layer_configs: _Optional[_Iterable[_Union[OverrideLayer, _Mapping]]] = ..., override_layer_types: _Optional[_Iterable[_Union[OverrideLayerType, _Mapping]]] = ...) -> None: ...
+    search_config: SearchConfig
+    def __init__(self, batch_num: _Optional[int] = ..., activation_offset: _Optional[bool] = ..., skip_layers: _Optional[_Iterable[str]] = ..., skip_layer_types: _Optional[_Iterable[str]] = ..., do_fusion: _Optional[bool] = ..., skip_fusion_layers: _Optional[_Iterable[str]] = ..., common_config: _Optional[_Union[CalibrationConfig, _Mapping]] = ..., override_layer_configs: _Optional[_Iterable[_Union[OverrideLayer, _Mapping]]] = ..., override_layer_types: _Optional[_Iterable[_Union[OverrideLayerType, _Mapping]]] = ..., search_config: _Optional[_Union[SearchConfig, _Mapping]] = ...) -> None: ...
+
+class SearchConfig(_message.Message):
+    __slots__ = ("max_top1_drop", "min_cosine", "prune_ratios", "precisions", "keep_float")
+    MAX_TOP1_DROP_FIELD_NUMBER: _ClassVar[int]
+    MIN_COSINE_FIELD_NUMBER: _ClassVar[int]
+    PRUNE_RATIOS_FIELD_NUMBER: _ClassVar[int]
+    PRECISIONS_FIELD_NUMBER: _ClassVar[int]
+    KEEP_FLOAT_FIELD_NUMBER: _ClassVar[int]
+    max_top1_drop: float
+    min_cosine: float
+    prune_ratios: _containers.RepeatedScalarFieldContainer[float]
+    precisions: _containers.RepeatedScalarFieldContainer[DataType]
+    keep_float: bool
+    def __init__(self, max_top1_drop: _Optional[float] = ..., min_cosine: _Optional[float] = ..., prune_ratios: _Optional[_Iterable[float]] = ..., precisions: _Optional[_Iterable[_Union[DataType, str]]] = ..., keep_float: _Optional[bool] = ...) -> None: ...
 
 class CalibrationConfig(_message.Message):
     __slots__ = ("ifmr_quantize", "hfmg_quantize", "arq_quantize")
