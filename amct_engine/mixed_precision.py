@@ -8,7 +8,7 @@ that the deploy model's weight bytes are smallest while the budget holds:
    step (INT16, then float);
 2. then, cheapest damage per saved byte first (from each layer's INT4 sensitivity), a layer goes
    down to INT4 when the whole mixed model still meets the budget;
-3. the choice is written as an ordinary calibration ``.cfg`` (§2.5: overrides for INT4 / INT16
+3. the choice is written as an ordinary calibration ``.cfg`` (docs/spec/engine.md §2.5: overrides for INT4 / INT16
    layers, skip_layers for float ones), run through PTQ and saved, and the deploy ONNX itself is
    measured with onnxruntime; if it misses the budget, the last INT4 step is undone and the cfg
    checked again.
@@ -82,7 +82,7 @@ class MixedPrecisionResult:
 
 
 def calibration_cfg_text(precisions: dict[str, str], batch_num: int) -> str:
-    """The calibration .cfg (§2.5) of a per-layer choice: INT8 common, overrides, skip_layers."""
+    """The calibration .cfg (docs/spec/engine.md §2.5) of a per-layer choice: INT8 common, overrides, skip_layers."""
     common = "common_config { ifmr_quantize { dst_type: INT8 } arq_quantize { quant_bits: 8 } }"
     lines = [f"batch_num: {batch_num}", common]
     lines += [f'skip_layers: "{name}"' for name, p in precisions.items() if p == "FP32"]

@@ -1,6 +1,6 @@
 """Post-training quantisation API with AMCT's names (docs/spec/engine.md §1.6).
 
-    create_quant_config(config_file, model, input_data, ...)        -> the PTQ JSON (§3.3)
+    create_quant_config(config_file, model, input_data, ...)        -> the PTQ JSON (docs/spec/engine.md §3.3)
     quantize_model(config_file, modfied_onnx_file, record_file, model, input_data, ...)
                                                                    -> the calibration model
     (the user runs batch_num forward batches; each layer writes its record entry once calibrated)
@@ -34,7 +34,7 @@ from amct_engine.quant.retrain_layer import out_channels, qat_layer_class
 from amct_engine.record import RecordFile
 
 PTQ_ATTR = "_amct_ptq"
-# modfied_onnx_file -> its calibration model: AMCT's save_model takes only file names (§1.6).
+# modfied_onnx_file -> its calibration model: AMCT's save_model takes only file names (docs/spec/engine.md §1.6).
 _CALIBRATION_MODELS: dict[str, weakref.ref] = {}
 
 

@@ -1,7 +1,7 @@
 """Per-layer sensitivity analysis (docs/spec/engine.md §4.11): which layers hurt when quantised or pruned.
 
 From the PTQ-calibrated model, one layer at a time is put at INT8 or INT4 (A8W4), or one channel
-group loses a share of its channels (BCP's choice, §4.4, masked: the producers' rows and biases
+group loses a share of its channels (BCP's choice, docs/spec/engine.md §4.4, masked: the producers' rows and biases
 zeroed, which is what removing them gives when the activation keeps 0 at 0), everything else
 stays float; the output on held-out data is compared with the float model's. The table is sorted
 by damage (top-1 drop in points for classifiers, else 100 x (1 - output cosine)) and gives each

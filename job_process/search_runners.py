@@ -1,5 +1,5 @@
-"""Runners of the job kinds without training: ptq, sensitivity, auto_mixed_precision (docs/spec/engine.md §1.6,
-§4.11, §4.12).
+"""Runners of the job kinds without training: ptq, sensitivity, auto_mixed_precision
+(docs/spec/engine.md §1.6, §4.11, §4.12).
 
 Calibration batches are the first `batch_num` x `batch_size` samples of the job's training split; the
 sensitivity and mixed-precision measurements use the last `SEARCH_SAMPLES` of it (a fifth at most,
