@@ -34,6 +34,8 @@ from amct_engine.quant.retrain_layer import out_channels, qat_layer_class
 from amct_engine.record import RecordFile
 
 PTQ_ATTR = "_amct_ptq"
+# IFMR's candidate losses over more values than this are evaluated on a histogram (docs/spec/engine.md §4.3).
+IFMR_HISTOGRAM_BINS = 1 << 16
 # modfied_onnx_file -> its calibration model: AMCT's save_model takes only file names (docs/spec/engine.md §1.6).
 _CALIBRATION_MODELS: dict[str, weakref.ref] = {}
 
@@ -96,7 +98,8 @@ def _observer(spec, config: PtqConfig) -> nn.Module:
     if spec.act_algo == "hfmg":
         return HfmgObserver(spec.act_bits, config.batch_num, asymmetric, spec.num_of_bins)
     return IfmrObserver(spec.act_bits, config.batch_num, asymmetric, spec.max_percentile, spec.min_percentile,
-                        spec.search_range_start, spec.search_range_end, spec.search_step)
+                        spec.search_range_start, spec.search_range_end, spec.search_step,
+                        histogram_bins=IFMR_HISTOGRAM_BINS)
 
 
 def quantize_model(

@@ -116,3 +116,15 @@ def test_cfg_naming_a_missing_layer_is_a_positioned_error(tmp_path):
     with pytest.raises(amct.ConfigError, match=r"bad.cfg:2:1: \"conv9\" is not a quantizable layer"):
         amct.create_quant_config(str(tmp_path / "c.json"), SmallFashionCnn(), torch.randn(2, 1, 28, 28),
                                  config_defination=str(cfg))
+
+
+@pytest.mark.parametrize("with_offset", [False, True])
+@pytest.mark.parametrize("bits", [8, 4])
+def test_histogram_ifmr_picks_the_exact_searchs_clip(bits, with_offset):
+    """PTQ's IFMR evaluates the candidates on a 65,536-bin histogram; it must choose what the exact search does."""
+    torch.manual_seed(bits + with_offset)
+    for x in (torch.randn(1_500_000), torch.relu(torch.randn(1_500_000)) * 3,
+              torch.distributions.Laplace(0.0, 1.0).sample((1_500_000,))):
+        exact = ifmr_search(x, bits, with_offset)
+        fast = ifmr_search(x, bits, with_offset, histogram_bins=1 << 16)
+        assert float(fast.scale) == float(exact.scale) and int(fast.offset) == int(exact.offset)
