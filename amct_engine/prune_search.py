@@ -130,7 +130,7 @@ def auto_channel_prune_search(
         pruned = create_prune_retrain_model(model, input_data, str(cfg_file), str(Path(tmp, "record.txt")),
                                             calibration_data=[as_input_tuple(b)[0] for b in calibration_data])
     pruned.eval()
-    measured = deviation(outputs(pruned, eval_data), outputs(model, eval_data), eval_labels)
+    measured = deviation(outputs(pruned, eval_data), reference, eval_labels)
     return PruneSearchResult(
         ratios=chosen, target_macs_ratio=target_macs_ratio, estimated_macs_ratio=macs / total,
         measured_macs_ratio=_model_macs(pruned, input_data) / total, estimated_damage=damage,

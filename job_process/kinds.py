@@ -103,6 +103,11 @@ register_job_kind(JobKind(
     "per-layer INT4 / INT8 / INT16 / float under an accuracy budget, checked on the deploy model; "
     "writes the chosen .cfg",
     "job_process.search_runners:auto_mixed_precision"))
+register_job_kind(JobKind(
+    "prune_search", "calibration", None, True,
+    "per-group BCP prune ratios that reach search_config.target_macs_ratio of the MACs (greedy on sensitivity), "
+    "then prune retraining; writes the chosen .cfg",
+    "job_process.search_runners:prune_search"))
 
 
 def _import_extra_kinds() -> None:

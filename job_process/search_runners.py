@@ -20,8 +20,9 @@ import amct_engine as amct
 from amct_engine.config.calibration_cfg import load_calibration_cfg, search_settings
 from amct_engine.mixed_precision import Budget
 from amct_engine.mixed_precision import auto_mixed_precision as search_mixed_precision
+from amct_engine.prune_search import auto_channel_prune_search
 from amct_engine.sensitivity import analyse_sensitivity
-from job_process.runners import IO_NAMES, JobContext, add_saved_models
+from job_process.runners import IO_NAMES, JobContext, add_saved_models, export_options, train
 
 SEARCH_SAMPLES = 2000
 
@@ -112,3 +113,27 @@ def auto_mixed_precision(ctx: JobContext) -> nn.Module:
     ctx.report["mixed_precision"] = {**report, "budget": settings["budget"], "samples": len(x_eval),
                                      "cfg_text": Path(result.cfg_file).read_text()}
     return result.model
+
+
+def prune_search(ctx: JobContext) -> nn.Module:
+    """The prune search (docs/spec/engine.md §4.13), then `epochs` of prune retraining on its cfg."""
+    settings = _settings(ctx)
+    batch_num = load_calibration_cfg(ctx.cfg_path).message.batch_num
+    batches = _batches(ctx, batch_num)
+    x_eval, y_eval = _search_data(ctx, batch_num * ctx.params["batch_size"])
+    ctx.phase("searching")
+    result = auto_channel_prune_search(ctx.model_path, ctx.example, batches, x_eval, y_eval,
+                                       settings["target_macs_ratio"], ctx.path("prune_search.cfg"),
+                                       progress=_progress(ctx))
+    record = ctx.path("record.txt")
+    ctx.phase("creating")
+    model = amct.create_prune_retrain_model(ctx.model_path, ctx.example, result.cfg_file, record,
+                                            calibration_data=batches)
+    model = train(ctx, model)
+    ctx.phase("exporting_onnx")
+    add_saved_models(ctx, amct.save_prune_retrain_model(model, ctx.path("model"), ctx.example,
+                                                        **export_options(ctx)))
+    ctx.files.update(record=record, prune_search_cfg=result.cfg_file)
+    report = {k: v for k, v in vars(result).items() if k != "cfg_file"}
+    ctx.report["prune_search"] = {**report, "cfg_text": Path(result.cfg_file).read_text(), "samples": len(x_eval)}
+    return model

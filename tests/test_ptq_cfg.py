@@ -40,9 +40,24 @@ def test_cfg_resolves_layer_over_type_over_common_and_skips():
     ("common_config { ifmr_quantize { serch_step: 0.1 } }\n", (1, 33), "search_step"),
     ("override_layer_types { layer_type: \"Linear\" calibration_config {} }\n"
      "override_layer_types { layer_type: \"Linear\" calibration_config {} }\n", (2, 24), "more than one"),
+    ("search_config {\n  target_macs_ratio: 1.5\n}\n", (2, 3), "target_macs_ratio must lie in (0, 1)"),
+    ("search_config { prune_ratios: 0.5 prune_ratios: 1.0 }\n", (1, 35), "a prune ratio must lie in (0, 1), got 1"),
+    ("search_config { max_top1_drop: -1 }\n", (1, 17), "max_top1_drop must be >= 0"),
 ])
 def test_cfg_errors_name_the_field_at_its_position(text, where, words):
     with pytest.raises(ConfigError) as err:
         parse_calibration_cfg(text, "ptq.cfg")
     assert (err.value.line, err.value.column) == where, str(err.value)
     assert words in str(err.value) and str(err.value).startswith(f"ptq.cfg:{where[0]}:{where[1]}")
+
+
+def test_search_settings_default_to_a_top1_budget_with_labels_and_cosine_without():
+    from amct_engine.config.calibration_cfg import search_settings
+
+    empty = parse_calibration_cfg("batch_num: 1\n").message
+    assert search_settings(empty, labelled=True)["budget"] == {"max_top1_drop": 0.5}
+    assert search_settings(empty, labelled=False)["budget"] == {"min_cosine": 0.99}
+    msg = parse_calibration_cfg("search_config { min_cosine: 0.995 precisions: INT4 prune_ratios: 0.25 }\n").message
+    settings = search_settings(msg, labelled=True)
+    assert settings["budget"] == {"min_cosine": pytest.approx(0.995)} and settings["precisions"] == ["INT4"]
+    assert settings["prune_ratios"] == [0.25] and settings["target_macs_ratio"] == 0.5

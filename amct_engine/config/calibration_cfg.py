@@ -132,6 +132,8 @@ def _search_errors(doc: CfgDocument) -> Iterator[ConfigError]:
         yield doc.error("search_config.max_top1_drop", "max_top1_drop must be >= 0 (accuracy points)")
     if search.HasField("min_cosine") and not -1 <= search.min_cosine <= 1:
         yield doc.error("search_config.min_cosine", "min_cosine must lie in [-1, 1]")
+    if not 0 < search.target_macs_ratio < 1:
+        yield doc.error("search_config.target_macs_ratio", "target_macs_ratio must lie in (0, 1)")
     for i, ratio in enumerate(search.prune_ratios):
         if not 0 < ratio < 1:
             yield doc.error(f"search_config.prune_ratios[{i}]", f"a prune ratio must lie in (0, 1), got {ratio:g}")
@@ -149,7 +151,8 @@ def search_settings(msg, labelled: bool) -> dict:
     if not budget:
         budget = {"max_top1_drop": 0.5} if labelled else {"min_cosine": 0.99}
     return {"budget": budget, "prune_ratios": [round(r, 6) for r in search.prune_ratios],
-            "precisions": [names[p] for p in search.precisions], "keep_float": search.keep_float}
+            "precisions": [names[p] for p in search.precisions], "keep_float": search.keep_float,
+            "target_macs_ratio": round(search.target_macs_ratio, 6)}
 
 
 def check_calibration_cfg(doc: CfgDocument) -> None:

@@ -24,29 +24,29 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n2amct_engine/proto/calibration_config_pytorch.proto\x12\x1b\x41MCTPytorchCalibrationProto\"\xcb\x03\n\nAMCTConfig\x12\x14\n\tbatch_num\x18\x01 \x01(\r:\x01\x31\x12\x1f\n\x11\x61\x63tivation_offset\x18\x02 \x01(\x08:\x04true\x12\x13\n\x0bskip_layers\x18\x03 \x03(\t\x12\x18\n\x10skip_layer_types\x18\x04 \x03(\t\x12\x17\n\tdo_fusion\x18\x05 \x01(\x08:\x04true\x12\x1a\n\x12skip_fusion_layers\x18\x06 \x03(\t\x12\x45\n\rcommon_config\x18\x07 \x01(\x0b\x32..AMCTPytorchCalibrationProto.CalibrationConfig\x12J\n\x16override_layer_configs\x18\x08 \x03(\x0b\x32*.AMCTPytorchCalibrationProto.OverrideLayer\x12L\n\x14override_layer_types\x18\t \x03(\x0b\x32..AMCTPytorchCalibrationProto.OverrideLayerType\x12\x41\n\rsearch_config\x18\xe8\x07 \x01(\x0b\x32).AMCTPytorchCalibrationProto.SearchConfig\"\xa4\x01\n\x0cSearchConfig\x12\x15\n\rmax_top1_drop\x18\x01 \x01(\x02\x12\x12\n\nmin_cosine\x18\x02 \x01(\x02\x12\x14\n\x0cprune_ratios\x18\x03 \x03(\x02\x12\x39\n\nprecisions\x18\x04 \x03(\x0e\x32%.AMCTPytorchCalibrationProto.DataType\x12\x18\n\nkeep_float\x18\x05 \x01(\x08:\x04true\"\xf3\x01\n\x11\x43\x61librationConfig\x12\x41\n\rifmr_quantize\x18\x01 \x01(\x0b\x32(.AMCTPytorchCalibrationProto.FMRQuantizeH\x00\x12\x42\n\rhfmg_quantize\x18\x02 \x01(\x0b\x32).AMCTPytorchCalibrationProto.HFMGQuantizeH\x00\x12?\n\x0c\x61rq_quantize\x18\x03 \x01(\x0b\x32\'.AMCTPytorchCalibrationProto.ARQuantizeH\x01\x42\n\n\x08\x61\x63t_algoB\n\n\x08wts_algo\"\xff\x01\n\x0b\x46MRQuantize\x12\x1f\n\x12search_range_start\x18\x01 \x01(\x02:\x03\x30.7\x12\x1d\n\x10search_range_end\x18\x02 \x01(\x02:\x03\x31.3\x12\x19\n\x0bsearch_step\x18\x03 \x01(\x02:\x04\x30.01\x12 \n\x0emax_percentile\x18\x04 \x01(\x02:\x08\x30.999999\x12 \n\x0emin_percentile\x18\x05 \x01(\x02:\x08\x30.999999\x12\x12\n\nasymmetric\x18\x06 \x01(\x08\x12=\n\x08\x64st_type\x18\x07 \x01(\x0e\x32%.AMCTPytorchCalibrationProto.DataType:\x04INT8\"|\n\x0cHFMGQuantize\x12\x19\n\x0bnum_of_bins\x18\x01 \x01(\r:\x04\x34\x30\x39\x36\x12\x12\n\nasymmetric\x18\x02 \x01(\x08\x12=\n\x08\x64st_type\x18\x03 \x01(\x0e\x32%.AMCTPytorchCalibrationProto.DataType:\x04INT8\"?\n\nARQuantize\x12\x1a\n\x0c\x63hannel_wise\x18\x01 \x01(\x08:\x04true\x12\x15\n\nquant_bits\x18\x02 \x01(\r:\x01\x38\"o\n\rOverrideLayer\x12\x12\n\nlayer_name\x18\x01 \x02(\t\x12J\n\x12\x63\x61libration_config\x18\x02 \x02(\x0b\x32..AMCTPytorchCalibrationProto.CalibrationConfig\"s\n\x11OverrideLayerType\x12\x12\n\nlayer_type\x18\x01 \x02(\t\x12J\n\x12\x63\x61libration_config\x18\x02 \x02(\x0b\x32..AMCTPytorchCalibrationProto.CalibrationConfig*)\n\x08\x44\x61taType\x12\x08\n\x04INT4\x10\x00\x12\x08\n\x04INT8\x10\x01\x12\t\n\x05INT16\x10\x02')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n2amct_engine/proto/calibration_config_pytorch.proto\x12\x1b\x41MCTPytorchCalibrationProto\"\xcb\x03\n\nAMCTConfig\x12\x14\n\tbatch_num\x18\x01 \x01(\r:\x01\x31\x12\x1f\n\x11\x61\x63tivation_offset\x18\x02 \x01(\x08:\x04true\x12\x13\n\x0bskip_layers\x18\x03 \x03(\t\x12\x18\n\x10skip_layer_types\x18\x04 \x03(\t\x12\x17\n\tdo_fusion\x18\x05 \x01(\x08:\x04true\x12\x1a\n\x12skip_fusion_layers\x18\x06 \x03(\t\x12\x45\n\rcommon_config\x18\x07 \x01(\x0b\x32..AMCTPytorchCalibrationProto.CalibrationConfig\x12J\n\x16override_layer_configs\x18\x08 \x03(\x0b\x32*.AMCTPytorchCalibrationProto.OverrideLayer\x12L\n\x14override_layer_types\x18\t \x03(\x0b\x32..AMCTPytorchCalibrationProto.OverrideLayerType\x12\x41\n\rsearch_config\x18\xe8\x07 \x01(\x0b\x32).AMCTPytorchCalibrationProto.SearchConfig\"\xc4\x01\n\x0cSearchConfig\x12\x15\n\rmax_top1_drop\x18\x01 \x01(\x02\x12\x12\n\nmin_cosine\x18\x02 \x01(\x02\x12\x14\n\x0cprune_ratios\x18\x03 \x03(\x02\x12\x39\n\nprecisions\x18\x04 \x03(\x0e\x32%.AMCTPytorchCalibrationProto.DataType\x12\x18\n\nkeep_float\x18\x05 \x01(\x08:\x04true\x12\x1e\n\x11target_macs_ratio\x18\x06 \x01(\x02:\x03\x30.5\"\xf3\x01\n\x11\x43\x61librationConfig\x12\x41\n\rifmr_quantize\x18\x01 \x01(\x0b\x32(.AMCTPytorchCalibrationProto.FMRQuantizeH\x00\x12\x42\n\rhfmg_quantize\x18\x02 \x01(\x0b\x32).AMCTPytorchCalibrationProto.HFMGQuantizeH\x00\x12?\n\x0c\x61rq_quantize\x18\x03 \x01(\x0b\x32\'.AMCTPytorchCalibrationProto.ARQuantizeH\x01\x42\n\n\x08\x61\x63t_algoB\n\n\x08wts_algo\"\xff\x01\n\x0b\x46MRQuantize\x12\x1f\n\x12search_range_start\x18\x01 \x01(\x02:\x03\x30.7\x12\x1d\n\x10search_range_end\x18\x02 \x01(\x02:\x03\x31.3\x12\x19\n\x0bsearch_step\x18\x03 \x01(\x02:\x04\x30.01\x12 \n\x0emax_percentile\x18\x04 \x01(\x02:\x08\x30.999999\x12 \n\x0emin_percentile\x18\x05 \x01(\x02:\x08\x30.999999\x12\x12\n\nasymmetric\x18\x06 \x01(\x08\x12=\n\x08\x64st_type\x18\x07 \x01(\x0e\x32%.AMCTPytorchCalibrationProto.DataType:\x04INT8\"|\n\x0cHFMGQuantize\x12\x19\n\x0bnum_of_bins\x18\x01 \x01(\r:\x04\x34\x30\x39\x36\x12\x12\n\nasymmetric\x18\x02 \x01(\x08\x12=\n\x08\x64st_type\x18\x03 \x01(\x0e\x32%.AMCTPytorchCalibrationProto.DataType:\x04INT8\"?\n\nARQuantize\x12\x1a\n\x0c\x63hannel_wise\x18\x01 \x01(\x08:\x04true\x12\x15\n\nquant_bits\x18\x02 \x01(\r:\x01\x38\"o\n\rOverrideLayer\x12\x12\n\nlayer_name\x18\x01 \x02(\t\x12J\n\x12\x63\x61libration_config\x18\x02 \x02(\x0b\x32..AMCTPytorchCalibrationProto.CalibrationConfig\"s\n\x11OverrideLayerType\x12\x12\n\nlayer_type\x18\x01 \x02(\t\x12J\n\x12\x63\x61libration_config\x18\x02 \x02(\x0b\x32..AMCTPytorchCalibrationProto.CalibrationConfig*)\n\x08\x44\x61taType\x12\x08\n\x04INT4\x10\x00\x12\x08\n\x04INT8\x10\x01\x12\t\n\x05INT16\x10\x02')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'amct_engine.proto.calibration_config_pytorch_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_DATATYPE']._serialized_start=1637
-  _globals['_DATATYPE']._serialized_end=1678
+  _globals['_DATATYPE']._serialized_start=1669
+  _globals['_DATATYPE']._serialized_end=1710
   _globals['_AMCTCONFIG']._serialized_start=84
   _globals['_AMCTCONFIG']._serialized_end=543
   _globals['_SEARCHCONFIG']._serialized_start=546
-  _globals['_SEARCHCONFIG']._serialized_end=710
-  _globals['_CALIBRATIONCONFIG']._serialized_start=713
-  _globals['_CALIBRATIONCONFIG']._serialized_end=956
-  _globals['_FMRQUANTIZE']._serialized_start=959
-  _globals['_FMRQUANTIZE']._serialized_end=1214
-  _globals['_HFMGQUANTIZE']._serialized_start=1216
-  _globals['_HFMGQUANTIZE']._serialized_end=1340
-  _globals['_ARQUANTIZE']._serialized_start=1342
-  _globals['_ARQUANTIZE']._serialized_end=1405
-  _globals['_OVERRIDELAYER']._serialized_start=1407
-  _globals['_OVERRIDELAYER']._serialized_end=1518
-  _globals['_OVERRIDELAYERTYPE']._serialized_start=1520
-  _globals['_OVERRIDELAYERTYPE']._serialized_end=1635
+  _globals['_SEARCHCONFIG']._serialized_end=742
+  _globals['_CALIBRATIONCONFIG']._serialized_start=745
+  _globals['_CALIBRATIONCONFIG']._serialized_end=988
+  _globals['_FMRQUANTIZE']._serialized_start=991
+  _globals['_FMRQUANTIZE']._serialized_end=1246
+  _globals['_HFMGQUANTIZE']._serialized_start=1248
+  _globals['_HFMGQUANTIZE']._serialized_end=1372
+  _globals['_ARQUANTIZE']._serialized_start=1374
+  _globals['_ARQUANTIZE']._serialized_end=1437
+  _globals['_OVERRIDELAYER']._serialized_start=1439
+  _globals['_OVERRIDELAYER']._serialized_end=1550
+  _globals['_OVERRIDELAYERTYPE']._serialized_start=1552
+  _globals['_OVERRIDELAYERTYPE']._serialized_end=1667
 # @@protoc_insertion_point(module_scope)

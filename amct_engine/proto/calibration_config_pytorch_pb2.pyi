@@ -41,18 +41,20 @@ class AMCTConfig(_message.Message):
     def __init__(self, batch_num: _Optional[int] = ..., activation_offset: _Optional[bool] = ..., skip_layers: _Optional[_Iterable[str]] = ..., skip_layer_types: _Optional[_Iterable[str]] = ..., do_fusion: _Optional[bool] = ..., skip_fusion_layers: _Optional[_Iterable[str]] = ..., common_config: _Optional[_Union[CalibrationConfig, _Mapping]] = ..., override_layer_configs: _Optional[_Iterable[_Union[OverrideLayer, _Mapping]]] = ..., override_layer_types: _Optional[_Iterable[_Union[OverrideLayerType, _Mapping]]] = ..., search_config: _Optional[_Union[SearchConfig, _Mapping]] = ...) -> None: ...
 
 class SearchConfig(_message.Message):
-    __slots__ = ("max_top1_drop", "min_cosine", "prune_ratios", "precisions", "keep_float")
+    __slots__ = ("max_top1_drop", "min_cosine", "prune_ratios", "precisions", "keep_float", "target_macs_ratio")
     MAX_TOP1_DROP_FIELD_NUMBER: _ClassVar[int]
     MIN_COSINE_FIELD_NUMBER: _ClassVar[int]
     PRUNE_RATIOS_FIELD_NUMBER: _ClassVar[int]
     PRECISIONS_FIELD_NUMBER: _ClassVar[int]
     KEEP_FLOAT_FIELD_NUMBER: _ClassVar[int]
+    TARGET_MACS_RATIO_FIELD_NUMBER: _ClassVar[int]
     max_top1_drop: float
     min_cosine: float
     prune_ratios: _containers.RepeatedScalarFieldContainer[float]
     precisions: _containers.RepeatedScalarFieldContainer[DataType]
     keep_float: bool
-    def __init__(self, max_top1_drop: _Optional[float] = ..., min_cosine: _Optional[float] = ..., prune_ratios: _Optional[_Iterable[float]] = ..., precisions: _Optional[_Iterable[_Union[DataType, str]]] = ..., keep_float: _Optional[bool] = ...) -> None: ...
+    target_macs_ratio: float
+    def __init__(self, max_top1_drop: _Optional[float] = ..., min_cosine: _Optional[float] = ..., prune_ratios: _Optional[_Iterable[float]] = ..., precisions: _Optional[_Iterable[_Union[DataType, str]]] = ..., keep_float: _Optional[bool] = ..., target_macs_ratio: _Optional[float] = ...) -> None: ...
 
 class CalibrationConfig(_message.Message):
     __slots__ = ("ifmr_quantize", "hfmg_quantize", "arq_quantize")
