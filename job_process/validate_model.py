@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import sys
 
+from job_process.errors import describe
 from job_process.sandbox import limit_self
 
 
@@ -20,14 +21,6 @@ def example_input(shape: list[int], dtype: str):
     if torch_dtype.is_floating_point:
         return torch.randn(*shape, generator=torch.Generator().manual_seed(0)).to(torch_dtype)
     return torch.zeros(*shape, dtype=torch_dtype)
-
-
-def summarise(e: BaseException) -> str:
-    """One line a user can act on: TorchScript puts the real cause on the last line of a long trace."""
-    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
-    last = lines[-1] if lines else ""
-    text = last if last.startswith(type(e).__name__) else f"{type(e).__name__}: {last}"
-    return text[:1000]
 
 
 def _shapes(out) -> list[list[int]]:
@@ -54,8 +47,8 @@ def validate(path: str, shape: list[int], dtype: str) -> dict:
             out = model(x)
         stage = "capture"
         cm = capture_model(path, x)
-    except Exception as e:  # any failure is the upload's, reported in its own words
-        return {"ok": False, "stage": stage, "error": summarise(e)}
+    except Exception as e:  # any failure is the upload's; what a user reads of it: job_process/errors.py
+        return {"ok": False, "stage": stage, "error": describe(e, stage)}
     layers = {
         "quantizable": [{"name": i.name, "type": i.type_name} for i in quantizable_layers(cm, RETRAIN_TYPES)],
         "distillable": [i.name for i in quantizable_layers(cm, DISTILL_TYPES)],
