@@ -227,7 +227,7 @@ def test_an_engine_child_killed_on_every_attempt_fails_after_max_attempts(runner
     api, ids = runner_env
     settings = api.settings.model_copy(update={"max_attempts": 2})
 
-    def killed(module, args, cwd, **kwargs):  # the engine, SIGKILLed as soon as it starts
+    def killed(module, args, cwd, read_only=(), **kwargs):  # the engine, SIGKILLed as soon as it starts
         return subprocess.Popen([sys.executable, "-c", SUICIDE], cwd=cwd, start_new_session=True, **kwargs)
 
     monkeypatch.setattr(sandbox, "popen", killed)
