@@ -16,6 +16,7 @@ from .ifmr import IfmrResult
 from .primitives import asymmetric_scale_offset, check_quantizable, process_scale, quant_range
 
 _CHUNK = 1 << 22  # candidates x bins evaluated at once
+_CANDIDATES = 512  # clip ends tried per search pass: every k-th bin edge, the range's own end included
 
 
 def _losses(centres, counts, lows, highs, bits: int) -> torch.Tensor:
@@ -30,6 +31,12 @@ def _losses(centres, counts, lows, highs, bits: int) -> torch.Tensor:
     return torch.cat(out)
 
 
+def _thin(ends: torch.Tensor) -> torch.Tensor:
+    """At most about _CANDIDATES of the sorted candidate ends, always keeping the last (the full range)."""
+    step = max(1, ends.numel() // _CANDIDATES)
+    return torch.unique(torch.cat([ends[::step], ends[-1:]]))
+
+
 def hfmg_search(counts: torch.Tensor, low: float, high: float, bits: int, with_offset: bool) -> IfmrResult:
     """The clip with the lowest histogram error, as scale/offset/clips like IFMR's result."""
     bins = counts.numel()
@@ -38,7 +45,7 @@ def hfmg_search(counts: torch.Tensor, low: float, high: float, bits: int, with_o
     counts = counts.double()
     qn, qp = quant_range(bits)
     if not with_offset:
-        ends = torch.unique(edges.abs().clamp(min=1e-12))
+        ends = _thin(torch.unique(edges.abs().clamp(min=1e-12)))
         best = ends[torch.argmin(_losses(centres, counts, -ends * (-qn) / qp, ends, bits))]
         scale = (best / qp).float().reshape(1)
         scale, _ = process_scale(scale, torch.zeros_like(scale), bits, asymmetric=False)
@@ -46,7 +53,7 @@ def hfmg_search(counts: torch.Tensor, low: float, high: float, bits: int, with_o
         offset = torch.zeros((), dtype=torch.int32)
     else:
         cmax, cmin = edges[-1].clamp(min=0.0), edges[0].clamp(max=0.0)
-        highs, lows = torch.unique(edges.clamp(min=0.0)), torch.unique(edges.clamp(max=0.0))
+        highs, lows = _thin(torch.unique(edges.clamp(min=0.0))), _thin(torch.unique(edges.clamp(max=0.0)))
         for _ in range(2):
             if cmax > 0:
                 cmax = highs[torch.argmin(_losses(centres, counts, cmin.expand_as(highs), highs, bits))]
