@@ -21,7 +21,8 @@ from job_process.sandbox import limit_self
 
 # Share of overall progress each stage ends at; training fills the span between.
 TRAIN_START, TRAIN_END = 0.1, 0.8
-MEDIA_TYPES = {".json": "application/json", ".txt": "text/plain", ".onnx": "application/octet-stream",
+MEDIA_TYPES = {".json": "application/json", ".txt": "text/plain", ".cfg": "text/plain",
+               ".onnx": "application/octet-stream",
                ".pt": "application/octet-stream", ".log": "text/plain"}
 
 
@@ -116,7 +117,7 @@ def run(workdir: Path, spec: dict) -> dict:
         workdir=workdir, model_path=spec["model"], cfg_path=spec["cfg"], example=example, train_x=train_x,
         train_y=train_y if train_y is not None else torch.zeros(len(train_x), dtype=torch.int64),
         params=spec["params"], device=device, on_step=_progress_fn(spec["params"]["epochs"]),
-        phase=phase, checkpoints=checkpoints,
+        phase=phase, checkpoints=checkpoints, labelled=y is not None,
     )
     model = run_kind(ctx)
 
@@ -127,6 +128,7 @@ def run(workdir: Path, spec: dict) -> dict:
         onnx_files["fake_quant"] = ctx.files["fake_quant"]
     result_report = report.build_report(spec["kind"], original_parameters, onnx_files, eval_x, eval_y, split,
                                         batch, pytorch_accuracy, spec["params"].get("deploy_format", "onnx"))
+    result_report.update(ctx.report)
     report_path = workdir / "out" / "report.json"
     report_path.write_text(json.dumps(result_report, indent=2))
     files = {**ctx.files, "fp32_onnx": fp32_onnx, "report": str(report_path)}

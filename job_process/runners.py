@@ -37,6 +37,8 @@ class JobContext:
     phase: Callable[[str], None]
     checkpoints: Checkpoints
     files: dict[str, str] = field(default_factory=dict)
+    labelled: bool = True  # False: the dataset has no labels (train_y is zeros)
+    report: dict = field(default_factory=dict)  # sections the kind adds to report.json (its tables)
 
     def path(self, name: str) -> str:
         return str(self.workdir / "out" / name)

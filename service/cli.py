@@ -153,7 +153,7 @@ def compress(model: Annotated[Path, typer.Option(exists=True, dir_okay=False, he
     from job_process.bubblewrap import SandboxUnavailable
     from service.local_compress import LocalJobError
     from service.local_compress import compress as run_local
-    from service.report_view import summary_table
+    from service.report_view import layer_tables, summary_table
 
     shape = [int(d) for d in parse_shape(input_shape, data).split(",")]
     params = {"epochs": epochs, "batch_size": batch_size, "lr": lr, "eval_fraction": eval_fraction, "seed": seed,
@@ -169,6 +169,8 @@ def compress(model: Annotated[Path, typer.Option(exists=True, dir_okay=False, he
             raise fail(str(e)) from None
         bar.update(bar.task_ids[0], completed=1.0, description="done")
     console.print(summary_table(result["report"], title=f"{kind.value}: {model.name} → {out}"))
+    for table in layer_tables(result["report"]):
+        console.print(table)
     files = Table("artifact", "file", "bytes")
     for artifact, path in sorted(result["files"].items()):
         files.add_row(artifact, str(path), f"{path.stat().st_size:,}")

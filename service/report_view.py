@@ -6,6 +6,7 @@ The CLI prints these rows as a table; the dashboard (service/ui/job.js) shows th
 from __future__ import annotations
 
 from rich.table import Table
+from rich.text import Text
 
 NONZERO_LABEL = "nonzero weights¹"
 NONZERO_NOTE = "¹ of the weight tensors only; an integer code counts when ≠ its zero point"
@@ -64,3 +65,31 @@ def summary_table(report: dict, title: str | None = None) -> Table:
     for row in report_rows(report):
         table.add_row(*row)
     return table
+
+
+def _damage(row: dict) -> str:
+    return f"{row['top1_drop']:.2f} pts" if row.get("top1_drop") is not None else f"cosine {row['cosine']:.4f}"
+
+
+def layer_tables(report: dict) -> list[Table | Text]:
+    """The per-layer tables of the search kinds (report.json `sensitivity`, `mixed_precision`), as the
+    dashboard's job page shows them."""
+    tables = []
+    if "sensitivity" in report:
+        table = Table("layer", "variant", "damage", "MACs", "weights", title="per-layer sensitivity, worst first",
+                      title_justify="left")
+        for row in report["sensitivity"]["rows"]:
+            table.add_row(row["layer"], row["variant"], _damage(row), f"{row['macs_share']:.1%}",
+                          f"{row['bytes_share']:.1%}")
+        tables.append(table)
+    if "mixed_precision" in report:
+        mp = report["mixed_precision"]
+        budget = ", ".join(f"{k} {v}" for k, v in mp["budget"].items())
+        # A line of its own: a table title wraps at the (narrow) table's width.
+        tables.append(Text(f"mixed precision ({budget}): deploy {_damage(mp['deployed'])}, weights "
+                           f"{_bytes(mp['weight_bytes'])} vs {_bytes(mp['int8_weight_bytes'])} all-INT8"))
+        table = Table("layer", "precision")
+        for layer, precision in mp["precisions"].items():
+            table.add_row(layer, precision)
+        tables.append(table)
+    return tables
