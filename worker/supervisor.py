@@ -61,5 +61,6 @@ def _record_exit(child: ChildProcess, records: JobRecords, returncode: int, canc
         return jobstate.CANCELLED
     error = child.error() or {
         "type": "crashed", "detail": f"the engine process exited with code {returncode}: {child.log_tail()}"}
-    records.fail(error["type"], error["detail"], child.workdir)
+    records.fail(error["type"], error["detail"], child.workdir,
+                 outputs=error if error["type"] == "quality_gate" and "artifacts" in error else None)
     return jobstate.FAILED
