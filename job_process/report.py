@@ -151,23 +151,23 @@ def onnx_parameters(path: str) -> dict:
     return {"total": int(total), "weights": int(weights), "nonzero_weights": int(nonzero)}
 
 
-def _agreement(reference: np.ndarray, other: np.ndarray, classifier: bool = True) -> dict:
+def _agreement(reference: np.ndarray, other: np.ndarray) -> dict:
     """How close `other` is to `reference`, per sample: cosine, MSE, largest difference; for a
-    classifier's logits also how often the arg-max agrees."""
+    `[batch, n]` output (class logits, bins) also how often the arg-max agrees."""
     ref = reference.reshape(len(reference), -1).astype(np.float64)
     oth = other.reshape(len(other), -1).astype(np.float64)
     cos = (ref * oth).sum(1) / (np.linalg.norm(ref, axis=1) * np.linalg.norm(oth, axis=1) + 1e-12)
     diff = ref - oth
     out = {"mean_abs_diff": float(np.abs(diff).mean()), "mean_cosine": float(cos.mean()),
            "min_cosine": float(cos.min()), "mse": float((diff ** 2).mean()), "max_abs_diff": float(np.abs(diff).max())}
-    if classifier and ref.shape[1] > 1:
+    if reference.ndim == 2 and ref.shape[1] > 1:
         out["top1_agreement"] = float((ref.argmax(1) == oth.argmax(1)).mean())
     return out
 
 
 def _is_classifier(shape: list, has_labels: bool, first: bool) -> bool:
-    """Logits of classes: `[batch, classes]`; with labels the first output is the one they score."""
-    return len(shape) == 2 and shape[1] > 1 and (first or not has_labels)
+    """Class logits: `[batch, classes]`, the first output, and labels to score it (else: a tensor)."""
+    return len(shape) == 2 and shape[1] > 1 and first and has_labels
 
 
 def build_report(kind: str, original_parameters: int, onnx_files: dict[str, str], eval_x, eval_y, split: str,
@@ -191,7 +191,7 @@ def build_report(kind: str, original_parameters: int, onnx_files: dict[str, str]
         classifier = _is_classifier(list(predictions["fp32"][k].shape), eval_y is not None, k == 0)
         per_output[name] = {"shape": list(predictions["fp32"][k].shape[1:]),
                             "kind": "classifier_logits" if classifier else "tensor",
-                            **{f: _agreement(predictions["fp32"][k], out[k], classifier)
+                            **{f: _agreement(predictions["fp32"][k], out[k])
                                for f, out in predictions.items() if f != "fp32"}}
     first = {name: out[0] for name, out in predictions.items()}
     report: dict = {

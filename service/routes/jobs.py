@@ -129,7 +129,7 @@ def submit_job(body: JobCreate, response: Response, session: SessionDep, setting
     objective = check_inputs(session, body, caller.project)
     check_quota(session, caller.project, settings)
     params = body.model_dump(include={"epochs", "batch_size", "lr", "eval_fraction", "seed", "deploy_format",
-                                      "max_accuracy_drop", "min_output_cosine"})
+                                      "max_accuracy_drop", "min_output_cosine"}, exclude_none=True)
     if objective is not None:
         params.update(objective=objective, distill_loss=body.distill_loss, temperature=body.temperature)
     job = Job(project_id=caller.project, kind=body.kind, status=jobstate.QUEUED, model_id=body.model_id,
