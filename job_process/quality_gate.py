@@ -3,8 +3,9 @@ artifacts kept for inspection (docs/service.md, "Quality gate").
 
 Always on: a loss that becomes NaN/Inf stops the training at that step; a loss that ends far above
 where it started (LOSS_GROWTH times the mean of the first steps; not for distill_outputs, whose loss
-starts near 0) fails the job after its report is written. On request (JobCreate): `max_accuracy_drop` (FP32 minus deploy held-out top-1) and
-`min_output_cosine` (the lowest mean cosine of a deploy output to the FP32 model's).
+starts near 0) fails the job after its report is written. On request (JobCreate):
+`max_accuracy_drop` (FP32 minus deploy held-out top-1) and `min_output_cosine` (the lowest mean cosine
+of a deploy output to the FP32 model's).
 """
 
 from __future__ import annotations
