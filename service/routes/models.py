@@ -15,6 +15,7 @@ from job_process.signature import (
 from job_process.signature import (
     EXAMPLE_BATCH,
     SHORTHAND_DTYPES,
+    SignatureError,
     dynamic_sizes,
     example_shape,
     from_input_shape,
@@ -64,10 +65,13 @@ def parse_signature(fields: dict[str, str]) -> tuple[list[dict], list[int], int]
         if fields.get("input_shape"):
             raise Problem(422, "give either inputs or input_shape, not both", field="input_shape")
         try:
-            inputs = parse_inputs(json.loads(fields["inputs"]))
-        except ValueError as e:  # JSONDecodeError is a ValueError too
-            raise Problem(422, f"inputs: {e}; e.g. {INPUTS_EXAMPLE}",
-                          field=getattr(e, "field", "inputs")) from None
+            raw = json.loads(fields["inputs"])
+        except ValueError as e:
+            raise Problem(422, f"inputs is not valid JSON ({e}); e.g. {INPUTS_EXAMPLE}", field="inputs") from None
+        try:
+            inputs = parse_inputs(raw)
+        except SignatureError as e:
+            raise Problem(422, f"inputs: {e}; e.g. {INPUTS_EXAMPLE}", field=e.field) from None
         sizes = dynamic_sizes(inputs, EXAMPLE_BATCH)
         return inputs, example_shape(inputs[0]["shape"], sizes), EXAMPLE_BATCH
     shape = parse_input_shape(fields.get("input_shape"))
