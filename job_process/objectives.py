@@ -7,7 +7,7 @@
   `kl` is the temperature-softened class-distribution loss of knowledge distillation
   (amct_engine.teacher_guided.distillation_loss, T² · KL), `mse` the mean squared difference,
   `cosine` 1 − cosine similarity per sample. `auto`: kl for a classifier's logits (the dataset has
-  labels and the output is [batch, classes]), mse otherwise. No labels are needed.
+  labels and the first output is [batch, classes]), mse otherwise. No labels are needed.
 
 Each loss is a `loss_fn(model, inputs, targets)` for job_process.training.train_epochs.
 """
@@ -50,11 +50,12 @@ def leaf_choices(distill_loss: str, outputs: dict | None, has_labels: bool) -> d
     """The loss of each output under `distill_loss` (auto resolved); recorded in the report."""
     leaves = output_leaves(outputs) if outputs else [("output", {"shape": []})]
     choices = {}
-    for name, leaf in leaves:
+    for index, (name, leaf) in enumerate(leaves):
         if distill_loss != "auto":
             choices[name] = distill_loss
         else:
-            classifier = has_labels and len(leaf.get("shape", [])) == 2 and leaf["shape"][1] > 1
+            # The labels score the first output (cross_entropy's); that one is the classifier's logits.
+            classifier = index == 0 and has_labels and len(leaf.get("shape", [])) == 2 and leaf["shape"][1] > 1
             choices[name] = "kl" if classifier else "mse"
     return choices
 
