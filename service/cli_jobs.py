@@ -192,6 +192,8 @@ def _print_outcome(client, job: dict) -> None:
             console.print(summary_table(report))
         return
     if job.get("error"):
+        if job["error"]["type"] == "quality_gate" and (report := client.report(job["id"])):
+            console.print(summary_table(report))  # the figures that missed the gate (its files are kept)
         err_console.print(f"[red]{escape(job['error']['type'])}[/]: {escape(job['error'].get('detail') or '')}")
     raise typer.Exit(code=1)
 
