@@ -8,10 +8,7 @@ import subprocess
 from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 
-from job_process import sandbox
-from job_process.signature import (
-    DTYPES as SIGNATURE_DTYPES,
-)
+from job_process import sandbox, signature
 from job_process.signature import (
     EXAMPLE_BATCH,
     SHORTHAND_DTYPES,
@@ -103,7 +100,7 @@ def validate_in_child(upload: Upload, inputs: list[dict], batch: int, settings: 
                  "inputs": {"type": "string", "examples": [INPUTS_EXAMPLE],
                             "description": "the signature: a JSON list of {name, shape, dtype}; a dimension is "
                                            "an integer or an axis name (dynamic, e.g. batch, seq); dtype one of "
-                                           + ", ".join(SIGNATURE_DTYPES) + "; the first dimension is the batch"},
+                                           + ", ".join(signature.DTYPES) + "; the first dimension is the batch"},
                  "input_shape": {"type": "string", "examples": ["1,1,28,28"],
                                  "description": "one-input shorthand for inputs: comma-separated, batch first"},
                  "input_dtype": {"type": "string", "enum": list(DTYPES), "default": "float32",
