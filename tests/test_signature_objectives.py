@@ -113,3 +113,23 @@ def test_a_nan_loss_fails_the_job_at_its_step_suggesting_a_lower_lr(tmp_path):
     error = json.loads((tmp_path / "error.json").read_text())
     assert error["type"] == "quality_gate", error
     assert "became nan at step 1 " in error["detail"] and "lower lr than 0.5 (e.g. 0.05)" in error["detail"]
+
+
+def test_the_report_table_has_rows_per_output_and_the_gate_verdict():
+    from service.report_view import report_rows
+
+    figures = {"mean_cosine": 0.93, "mse": 0.01, "max_abs_diff": 0.2, "mean_abs_diff": 0.05}
+    report = {"onnx_size_bytes": {"fp32": 1000, "deploy": 400},
+              "parameters": {"original": 10, "fp32": {"total": 10}, "deploy": {"total": 10}},
+              "eval": {"split": "held_out", "samples": 4},
+              "agreement_with_original": {"deploy": {**figures, "top1_agreement": 0.5}},
+              "outputs": {"output_0": {"deploy": {**figures, "top1_agreement": 0.5}},
+                          "output_1": {"deploy": {**figures, "mean_cosine": 0.98}}},
+              "latency_ms": {"fp32": {"median": 1.0, "batch": 2}, "deploy": {"median": 0.5}, "speedup": 2.0},
+              "quality_gate": {"passed": False, "failures": ["output 'output_0': mean cosine 0.9300 < 0.99"]}}
+    rows = {row[0]: row[1:] for row in report_rows(report)}
+    assert rows["output cosine with FP32 (output_0)"][1] == "0.9300"
+    assert rows["output cosine with FP32 (output_1)"][1] == "0.9800"
+    assert rows["top-1 agreement with FP32 (output_0)"][1] == "0.5000"
+    assert "top-1 agreement with FP32 (output_1)" not in rows
+    assert rows["quality gate"][1:] == ("FAILED", "output 'output_0': mean cosine 0.9300 < 0.99")
