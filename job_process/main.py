@@ -15,6 +15,7 @@ import traceback
 import warnings
 from pathlib import Path
 
+from job_process.errors import describe
 from job_process.protocol import CANCELLED_EXIT, ERROR_FILE, RESULT_FILE, SPEC_FILE, emit
 from job_process.sandbox import limit_self
 
@@ -210,12 +211,6 @@ def summary_metrics(rep: dict) -> dict:
     return metrics
 
 
-def _summarise(e: BaseException) -> str:
-    from job_process.validate_model import summarise
-
-    return summarise(e)
-
-
 def _relay_engine_warnings() -> None:
     """The engine's warnings (a cfg naming layers the model lacks, …) become job log events."""
     show = warnings.showwarning
@@ -242,8 +237,9 @@ def main(argv: list[str]) -> int:
         emit("log", level="info", message="the engine stopped on a cancel request")
         return CANCELLED_EXIT
     except GateMissed as e:
-        # Failed, but everything it made is kept for inspection (the worker stores `outputs`).
-        (workdir / ERROR_FILE).write_text(json.dumps({"type": "quality_gate", "detail": str(e), **e.result}))
+        # Failed, but everything it made is kept for inspection: result.json lists it as for a success.
+        (workdir / RESULT_FILE).write_text(json.dumps(e.result))
+        (workdir / ERROR_FILE).write_text(json.dumps({"type": "quality_gate", "detail": str(e)}))
         return 1
     except QualityGateFailed as e:
         (workdir / ERROR_FILE).write_text(json.dumps({"type": "quality_gate", "detail": str(e)}))
@@ -251,7 +247,8 @@ def main(argv: list[str]) -> int:
     except Exception as e:
         traceback.print_exc()
         error_type = "unsupported" if isinstance(e, DeviceUnavailable) else "engine_error"
-        (workdir / ERROR_FILE).write_text(json.dumps({"type": error_type, "detail": _summarise(e)}))
+        # The traceback went to child.log; the answer gets the type and a scrubbed line (errors.py).
+        (workdir / ERROR_FILE).write_text(json.dumps({"type": error_type, "detail": describe(e, "the job")}))
         return 1
     (workdir / RESULT_FILE).write_text(json.dumps(result))
     return 0

@@ -11,16 +11,9 @@ from __future__ import annotations
 import json
 import sys
 
+from job_process.errors import describe
 from job_process.sandbox import limit_self
 from job_process.signature import SignatureError, describe_output, example_inputs, output_leaves
-
-
-def summarise(e: BaseException) -> str:
-    """One line a user can act on: TorchScript puts the real cause on the last line of a long trace."""
-    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
-    last = lines[-1] if lines else ""
-    text = last if last.startswith(type(e).__name__) else f"{type(e).__name__}: {last}"
-    return text[:1000]
 
 
 def validate(path: str, inputs: list[dict], batch: int) -> dict:
@@ -40,10 +33,10 @@ def validate(path: str, inputs: list[dict], batch: int) -> dict:
         outputs = describe_output(out)
         stage = "capture"
         cm = capture_model(path, x)
-    except SignatureError as e:
+    except SignatureError as e:  # our own words about the outputs' types
         return {"ok": False, "stage": "outputs", "error": str(e)}
-    except Exception as e:  # any failure is the upload's, reported in its own words
-        return {"ok": False, "stage": stage, "error": summarise(e)}
+    except Exception as e:  # any failure is the upload's; what a user reads of it: job_process/errors.py
+        return {"ok": False, "stage": stage, "error": describe(e, stage)}
     layers = {
         "quantizable": [{"name": i.name, "type": i.type_name} for i in quantizable_layers(cm, RETRAIN_TYPES)],
         "distillable": [i.name for i in quantizable_layers(cm, DISTILL_TYPES)],

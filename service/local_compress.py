@@ -65,7 +65,7 @@ def compress(model: Path, cfg: Path, data: Path, kind: str, out: Path, input_sha
                 "cfg": str(cfg.resolve()), "dataset": str(data.resolve())}
         (workdir / SPEC_FILE).write_text(json.dumps(spec))
         # Leaving the block kills it if it still runs: Ctrl-C or a failing callback takes the engine down with us.
-        with ChildProcess(workdir) as child:
+        with ChildProcess(workdir, read_only=[model, cfg, data]) as child:
             for message in child:
                 on_message(message)
             returncode = child.wait()

@@ -8,12 +8,13 @@ app built. Devices and job states are fixed tuples (service/settings.py, service
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from pydantic_core import PydanticCustomError, core_schema
 
 from amct_engine.export.formats import DEPLOY_FORMATS
@@ -56,6 +57,28 @@ class OneOf:
         return json_schema
 
 
+def control_character(value: str) -> str | None:
+    """The first control character or lone surrogate in `value` (as U+XXXX), or None.
+
+    Ids, names and filenames are refused with one of them before they reach the database: PostgreSQL
+    cannot store a NUL in text at all (the driver raises, a 500), a lone surrogate is not UTF-8, and
+    the others (newlines, escapes) forge log lines and headers.
+    """
+    for char in value:
+        if unicodedata.category(char) in ("Cc", "Cs"):
+            return f"U+{ord(char):04X}"
+    return None
+
+
+def _no_control_characters(value: str) -> str:
+    if (char := control_character(value)) is not None:
+        raise PydanticCustomError("control_character", "contains a control character ({char}); ids, names "
+                                  "and filenames may not", {"char": char})
+    return value
+
+
+# A string with no control characters: every id (path or body) and name a request carries.
+CleanStr = Annotated[str, AfterValidator(_no_control_characters)]
 JobKind = Annotated[str, OneOf(JOB_KINDS.names)]
 DeployFormat = Annotated[str, OneOf(DEPLOY_FORMATS.names)]
 Device = Literal[DEVICES]
@@ -113,9 +136,9 @@ class JobCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     kind: JobKind
-    model_id: str
-    config_id: str
-    dataset_id: str
+    model_id: CleanStr
+    config_id: CleanStr
+    dataset_id: CleanStr
     epochs: int = Field(1, ge=1, le=1000)
     batch_size: int = Field(64, ge=1, le=65536)
     lr: float = Field(1e-3, gt=0, le=10)
@@ -199,7 +222,7 @@ class KeyCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     scopes: list[Scope] = Field(default=["read"], min_length=1, description="admin implies write implies read")
-    name: str = Field("", max_length=200, description="what the key is for")
+    name: CleanStr = Field("", max_length=200, description="what the key is for")
 
 
 class KeyOut(_Out):
@@ -239,6 +262,13 @@ class DeployFormatInfo(BaseModel):
     summary: str
 
 
+class SandboxInfo(BaseModel):
+    mode: Literal["bubblewrap", "unsafe-no-sandbox", "unavailable"] = Field(
+        description="how user models run: in bubblewrap, without isolation (the operator's opt-out), or refused")
+    detail: str
+    seccomp: bool
+
+
 class Meta(BaseModel):
     """What this server accepts, read from its tables: the dashboard and clients build their choices from it."""
 
@@ -248,3 +278,4 @@ class Meta(BaseModel):
     job_states: list[JobStatus]
     terminal_states: list[JobStatus]
     defaults: dict[str, str] = Field(description="what a form offers first: `kind`, `device`, `deploy_format`")
+    sandbox: SandboxInfo = Field(description="the isolation user models run in (docs/security.md)")

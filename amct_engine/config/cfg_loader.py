@@ -23,7 +23,8 @@ from amct_engine.config import cfg_checks
 from amct_engine.config.cfg_document import CfgDocument, decode_cfg_bytes
 from amct_engine.config.cfg_layout import LAYOUTS, CfgKind
 from amct_engine.config.cfg_parse_errors import convert_parse_error, missing_required_error
-from amct_engine.config.cfg_scanner import FieldSite
+from amct_engine.config.cfg_scanner import MAX_NESTING, FieldSite, nesting_too_deep
+from amct_engine.config.errors import ConfigError
 from amct_engine.proto import distill_config_pytorch_pb2, retrain_config_pytorch_pb2
 
 __all__ = [
@@ -54,9 +55,13 @@ def parse_cfg_document(
     msg_cls, path = LAYOUTS[kind].message_class, str(path)
     if isinstance(text, bytes):
         text = decode_cfg_bytes(text, path)
+    if (opener := nesting_too_deep(text)) is not None:
+        raise ConfigError(f"blocks are nested more than {MAX_NESTING} levels deep here; no AMCT cfg field "
+                          "nests that far", path, opener.line, opener.column)
     message = msg_cls()
     try:
-        text_format.Parse(text, message)
+        # The recursion limit too: protobuf's own guard, should a text slip past the one above.
+        text_format.Parse(text, message, max_recursion_depth=MAX_NESTING + 1)
     except text_format.ParseError as err:
         raise convert_parse_error(err, text, msg_cls, path) from None
     doc = CfgDocument.from_text(message, text, path)

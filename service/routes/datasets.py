@@ -13,7 +13,7 @@ from service.db.models import Dataset
 from service.deps import SessionDep, SettingsDep, StoreDep
 from service.problems import Problem
 from service.routes.common import NAME_FIELD, UPLOAD_ERRORS, get_or_404, multipart, require_name
-from service.schemas import DatasetOut
+from service.schemas import CleanStr, DatasetOut
 from service.uploads import receive_upload
 
 router = APIRouter(prefix="/v1/datasets", tags=["datasets"])
@@ -47,5 +47,5 @@ async def upload_dataset(request: Request, session: SessionDep, store: StoreDep,
 
 
 @router.get("/{dataset_id}", response_model=DatasetOut)
-def get_dataset(dataset_id: str, session: SessionDep, caller: ReadCaller) -> Dataset:
+def get_dataset(dataset_id: CleanStr, session: SessionDep, caller: ReadCaller) -> Dataset:
     return get_or_404(session, Dataset, dataset_id, caller.project, "dataset")

@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import signal
 import subprocess
+import tempfile
+from pathlib import Path
 
 from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 
 from job_process import sandbox, signature
+from job_process.bubblewrap import SandboxUnavailable
+from job_process.errors import scrub
 from job_process.signature import (
     EXAMPLE_BATCH,
     SHORTHAND_DTYPES,
@@ -24,7 +31,7 @@ from service.db.models import Model
 from service.deps import SessionDep, SettingsDep, StoreDep
 from service.problems import Problem
 from service.routes.common import NAME_FIELD, UPLOAD_ERRORS, get_or_404, multipart, require_name
-from service.schemas import ModelOut
+from service.schemas import CleanStr, ModelOut
 from service.settings import Settings
 from service.uploads import Upload, receive_upload
 from service.zipcheck import check_zip
@@ -79,19 +86,51 @@ def parse_signature(fields: dict[str, str]) -> tuple[list[dict], list[int], int]
 
 
 def validate_in_child(upload: Upload, inputs: list[dict], batch: int, settings: Settings) -> dict:
-    """Load + forward + capture in a sandboxed child; the API process never unpickles user code."""
+    """Load + forward + capture in a sandboxed child; the API process never unpickles user code.
+
+    The child sees the upload (read-only) and a fresh folder of its own, nothing else of the data dir;
+    what it reports is scrubbed (job_process/errors.py) and its stderr never reaches the answer.
+    """
+    folder = Path(tempfile.mkdtemp(prefix="check-", dir=settings.tmp_dir))
     try:
         result = sandbox.run("job_process.validate_model", [str(upload.path), json.dumps(inputs), str(batch)],
-                             cwd=settings.tmp_dir, timeout_s=settings.validate_timeout_s,
-                             memory_bytes=settings.validate_memory_bytes)
+                             cwd=folder, timeout_s=settings.validate_timeout_s,
+                             memory_bytes=settings.validate_memory_bytes, read_only=[upload.path],
+                             cpu_seconds=int(settings.validate_timeout_s * (os.cpu_count() or 1)))
     except subprocess.TimeoutExpired:
         return {"ok": False, "stage": "timeout",
                 "error": f"validation took longer than {settings.validate_timeout_s:.0f} s"}
-    lines = [ln for ln in result.stdout.splitlines() if ln.startswith("{")]
-    if result.returncode != 0 or not lines:
-        tail = (result.stderr or "").strip().splitlines()[-1:] or [f"exit code {result.returncode}"]
-        return {"ok": False, "stage": "crash", "error": f"the validation process died: {tail[0][:500]}"}
-    return json.loads(lines[-1])
+    except SandboxUnavailable as e:
+        raise Problem(503, str(e), field="file") from None
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    report = _last_report(result.stdout)
+    if result.returncode != 0 or report is None:
+        reason = _exit_reason(result.returncode)
+        return {"ok": False, "stage": "crash", "error": f"the validation process died ({reason})"}
+    if not report.get("ok"):
+        stage = str(report.get("stage"))
+        # The engine's words may name the file by its path in the data folder: not the user's business.
+        error = str(report.get("error", "")).replace(str(upload.path), "the model file")
+        return {"ok": False, "stage": stage if stage in _STAGE_VERB else "crash", "error": scrub(error)}
+    return report
+
+
+def _last_report(stdout: str) -> dict | None:
+    lines = [ln for ln in stdout.splitlines() if ln.startswith("{")]
+    try:
+        report = json.loads(lines[-1]) if lines else None
+    except ValueError:
+        return None
+    return report if isinstance(report, dict) else None
+
+
+def _exit_reason(returncode: int) -> str:
+    if returncode == -signal.SIGKILL:
+        return "killed: out of memory or CPU time"
+    if returncode < 0:
+        return f"signal {signal.Signals(-returncode).name}" if -returncode in signal.valid_signals() else "a signal"
+    return f"exit code {returncode}"
 
 
 @router.post("", status_code=201, response_model=ModelOut, responses={**UPLOAD_ERRORS, **BUSY_RESPONSE},
@@ -143,5 +182,5 @@ _STAGE_VERB = {"load": "load as TorchScript", "forward": "run on example inputs 
 
 
 @router.get("/{model_id}", response_model=ModelOut)
-def get_model(model_id: str, session: SessionDep, caller: ReadCaller) -> Model:
+def get_model(model_id: CleanStr, session: SessionDep, caller: ReadCaller) -> Model:
     return get_or_404(session, Model, model_id, caller.project, "model")

@@ -33,11 +33,11 @@ def assert_problem(response, status: int, field: str | None = None) -> dict:
     return body
 
 
-def test_healthz_and_readyz_check_database_broker_and_store(api):
+def test_healthz_and_readyz_check_database_broker_store_and_sandbox(api):
     assert api.client.get("/healthz").json() == {"status": "ok"}
     ready = api.client.get("/readyz")
     assert ready.status_code == 200
-    assert ready.json()["checks"] == {"database": "ok", "broker": "ok", "store": "ok"}
+    assert ready.json()["checks"] == {"database": "ok", "broker": "ok", "store": "ok", "sandbox": "ok"}
 
 
 def test_model_upload_reports_hash_size_and_quantisable_layers(api, uploaded, assets):
