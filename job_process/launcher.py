@@ -24,7 +24,7 @@ from job_process.protocol import CANCEL_FILE, ERROR_FILE, LOG_FILE, RESULT_FILE,
 
 JOB_MODULE = "job_process.main"
 LOG_TAIL_BYTES = 4000
-ERROR_TYPES = ("engine_error", "unsupported")  # the types job_process/main.py writes
+ERROR_TYPES = ("engine_error", "unsupported", "quality_gate")  # the types job_process/main.py writes
 
 
 class ChildProcess:
@@ -112,7 +112,8 @@ class ChildProcess:
 
     # -- how it ended --------------------------------------------------------------------------------
     def result(self) -> dict | None:
-        """result.json: `metrics` and `artifacts`; None unless the job succeeded."""
+        """result.json: `metrics` and `artifacts`; None unless the job succeeded, or finished and missed its
+        quality gate (error.json says so; its outputs are kept)."""
         return protocol.read_json_file(self.workdir / RESULT_FILE)
 
     def error(self) -> dict | None:

@@ -22,17 +22,29 @@ from amct_engine.mixed_precision import Budget
 from amct_engine.mixed_precision import auto_mixed_precision as search_mixed_precision
 from amct_engine.prune_search import auto_channel_prune_search
 from amct_engine.sensitivity import analyse_sensitivity
-from job_process.runners import IO_NAMES, JobContext, add_saved_models, export_options, train
+from job_process.runners import JobContext, add_saved_models, export_options, train
 
 SEARCH_SAMPLES = 2000
 
 
+def _one_input(ctx: JobContext) -> tuple[torch.Tensor, torch.Tensor]:
+    """(example, training inputs) as single tensors: the calibration and search passes take a model of one
+    input (docs/spec/engine.md §1.6); a job's inputs arrive as a tuple in signature order."""
+    example, train_x = ctx.example, ctx.train_x
+    if isinstance(example, tuple):
+        if len(example) != 1:
+            raise ValueError("the calibration and search job kinds take a model with one input; "
+                             f"this model has {len(example)}: use quant_retrain with distill_outputs instead")
+        example, train_x = example[0], train_x[0]
+    return example, train_x
+
+
 def _batches(ctx: JobContext, batch_num: int) -> list[torch.Tensor]:
-    size = ctx.params["batch_size"]
-    if len(ctx.train_x) < batch_num * size:
+    size, train_x = ctx.params["batch_size"], _one_input(ctx)[1]
+    if len(train_x) < batch_num * size:
         raise ValueError(f"PTQ needs batch_num x batch_size = {batch_num} x {size} calibration samples; the "
-                         f"training split has {len(ctx.train_x)}: lower batch_size or the cfg's batch_num")
-    return [ctx.train_x[i * size:(i + 1) * size] for i in range(batch_num)]
+                         f"training split has {len(train_x)}: lower batch_size or the cfg's batch_num")
+    return [train_x[i * size:(i + 1) * size] for i in range(batch_num)]
 
 
 def _progress(ctx: JobContext):
@@ -44,9 +56,10 @@ def _progress(ctx: JobContext):
 
 def _search_data(ctx: JobContext, used: int):
     """Held-out samples for the searches: the training split's tail, after the calibration samples."""
-    count = min(SEARCH_SAMPLES, max(1, len(ctx.train_x) // 5), max(1, len(ctx.train_x) - used))
+    train_x = _one_input(ctx)[1]
+    count = min(SEARCH_SAMPLES, max(1, len(train_x) // 5), max(1, len(train_x) - used))
     labels = ctx.train_y[-count:] if ctx.labelled else None
-    return ctx.train_x[-count:], labels
+    return train_x[-count:], labels
 
 
 def _settings(ctx: JobContext) -> dict:
@@ -56,11 +69,11 @@ def _settings(ctx: JobContext) -> dict:
 def ptq(ctx: JobContext) -> nn.Module:
     config, fused, record = ctx.path("ptq_config.json"), ctx.path("fused_model.onnx"), ctx.path("record.txt")
     ctx.phase("creating")
-    amct.create_quant_config(config, ctx.model_path, ctx.example, config_defination=ctx.cfg_path)
+    amct.create_quant_config(config, ctx.model_path, _one_input(ctx)[0], config_defination=ctx.cfg_path)
     with open(config) as f:
         batch_num = json.load(f)["batch_num"]
     batches = _batches(ctx, batch_num)
-    model = amct.quantize_model(config, fused, record, ctx.model_path, ctx.example, **IO_NAMES)
+    model = amct.quantize_model(config, fused, record, ctx.model_path, _one_input(ctx)[0], **ctx.io)
     ctx.phase("calibrating")
     progress = _progress(ctx)
     with torch.no_grad():
@@ -81,7 +94,7 @@ def sensitivity(ctx: JobContext) -> nn.Module:
     batches = _batches(ctx, ctx.report["ptq"]["batch_num"])
     x_eval, y_eval = _search_data(ctx, ctx.report["ptq"]["calibration_samples"])
     ctx.phase("sensitivity")
-    table = analyse_sensitivity(ctx.model_path, ctx.example, batches, x_eval, y_eval,
+    table = analyse_sensitivity(ctx.model_path, _one_input(ctx)[0], batches, x_eval, y_eval,
                                 precisions=[p for p in settings["precisions"] if p != "INT16"] or ("INT8", "INT4"),
                                 prune_ratios=settings["prune_ratios"], progress=_progress(ctx))
     ctx.report["sensitivity"] = {**table.to_json(), "metric": "top1_drop" if y_eval is not None else "cosine",
@@ -101,7 +114,7 @@ def auto_mixed_precision(ctx: JobContext) -> nn.Module:
     candidates = settings["precisions"] or ["INT4", "INT8", "INT16"]
     candidates = [*candidates, "FP32"] if settings["keep_float"] else candidates
     ctx.phase("searching")
-    result = search_mixed_precision(ctx.model_path, ctx.example, batches, x_eval, y_eval,
+    result = search_mixed_precision(ctx.model_path, _one_input(ctx)[0], batches, x_eval, y_eval,
                                     Budget(**settings["budget"]), ctx.path("mixed_precision"), candidates,
                                     progress=_progress(ctx))
     deploy = result.files["ascend_deploy" if ctx.params.get("deploy_format") == "ascend" else "deploy"]
@@ -122,16 +135,16 @@ def prune_search(ctx: JobContext) -> nn.Module:
     batches = _batches(ctx, batch_num)
     x_eval, y_eval = _search_data(ctx, batch_num * ctx.params["batch_size"])
     ctx.phase("searching")
-    result = auto_channel_prune_search(ctx.model_path, ctx.example, batches, x_eval, y_eval,
+    result = auto_channel_prune_search(ctx.model_path, _one_input(ctx)[0], batches, x_eval, y_eval,
                                        settings["target_macs_ratio"], ctx.path("prune_search.cfg"),
                                        progress=_progress(ctx))
     record = ctx.path("record.txt")
     ctx.phase("creating")
-    model = amct.create_prune_retrain_model(ctx.model_path, ctx.example, result.cfg_file, record,
+    model = amct.create_prune_retrain_model(ctx.model_path, _one_input(ctx)[0], result.cfg_file, record,
                                             calibration_data=batches)
     model = train(ctx, model)
     ctx.phase("exporting_onnx")
-    add_saved_models(ctx, amct.save_prune_retrain_model(model, ctx.path("model"), ctx.example,
+    add_saved_models(ctx, amct.save_prune_retrain_model(model, ctx.path("model"), _one_input(ctx)[0],
                                                         **export_options(ctx)))
     ctx.files.update(record=record, prune_search_cfg=result.cfg_file)
     report = {k: v for k, v in vars(result).items() if k != "cfg_file"}

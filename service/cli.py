@@ -147,6 +147,13 @@ def compress(model: Annotated[Path, typer.Option(exists=True, dir_okay=False, he
              eval_fraction: Annotated[float, typer.Option(help="held-out share for the report")] = 0.1,
              seed: int = 0, device: Annotated[Device, typer.Option()] = DEFAULT_DEVICE,
              deploy_format: Annotated[DeployFormat, typer.Option()] = DEFAULT_DEPLOY_FORMAT,
+             objective: Annotated[str | None, typer.Option(help="cross_entropy | mse | l1 | distill_outputs; "
+                                                           "default: cross_entropy with labels, else distill_outputs")]
+             = None,
+             distill_loss: Annotated[str, typer.Option(help="distill_outputs per output: auto | kl | mse | cosine")]
+             = "auto",
+             max_accuracy_drop: Annotated[float | None, typer.Option(help="quality gate on held-out top-1")] = None,
+             min_output_cosine: Annotated[float | None, typer.Option(help="quality gate on output cosine")] = None,
              accept_uint8: Annotated[bool, typer.Option("--accept-uint8", help="use uint8 inputs as they are (for "
                                                         "a model that scales its input itself)")] = False) -> None:
     """Compress a model here, no server: the engine a worker runs, with a progress bar and a summary table."""
@@ -157,7 +164,9 @@ def compress(model: Annotated[Path, typer.Option(exists=True, dir_okay=False, he
 
     shape = [int(d) for d in parse_shape(input_shape, data).split(",")]
     params = {"epochs": epochs, "batch_size": batch_size, "lr": lr, "eval_fraction": eval_fraction, "seed": seed,
-              "deploy_format": deploy_format.value}
+              "deploy_format": deploy_format.value, "objective": objective, "distill_loss": distill_loss,
+              "max_accuracy_drop": max_accuracy_drop, "min_output_cosine": min_output_cosine}
+    params = {k: v for k, v in params.items() if v is not None}
     check_job_params({**params, "device": device.value})  # the bounds POST /v1/jobs has, before the engine starts
     check_not_raw_images(data, accept_uint8)
     with progress_view() as (bar, show):

@@ -41,16 +41,32 @@ def report_rows(report: dict) -> list[tuple[str, str, str, str]]:
         acc = report["accuracy"]
         rows.append((f"accuracy ({report['eval']['split']}, {samples} samples)", f"{acc['fp32']:.4f}",
                      f"{acc['deploy']:.4f}", f"{(acc['deploy'] - acc['fp32']) * 100:+.2f} pts"))
-    agreement = report["agreement_with_original"]["deploy"]
-    if "top1_agreement" in agreement:
-        rows.append(("top-1 agreement with FP32", "1.0000", f"{agreement['top1_agreement']:.4f}", ""))
-    rows.append(("output cosine with FP32", "1.0000", f"{agreement['mean_cosine']:.4f}", ""))
+    rows += output_rows(report)
     latency = report["latency_ms"]
     rows.append((f"latency, median (batch {latency['fp32']['batch']})", f"{latency['fp32']['median']:.3f} ms",
                  f"{latency['deploy']['median']:.3f} ms", f"speed-up {latency['speedup']:.2f}×"))
     formats = report.get("formats", {})
     if formats:
         rows.append(("format", formats.get("fp32", "onnx"), formats.get("deploy", "onnx"), ""))
+    return rows
+
+
+def output_rows(report: dict) -> list[tuple[str, str, str, str]]:
+    """Deploy against FP32 per output (one set of rows, unnamed, for a one-output model)."""
+    outputs = report.get("outputs") or {"output": {"deploy": report["agreement_with_original"]["deploy"]}}
+    rows = []
+    for name, figures in outputs.items():
+        label = f" ({name})" if len(outputs) > 1 else ""
+        agreement = figures["deploy"]
+        if "top1_agreement" in agreement:
+            rows.append((f"top-1 agreement with FP32{label}", "1.0000", f"{agreement['top1_agreement']:.4f}", ""))
+        rows.append((f"output cosine with FP32{label}", "1.0000", f"{agreement['mean_cosine']:.4f}", ""))
+        if "max_abs_diff" in agreement:
+            rows.append((f"max abs difference{label}", "0", f"{agreement['max_abs_diff']:.4f}",
+                         f"MSE {agreement['mse']:.6f}"))
+    gate = report.get("quality_gate")
+    if gate and not gate["passed"]:
+        rows.append(("quality gate", "", "FAILED", "; ".join(gate["failures"])))
     return rows
 
 

@@ -19,6 +19,7 @@ from pydantic_core import PydanticCustomError, core_schema
 
 from amct_engine.export.formats import DEPLOY_FORMATS
 from job_process.kinds import CFG_KINDS, JOB_KINDS
+from job_process.objective_names import DISTILL_LOSSES, OBJECTIVES
 from service.db.jobstate import STATES
 from service.settings import DEVICES
 
@@ -83,6 +84,8 @@ DeployFormat = Annotated[str, OneOf(DEPLOY_FORMATS.names)]
 Device = Literal[DEVICES]
 JobStatus = Literal[STATES]
 CfgKind = Literal[CFG_KINDS]
+Objective = Literal[OBJECTIVES]
+DistillLoss = Literal[DISTILL_LOSSES]
 
 
 class _Out(BaseModel):
@@ -95,8 +98,14 @@ class ModelOut(_Out):
     format: str
     sha256: str
     size_bytes: int
-    input_shape: list[int]
+    input_shape: list[int] = Field(description="the first input's example shape (the upload check ran on it)")
     input_dtype: str
+    inputs: list[dict[str, Any]] = Field(
+        validation_alias="signature",
+        description="the signature: [{name, shape, dtype}], a dimension an integer or an axis name (dynamic)")
+    outputs: dict[str, Any] | None = Field(
+        None, description="the output structure the upload check recorded: {type: tensor, shape, dtype} | "
+                          "{type: tuple, items: [...]} | {type: dict, items: {key: ...}}")
     status: Literal["validating", "ready", "invalid"]
     status_detail: str | None = None
     layers: dict[str, Any] | None = None
@@ -139,6 +148,23 @@ class JobCreate(BaseModel):
     deploy_format: DeployFormat = Field(
         "onnx", description="deploy model layout (GET /v1/meta lists each format with what it is for)"
     )
+    objective: Objective | None = Field(
+        None, description="what a retrain kind trains for: cross_entropy (against `labels`), mse / l1 (against "
+                          "target arrays named after the outputs, or `targets`), distill_outputs (match the "
+                          "original FP32 model's outputs on the same batch, no labels needed). Default: "
+                          "cross_entropy when the dataset has labels, else distill_outputs")
+    distill_loss: DistillLoss = Field(
+        "auto", description="distill_outputs per output: kl (temperature-softened class distributions), mse, "
+                            "cosine; auto: kl for a classifier's logits (a dataset with labels), mse otherwise")
+    temperature: float = Field(4.0, gt=0, le=100, description="the kl temperature of distill_outputs")
+    max_accuracy_drop: float | None = Field(
+        None, ge=0, le=1, description="quality gate: fail the job (error.type quality_gate, artifacts kept) when "
+                                      "the deploy model's held-out top-1 is more than this below the FP32 model's "
+                                      "(needs labels). Default: off")
+    min_output_cosine: float | None = Field(
+        None, ge=-1, le=1, description="quality gate: fail the job when the mean cosine of the deploy model's "
+                                       "outputs to the FP32 model's, on the held-out split, is below this (the "
+                                       "lowest output). Default: off")
 
 
 class JobError(BaseModel):
@@ -226,7 +252,8 @@ class Me(BaseModel):
 class JobKindInfo(BaseModel):
     name: str
     cfg_kind: CfgKind = Field(description="the cfg a job of this kind takes (POST /v1/configs `kind`)")
-    needs_labels: bool = Field(description="trained on the dataset's `labels`; refused at submit without them")
+    needs_labels: bool = Field(description="a retraining kind: trains with an `objective` (cross_entropy on the "
+                                           "dataset's `labels`, or distill_outputs without them)")
     description: str
 
 

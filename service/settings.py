@@ -52,6 +52,10 @@ class Settings(BaseSettings):
 
     validate_timeout_s: float = 300.0
     validate_memory_bytes: int = 8192 * MiB
+    # Uploads checked at once (service/checks.py); one more gets 429 with Retry-After.
+    max_concurrent_model_checks: int = Field(default=2, ge=1)
+    max_concurrent_dataset_checks: int = Field(default=2, ge=1)
+    check_retry_after_s: int = Field(default=5, ge=1)
     # The worker renews its lease while the engine runs; a job whose lease ran out lost its worker.
     lease_s: float = 120.0
     heartbeat_s: float = 5.0

@@ -97,10 +97,16 @@ class JobRecords:
                 return "lost"
         return jobstate.SUCCEEDED
 
-    def fail(self, error_type: str, detail: str, workdir: Path | None) -> None:
-        """Fail the job with the error a user reads; the job process's log goes with it when there is one."""
+    def fail(self, error_type: str, detail: str, workdir: Path | None, outputs: dict | None = None) -> None:
+        """Fail the job with the error a user reads; the job process's log goes with it when there is one.
+
+        `outputs` (`artifacts`, `metrics`): what a job that finished but missed its quality gate made,
+        stored for inspection as a success's would be."""
         artifacts = [self._log_blob(workdir)] if workdir is not None and (workdir / LOG_FILE).exists() else []
         values = {"error_type": error_type, "error_detail": detail[:4000], "phase": None}
+        if outputs and workdir is not None:
+            artifacts += [(a, self.store.put_file(_inside(workdir, a["path"]))) for a in outputs.get("artifacts", [])]
+            values["metrics"] = outputs.get("metrics")
         self.finish(jobstate.FAILED, values, {"error": {"type": error_type, "detail": detail[:500]}}, artifacts)
 
     def crashed(self, detail: str) -> str:

@@ -68,7 +68,9 @@ def _record_exit(child: ChildProcess, records: JobRecords, returncode: int, canc
         return records.crashed(f"the engine process was killed by {name}")
     error = error or {
         "type": "crashed", "detail": f"the engine process exited with code {returncode}: {child.log_tail()}"}
-    records.fail(error["type"], error["detail"], child.workdir)
+    # A job that finished but missed its quality gate left its outputs in result.json: kept, not discarded.
+    records.fail(error["type"], error["detail"], child.workdir,
+                 outputs=child.result() if error["type"] == "quality_gate" else None)
     return jobstate.FAILED
 
 

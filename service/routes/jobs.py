@@ -14,8 +14,10 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from job_process.kinds import JOB_KINDS
+from job_process.objective_names import default_objective
 from service import workers
 from service.auth import ReadCaller, WriteCaller
+from service.datasets import DatasetError, check_against_model
 from service.db import jobstate
 from service.db.models import Artifact, Config, Dataset, Job, Model, Project
 from service.deps import DispatcherDep, SessionDep, SettingsDep
@@ -57,8 +59,9 @@ def artifact_out(a: Artifact) -> ArtifactOut:
         size_bytes=a.size_bytes, created_at=a.created_at, content_url=f"/v1/artifacts/{a.id}/content")
 
 
-def check_inputs(session: Session, body: JobCreate, project: str) -> None:
-    """Refuse at submit what could only fail later in the worker, naming the field."""
+def check_inputs(session: Session, body: JobCreate, project: str) -> str | None:
+    """Refuse at submit what could only fail later in the worker, naming the field; returns the objective
+    a retrain kind trains with (None for the kinds that take none)."""
     model = get_or_404(session, Model, body.model_id, project, "model")
     config = get_or_404(session, Config, body.config_id, project, "config")
     dataset = get_or_404(session, Dataset, body.dataset_id, project, "dataset")
@@ -76,13 +79,20 @@ def check_inputs(session: Session, body: JobCreate, project: str) -> None:
     if not verdict["ok"]:
         raise Problem(422, f"config {config.id} does not suit {body.kind}: {verdict['detail']}", field="config_id",
                       line=verdict.get("line"), column=verdict.get("column"))
-    arrays = dataset.description["arrays"]
-    sample_shape = arrays["inputs"]["shape"][1:]
-    if sample_shape != model.input_shape[1:]:
-        raise Problem(422, f"dataset samples have shape {sample_shape} but the model takes "
-                      f"{model.input_shape[1:]} (input_shape without the batch dimension)", field="dataset_id")
-    if kind.needs_labels and not dataset.description["has_labels"]:
-        raise Problem(422, f"dataset {dataset.id} has no 'labels'; {body.kind} trains on labels", field="dataset_id")
+    objective = job_objective(body, dataset) if kind.needs_labels else None
+    try:
+        check_against_model(dataset.description, model.signature, model.outputs, objective or "")
+    except DatasetError as e:
+        raise Problem(422, f"dataset {dataset.id} does not suit model {model.id}: {e}", field="dataset_id",
+                      **({"array": e.array} if e.array else {})) from None
+    if body.max_accuracy_drop is not None and not dataset.description["has_labels"]:
+        raise Problem(422, "max_accuracy_drop compares top-1 on the dataset's labels, which it lacks; use "
+                      "min_output_cosine", field="max_accuracy_drop")
+    return objective
+
+
+def job_objective(body: JobCreate, dataset: Dataset) -> str:
+    return body.objective or default_objective(dataset.description["has_labels"])
 
 
 def request_hash(body: JobCreate) -> str:
@@ -141,13 +151,16 @@ def submit_job(body: JobCreate, response: Response, session: SessionDep, setting
         response.headers["Location"] = f"/v1/jobs/{job.id}"
         response.headers["Idempotent-Replayed"] = "true"
         return job_out(job)
-    check_inputs(session, body, caller.project)
+    objective = check_inputs(session, body, caller.project)
     if (served := workers.unserved(session, body.device, settings)) is not None:
         raise Problem(409, workers.unserved_message(body.device, served), type_="/problems/device-not-served",
                       field="device", served_devices=served)
     lock_project(session, caller.project)
     check_quota(session, caller.project, settings)
-    params = body.model_dump(include={"epochs", "batch_size", "lr", "eval_fraction", "seed", "deploy_format"})
+    params = body.model_dump(include={"epochs", "batch_size", "lr", "eval_fraction", "seed", "deploy_format",
+                                      "max_accuracy_drop", "min_output_cosine"}, exclude_none=True)
+    if objective is not None:
+        params.update(objective=objective, distill_loss=body.distill_loss, temperature=body.temperature)
     job = Job(project_id=caller.project, kind=body.kind, status=jobstate.QUEUED, model_id=body.model_id,
               config_id=body.config_id, dataset_id=body.dataset_id, params=params, device=body.device,
               queue=settings.queue_for(body.device), max_attempts=settings.max_attempts,

@@ -32,11 +32,7 @@ export function reportRows(r) {
     rows.push([`accuracy (${r.eval.split}, ${r.eval.samples} samples)`, r.accuracy.fp32.toFixed(4),
                r.accuracy.deploy.toFixed(4), `${drop >= 0 ? "+" : ""}${drop} pts`]);
   }
-  const agree = r.agreement_with_original.deploy;
-  if (agree.top1_agreement !== undefined) {
-    rows.push(["top-1 agreement with FP32", "1.0000", agree.top1_agreement.toFixed(4), ""]);
-  }
-  rows.push(["output cosine with FP32", "1.0000", agree.mean_cosine.toFixed(4), ""]);
+  rows.push(...outputRows(r));
   const lat = r.latency_ms;
   rows.push([`latency, median (batch ${lat.fp32.batch})`, `${lat.fp32.median.toFixed(3)} ms`,
              `${lat.deploy.median.toFixed(3)} ms`, `speed-up ${lat.speedup.toFixed(2)}×`]);
@@ -77,6 +73,27 @@ export function mixedPrecisionTable(m) {
       h("thead", {}, h("tr", {}, ["layer", "precision"].map((t) => h("th", {}, t)))),
       h("tbody", {}, Object.entries(m.precisions).map(([layer, p]) =>
         h("tr", {}, h("th", {}, layer), h("td", { class: `precision-${p}` }, p))))));
+}
+
+// Deploy against FP32 per output, as service/report_view.py output_rows.
+function outputRows(r) {
+  const outputs = r.outputs || { output: { deploy: r.agreement_with_original.deploy } };
+  const names = Object.keys(outputs);
+  const rows = [];
+  for (const name of names) {
+    const label = names.length > 1 ? ` (${name})` : "";
+    const agree = outputs[name].deploy;
+    if (agree.top1_agreement !== undefined) {
+      rows.push([`top-1 agreement with FP32${label}`, "1.0000", agree.top1_agreement.toFixed(4), ""]);
+    }
+    rows.push([`output cosine with FP32${label}`, "1.0000", agree.mean_cosine.toFixed(4), ""]);
+    if (agree.max_abs_diff !== undefined) {
+      rows.push([`max abs difference${label}`, "0", agree.max_abs_diff.toFixed(4), `MSE ${agree.mse.toFixed(6)}`]);
+    }
+  }
+  const gate = r.quality_gate;
+  if (gate && !gate.passed) rows.push(["quality gate", "", "FAILED", gate.failures.join("; ")]);
+  return rows;
 }
 
 function card(title, ...children) {
