@@ -9,6 +9,9 @@ WORKDIR /app
 # CPU torch first, from the PyTorch CPU index, so the service extra never pulls a CUDA build.
 # (GPU workers: build with --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu128.)
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
+# bubblewrap: every child that loads a user model runs in it (docs/security.md); the service refuses
+# user models without it. It brings libseccomp2, which the sandbox's seccomp filter is built with.
+RUN apt-get update -q && apt-get install -y -q --no-install-recommends bubblewrap && rm -rf /var/lib/apt/lists/*
 RUN pip install --index-url "$TORCH_INDEX" torch==2.13.0
 
 COPY pyproject.toml README.md ./
@@ -20,7 +23,8 @@ COPY job_process ./job_process
 COPY migrations ./migrations
 COPY alembic.ini ./
 
-# Never root: user models run in child processes of this user, which holds no secrets on disk.
+# Never root: user models run in child processes of this user, inside bubblewrap (an unprivileged user
+# namespace: the container needs the security options docker-compose.yml sets, see docs/security.md).
 RUN useradd --system --uid 10001 --home-dir /var/lib/amct --create-home amct
 USER amct
 EXPOSE 8000

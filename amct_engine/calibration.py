@@ -1,5 +1,5 @@
-"""Calibration batches, and BatchNorm recalibration after physical pruning (our extension of the prune and
-compressed APIs, docs/spec/engine.md §1.3).
+"""Calibration batches, and BatchNorm recalibration after physical pruning and, optionally, after quantiser
+insertion (our extension of the prune and compressed APIs, docs/spec/engine.md §1.3).
 
 Pruning removes channels that fed the next layers, so the BatchNorms after them normalise with
 statistics of a network that no longer exists: Torch-Pruning's 50 % CNN starts at 65 % top-1, ours at
@@ -19,6 +19,7 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from amct_engine.blockwise_distill.sample import DistillSampleBase, ModelSingleTensorInput, model_inputs
+from amct_engine.quant.retrain_layer import QuantRetrainLayer
 
 DEFAULT_CALIBRATION_BATCHES = 8
 
@@ -53,7 +54,11 @@ def calibration_batches(
 def recalibrate_batch_norm(model: nn.Module, batches: Iterable[CalibrationBatch]) -> int:
     """Re-estimate every BatchNorm's running mean and variance on ``batches``; returns how many BNs.
 
-    Parameters and every other module's state are unchanged; the modes are restored afterwards.
+    Parameters and every other module's state are unchanged; the modes are restored afterwards. In a
+    model with QAT layers (after quantiser insertion) the BNs inside them see the fake-quantised layer
+    output: those layers run their training forward (their eval forward is the deployed one, with the
+    BN folded), and their activation quantisers that have not calibrated yet (IFMR) do so on the
+    first batches, as they would on the first training batches.
     """
     norms = [m for m in model.modules() if isinstance(m, _BatchNorm) and m.track_running_stats]
     if not norms:
@@ -67,6 +72,9 @@ def recalibrate_batch_norm(model: nn.Module, batches: Iterable[CalibrationBatch]
             bn.reset_running_stats()
             bn.momentum = None  # a cumulative average over the batches
             bn.train()
+        for layer in model.modules():
+            if isinstance(layer, QuantRetrainLayer):
+                layer.training = True  # the layer only: its quantisers stay in eval mode
         for batch in batches:
             model(*(t.to(device) for t in batch.inputs))
     finally:

@@ -11,10 +11,10 @@ Every returned model carries ``amct_prune_report`` (a ``PruneReport``): what was
 
 from __future__ import annotations
 
-import copy
 import os
 import shutil
 
+import torch
 from torch import nn
 
 from amct_engine.calibration import DEFAULT_CALIBRATION_BATCHES, calibration_batches, recalibrate_batch_norm
@@ -35,6 +35,8 @@ from amct_engine.export.save import (
 )
 from amct_engine.graph.analysis import RETRAIN_TYPES, quantizable_layers
 from amct_engine.graph.capture import CapturedModel, as_input_tuple, capture_model
+from amct_engine.prune import progressive
+from amct_engine.prune.dependency import build_channel_groups
 from amct_engine.prune.importance import IMPORTANCE_CRITERIA, ImportanceData
 from amct_engine.prune.layer_pruners import weight_layer_type_names
 from amct_engine.prune.passes import (
@@ -42,6 +44,7 @@ from amct_engine.prune.passes import (
     parameter_count,
     prune_records,
     replay_filter_prune,
+    scheduled_filter_prune,
     selective_prune,
 )
 from amct_engine.prune.records import (
@@ -50,7 +53,7 @@ from amct_engine.prune.records import (
     update_selective_records,
     write_prune_records,
 )
-from amct_engine.prune.report import PruneReport
+from amct_engine.prune.report import REPLAYED, GroupDecision, PruneReport
 from amct_engine.prune.selective import bake_selective_masks, selective_masks
 from amct_engine.prune.settings import prune_settings_from_cfg
 from amct_engine.quant.insert import insert_quant_layers
@@ -108,15 +111,18 @@ def save_prune_retrain_model(
 
 def create_compressed_retrain_model(model, input_data, config_defination, record_file, calibration_data=None, *,
                                     sample_instance=None, calibration_batches=DEFAULT_CALIBRATION_BATCHES,
-                                    recalibrate_bn=True) -> nn.Module:
+                                    recalibrate_bn=True, recalibrate_quantized_bn=False) -> nn.Module:
     """Prune (BCP and/or 4:2), re-capture, insert QAT layers; a new copy of ``model``.
 
     Quantisation factors reach the record at the first eval forward after training (docs/spec/engine.md §1.2).
     ``calibration_data`` and the keywords after it: as in ``create_prune_retrain_model`` (the BatchNorms
-    are recalibrated on the pruned float model, before the QAT layers go in).
+    are recalibrated on the pruned float model, before the QAT layers go in). ``recalibrate_quantized_bn``:
+    once more after the QAT layers are in, on the fake-quantised forward (the activation quantisers
+    take their IFMR start from the first calibration batches then).
     """
     calibration = _calibration(calibration_data, sample_instance, calibration_batches, recalibrate_bn)
-    return _create(model, input_data, config_defination, record_file, "compressed", calibration)
+    return _create(model, input_data, config_defination, record_file, "compressed", calibration,
+                   recalibrate_quantized_bn and calibration is not None)
 
 
 def restore_compressed_retrain_model(
@@ -155,6 +161,9 @@ def save_compressed_retrain_model(
             raise RuntimeError(f"the model has no quantised layers and {record_file} has no prune record: pass "
                                "the model returned by create_compressed_retrain_model")
         return _save_float(baked, save_path, inputs, input_names, output_names, dynamic_axes)
+    if progressive.schedule_of(model) is not None:
+        _refresh_records(baked, inputs)
+        model = baked  # the record now holds the factors of the layers without the removed channels
     records = records_for_save(model, record_file)
     return save_quantized_onnx(baked, records, save_path, inputs, input_names, output_names, dynamic_axes,
                                deploy_format, deploy_target)
@@ -169,7 +178,8 @@ def _calibration(data, sample_instance, limit: int, recalibrate_bn: bool) -> tup
     return calibration_batches(data, limit, sample_instance), recalibrate_bn
 
 
-def _create(model, input_data, config_defination, record_file, api: str, calibration=None) -> nn.Module:
+def _create(model, input_data, config_defination, record_file, api: str, calibration=None,
+            recalibrate_quantized: bool = False) -> nn.Module:
     _check_path(record_file, "record_file")
     doc = _load_cfg(config_defination, api)
     cm = _capture(model, input_data, doc, api)
@@ -179,11 +189,22 @@ def _create(model, input_data, config_defination, record_file, api: str, calibra
     settings = prune_settings_from_cfg(doc.message, cm.module_types(), weight_layer_type_names())
     batches, recalibrate = calibration or ([], False)
     data = ImportanceData([(b.inputs, b.labels) for b in batches]) if batches else None
-    cuts = filter_prune(cm, settings, report, data=data)
-    if cuts and recalibrate:
+    if settings.progressive():  # our prune_schedule extension: masks now, channels removed at save
+        cuts = []
+        schedule = scheduled_filter_prune(cm, settings, report, data)
+        if schedule is not None:
+            schedule.state_file = progressive.state_path(record_file)
+            progressive.attach(cm.module, schedule)  # re-capture and QAT insertion carry it along
+        pruned = schedule is not None
+    else:
+        cuts = filter_prune(cm, settings, report, data=data)
+        pruned = bool(cuts)
+    if pruned and recalibrate:
         report.bn_recalibrated = recalibrate_batch_norm(cm.module, batches)  # pruned BNs start from real data
-    report.params_after = parameter_count(cm.module)
+    report.params_after = _params_after_save(cm.module)
     result, cm = _quantise(cm, doc, record, api)
+    if recalibrate_quantized and quant_layers(result):
+        report.bn_recalibrated_quantized = recalibrate_batch_norm(result, batches)
     masks = selective_prune(result, cm, settings, record, report)
     write_prune_records(record, prune_records(cuts, masks))
     report.log(filter_configured=bool(settings.filter()))
@@ -198,13 +219,15 @@ def _restore(model, input_data, config_defination, record_file, pth_file, state_
     records = read_prune_records(record_file)
     cm = _capture(model, input_data, doc, api)
     report = PruneReport(params_before=parameter_count(cm.module))
+    settings = prune_settings_from_cfg(doc.message, cm.module_types(), weight_layer_type_names())
     replay_filter_prune(cm, records, str(record_file), report)
-    report.params_after = parameter_count(cm.module)
+    if settings.progressive():
+        _replay_schedule(cm, progressive.state_path(record_file), report)
+    report.params_after = _params_after_save(cm.module)
     record = RecordFile(record_file)
     # the quantisation factors are rewritten by the first eval forward; the prune records stay
     record.create_empty()
     write_prune_records(record, records)
-    settings = prune_settings_from_cfg(doc.message, cm.module_types(), weight_layer_type_names())
     result, cm = _quantise(cm, doc, record, api)
     masks = selective_masks_from_records(records, str(record_file))
     selective_prune(result, cm, settings, record, report, masks=masks)
@@ -214,12 +237,36 @@ def _restore(model, input_data, config_defination, record_file, pth_file, state_
     return result
 
 
+def _replay_schedule(cm: CapturedModel, path: str, report: PruneReport) -> None:
+    """Restore of a progressive model: the masks, steps and batch count of the state file, as they were."""
+    state = progressive.read_state(path)
+    entries = progressive.restored_groups(state, build_channel_groups(cm).groups, path)
+    schedule = progressive.ProgressivePruning(entries, progressive.float_modules(cm.module, [e.group for e in entries]),
+                                              state_file=path, batches=state["batches"], history=state["history"])
+    progressive.attach(cm.module, schedule, restored=True)
+    for i, e in enumerate(entries):
+        report.groups.append(GroupDecision(i, e.group.producer_names, [], e.group.size, e.group.size - len(e.masked),
+                                           REPLAYED, importance=e.importance,
+                                           schedule=progressive.describe_schedule(e.schedule, e.target_ratio)))
+
+
+def _params_after_save(model: nn.Module) -> int:
+    """Parameters of the saved model: with a schedule, after its channels are removed."""
+    if progressive.schedule_of(model) is None:
+        return parameter_count(model)
+    trial = progressive.copy_model(model)
+    progressive.remove_channels(trial)
+    return parameter_count(trial)
+
+
 def _quantise(cm: CapturedModel, doc: CfgDocument, record: RecordFile, api: str):
     """Compressed mode: re-capture the pruned model and insert QAT layers where the cfg asks
     (docs/spec/engine.md §2.2)."""
     if api != "compressed":
         return cm.module, cm
-    cm = capture_model(cm.module, cm.example_inputs)
+    float_model = cm.module
+    cm = capture_model(float_model, cm.example_inputs)
+    progressive.carry_over(float_model, cm.module)
     cfg = doc.message
     layers = {info.name: info.module for info in quantizable_layers(cm, RETRAIN_TYPES)}
     config = QuantJsonConfig(RETRAIN, batch_num=cfg.batch_num)
@@ -272,9 +319,19 @@ def _flush_selective_records(model: nn.Module, record_file) -> None:
                 m.flush_record()
 
 
+@torch.no_grad()
+def _refresh_records(model: nn.Module, inputs) -> None:
+    """An eval forward of the saved copy after its schedule removed channels: the QAT layers write their
+    (fewer) per-channel factors to the record, as after training (docs/spec/engine.md §1.2)."""
+    model.eval()
+    model(*inputs)
+
+
 def _baked_copy(model: nn.Module) -> nn.Module:
-    baked = copy.deepcopy(model).eval()
+    """The model to export: 4:2 masks baked in, a schedule's channels removed (its state written)."""
+    baked = progressive.copy_model(model).eval()
     bake_selective_masks(baked)
+    progressive.remove_channels(baked)
     return baked
 
 

@@ -23,7 +23,7 @@ from bench import compress, ptq, qat  # noqa: E402
 from bench.fashion import BASELINE, FashionSetup, Row, fp32_control, measure_deploy, prepare, run_row  # noqa: E402
 
 # --only presets: the rows each method module contributes (matched as parts of row names).
-PRESETS = {"ptq": ["ORT static PTQ"], "qat": ["QAT", "distill"], "compress": ["BCP", "M4N2", "Torch-Pruning"],
+PRESETS = {"ptq": ["PTQ"], "qat": ["QAT", "distill"], "compress": ["BCP", "M4N2", "Torch-Pruning"],
            "peers": ["torchao", "NNCF", "Torch-Pruning"]}
 
 

@@ -1,18 +1,21 @@
-"""Crash recovery, N times: SIGKILL the worker mid-training, start a new one, the job resumes and succeeds.
+"""Crash recovery, N times per scenario: SIGKILL mid-training, the job resumes from its checkpoint and succeeds.
 
-Each trial (tests/service/crash_scenario.kill_and_resume, the scenario of
-tests/service/test_recovery.py) submits a 3-epoch INT8 QAT job (SmallFashionCnn, 400 Fashion-MNIST
-images), kills the whole process group of the real `celery worker` running it once the checkpoint
-of epoch 1 is stored, and starts a fresh worker. The reaper finds the expired lease (lease 3 s,
-reaper every 1 s), re-queues the job, and the new attempt resumes from the checkpoint. A trial
-passes when the job ends `succeeded` on attempt 2, resumed at the killed epoch (not 0), with every
-artifact's bytes matching its sha256 and no engine process left behind.
+Each trial submits a 2-epoch INT8 QAT job (SmallFashionCnn, 400 Fashion-MNIST images, batch 16) and
+kills something once the checkpoint of epoch 1 is stored (tests/service/crash_scenario.py):
 
-Recovery time = kill -> the new attempt's `resumed` event (worker start, lease expiry, reaper,
-claim, the engine's start-up); finish = kill -> `succeeded`. PostgreSQL (a throwaway database,
-``AMCT_BENCH_PG_URL``; SQLite when unreachable) and a private redis-server on a free port.
+- `worker`: the whole process group of a real `celery worker` (PostgreSQL + a private redis-server);
+  a fresh worker is started; the reaper finds the expired lease (lease 3 s, reaper every 1 s);
+- `engine`: only the engine child under a live Celery worker (PostgreSQL + Redis); the worker puts the
+  job back as another attempt and runs it at once;
+- `embedded`: the worker process of a real `amct serve` (SQLite, filesystem queue); the server kills
+  what is left of its group, releases its leases, reaps and starts a new worker.
 
-    .venv/bin/python bench/recovery.py [--trials 10]
+Per scenario it prints how many trials succeeded, resumed from the checkpoint stored before the kill,
+ran no training step twice, and left no job queued (requeued -> claimed within 30 s), with recovery
+time (kill -> the new attempt's `resumed` event) and kill -> succeeded. PostgreSQL is a throwaway
+database (``AMCT_BENCH_PG_URL``; SQLite when unreachable).
+
+    .venv/bin/python bench/recovery.py [--trials 10] [--scenarios worker,engine,embedded]
 """
 
 from __future__ import annotations
@@ -23,7 +26,6 @@ import statistics
 import sys
 import tempfile
 import uuid
-from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -74,49 +76,85 @@ def database():
         admin.close()
 
 
-def trial_passed(trial) -> bool:
-    resumed, killed = trial.resumed, trial.killed_after
-    return (trial.job["status"] == "succeeded" and trial.job["attempt"] == 2 and resumed is not None
-            and killed["epoch"] >= 1 and (resumed["epoch"], resumed["step"]) == (killed["epoch"], killed["step"])
-            and bool(trial.artifacts) and all(trial.artifacts.values()) and not trial.orphans)
+SCENARIOS = ("worker", "engine", "embedded")
+COUNTS = ("succeeded", "resumed", "none_run_twice", "none_left_queued")
 
 
-def run(trials: int, workdir: Path) -> dict:
-    """Run the trials; returns the counts and timings that `main` prints."""
-    from tests.service.crash_scenario import FAST_RECOVERY, RedisServer, kill_and_resume
+def tally(trials: list) -> dict:
+    """The per-scenario counts `main` prints; a trial that raised counts as failed on every line."""
+    from tests.service.crash_scenario import trial_summary
+
+    counts = dict.fromkeys(COUNTS, 0)
+    for trial in trials:
+        if trial is None:
+            continue
+        summary = trial_summary(trial)
+        counts["succeeded"] += summary["succeeded"] and bool(trial.artifacts) and all(trial.artifacts.values())
+        counts["resumed"] += summary["resumed"]
+        counts["none_run_twice"] += not summary["ran_twice"]
+        counts["none_left_queued"] += not summary["left_queued"]
+    done = [t for t in trials if t is not None]
+    return {"trials": len(trials), **counts, "orphans": sum(len(t.orphans) for t in done),
+            "recover_s": [t.recover_s for t in done], "finish_s": [t.finish_s for t in done]}
+
+
+def _trials(n: int, name: str, one) -> list:
+    results = []
+    for i in range(n):
+        try:
+            trial = one(i)
+        except Exception as e:  # a trial that hangs or breaks counts as failed, the rest go on
+            print(f"{name} trial {i + 1}: FAILED ({type(e).__name__}: {e})", flush=True)
+            results.append(None)
+            continue
+        results.append(trial)
+        print(f"{name} trial {i + 1}: {trial.job['status']} on attempt {trial.job['attempt']}, killed after epoch "
+              f"{trial.killed_after['epoch']} (step {trial.killed_after['step']}), resumed from "
+              f"{_position(trial.resumed)}, recovered in {trial.recover_s:.1f} s, finished "
+              f"{trial.finish_s:.1f} s after the kill", flush=True)
+    return results
+
+
+def run(trials: int, workdir: Path, scenarios=SCENARIOS) -> dict[str, dict]:
+    """Run the trials of each scenario; returns the tallies that `main` prints."""
+    from tests.service.crash_scenario import (
+        FAST_RECOVERY,
+        FAST_RECOVERY_ENV,
+        EmbeddedServer,
+        RedisServer,
+        kill_and_resume,
+        kill_embedded_worker_and_resume,
+        kill_engine_and_resume,
+    )
     from tests.service.support import QUANT_CFG, Api, make_settings, open_api
 
     make_assets(workdir)
-    redis_server = RedisServer(workdir / "redis")
-    results = []
-    try:
-        with database() as database_url:
-            settings = make_settings(workdir / "data", database_url=database_url, broker_url=redis_server.url,
-                                     **FAST_RECOVERY)
-            with open_api(settings) as client:
-                api = Api(client, settings)
-                ids = {"model_id": api.upload_model(workdir / "cnn.pt").json()["id"],
-                       "config_id": api.upload_config(QUANT_CFG).json()["id"],
-                       "dataset_id": api.upload_dataset((workdir / "small.npz").read_bytes()).json()["id"]}
-                for i in range(trials):
-                    try:
-                        trial = kill_and_resume(api, ids, workdir / f"trial-{i + 1}")
-                    except Exception as e:  # a trial that hangs or breaks counts as failed, the rest go on
-                        print(f"trial {i + 1}: FAILED ({type(e).__name__}: {e})", flush=True)
-                        results.append(None)
-                        continue
-                    ok = trial_passed(trial)
-                    results.append(trial if ok else None)
-                    print(f"trial {i + 1}: {'ok' if ok else 'FAILED'}  killed after epoch "
-                          f"{trial.killed_after['epoch']} (step {trial.killed_after['step']}), resumed from "
-                          f"{_position(trial.resumed)}, recovered in {trial.recover_s:.1f} s, succeeded "
-                          f"{trial.finish_s:.1f} s after the kill", flush=True)
-    finally:
-        redis_server.kill()
-    passed = [t for t in results if t is not None]
-    return {"trials": trials, "passed": len(passed),
-            "resumed_from_epoch": Counter(t.resumed["epoch"] for t in passed),
-            "recover_s": [t.recover_s for t in passed], "finish_s": [t.finish_s for t in passed]}
+    results: dict[str, dict] = {}
+    if {"worker", "engine"} & set(scenarios):
+        redis_server = RedisServer(workdir / "redis")
+        try:
+            with database() as database_url:
+                settings = make_settings(workdir / "data", database_url=database_url, broker_url=redis_server.url,
+                                         **FAST_RECOVERY)
+                with open_api(settings) as client:
+                    api = Api(client, settings)
+                    ids = {"model_id": api.upload_model(workdir / "cnn.pt").json()["id"],
+                           "config_id": api.upload_config(QUANT_CFG).json()["id"],
+                           "dataset_id": api.upload_dataset((workdir / "small.npz").read_bytes()).json()["id"]}
+                    if "worker" in scenarios:
+                        results["worker"] = tally(_trials(trials, "worker", lambda i: kill_and_resume(
+                            api, ids, workdir / f"worker-{i + 1}", epochs=2, batch_size=16)))
+                    if "engine" in scenarios:
+                        results["engine"] = tally(_trials(trials, "engine", lambda i: kill_engine_and_resume(
+                            api, ids, workdir / f"engine-{i + 1}")))
+        finally:
+            redis_server.kill()
+    if "embedded" in scenarios:
+        with EmbeddedServer(workdir / "embedded", **FAST_RECOVERY_ENV) as server:
+            ids = server.upload(workdir)
+            results["embedded"] = tally(_trials(trials, "embedded",
+                                                lambda i: kill_embedded_worker_and_resume(server, ids)))
+    return results
 
 
 def _position(event: dict | None) -> str:
@@ -132,19 +170,24 @@ def _stats(samples: list[float]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=10)
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated: " + ", ".join(SCENARIOS))
     args = parser.parse_args(argv)
     from examples.fashion_mnist import fashion_mnist_available
 
     if not fashion_mnist_available():
         print("recovery: Fashion-MNIST is missing: apt-get install dataset-fashion-mnist", file=sys.stderr)
         return 2
+    scenarios = [s for s in args.scenarios.split(",") if s]
     with tempfile.TemporaryDirectory(prefix="amct-bench-recovery-") as tmp:
-        result = run(args.trials, Path(tmp))
-    epochs = ", ".join(f"epoch {e} ({n}x)" for e, n in sorted(result["resumed_from_epoch"].items())) or "-"
-    print(f"{result['passed']}/{result['trials']} succeeded, resumed from {epochs}")
-    print(f"time to recover (kill -> resumed): {_stats(result['recover_s'])}")
-    print(f"kill -> succeeded: {_stats(result['finish_s'])}")
-    return 0 if result["passed"] == result["trials"] else 1
+        results = run(args.trials, Path(tmp), scenarios)
+    ok = True
+    print(f"\n{'scenario':<10} {'trials':>6} {'succeeded':>9} {'resumed':>7} {'none run twice':>14} "
+          f"{'none left queued':>16} {'orphans':>7}  recover (kill -> resumed) / kill -> succeeded")
+    for name, r in results.items():
+        print(f"{name:<10} {r['trials']:>6} {r['succeeded']:>9} {r['resumed']:>7} {r['none_run_twice']:>14} "
+              f"{r['none_left_queued']:>16} {r['orphans']:>7}  {_stats(r['recover_s'])} / {_stats(r['finish_s'])}")
+        ok = ok and all(r[c] == r["trials"] for c in COUNTS) and r["orphans"] == 0
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -29,15 +29,15 @@ ACCURACY_NOISE_PT = 0.2  # points of top-1
 BYTES_NOISE = 0.02  # relative
 TIME_NOISE = 0.10  # relative (latency and step time on a shared 2-core machine)
 
+# Our best filter-pruning recipe (bench/compress.py RECIPES[0], measured by bench/prune_compare.py): the
+# row each Torch-Pruning row is measured against, at the same ratio.
+BEST_PRUNE_ROW = "amct group-L2 {pct} % + BN recal + INT8"
 # Which of our rows each peer is measured against.
 COUNTERPART = {
     "ORT static PTQ (QDQ, per-channel)": "amct INT8 QAT",
     "torchao PT2E QAT (x86)": "amct INT8 QAT",
     "NNCF QAT": "amct INT8 QAT",
-    "Torch-Pruning 30 %": "amct BCP 30 % + INT8",
-    "Torch-Pruning 30 % + ORT PTQ": "amct BCP 30 % + INT8",
-    "Torch-Pruning 50 %": "amct BCP 50 % + INT8",
-    "Torch-Pruning 50 % + ORT PTQ": "amct BCP 50 % + INT8",
+    **{f"Torch-Pruning {pct} %{ptq}": BEST_PRUNE_ROW.format(pct=pct) for pct in (30, 50) for ptq in ("", " + ORT PTQ")},
 }
 Row = dict[str, Any]
 QUANT_OPS = ("QuantizeLinear", "DequantizeLinear", "ConvInteger", "MatMulInteger", "QLinearConv", "QLinearMatMul")
@@ -81,7 +81,9 @@ def _status_cell(row: Mapping[str, Any]) -> str:
 # --------------------------------------------------------------------------- engine table
 
 ENGINE_COLUMNS = ["method", "top-1", "Δ vs FP32", "deploy bytes", "ORT latency b1", "ORT latency b64",
-                  "train step", "params", "top-1 ORT basic / PyTorch", "deployed as"]
+                  "train step", "params", "top-1 ORT basic / PyTorch", "top-1 after pruning", "deployed as"]
+PRUNING_COLUMNS = ["ratio", "peer", "peer after pruning", "peer top-1", "ours", "ours after pruning", "our top-1",
+                   "Δ top-1"]
 ENGINE_ABS_COLUMNS = ["method", "deploy kB", "b1 ms min / med / max", "b64 ms min / med / max",
                       "step ms min / med / max", "prepare s", "train s", "convert s", "deploy graph (top ops)"]
 
@@ -108,6 +110,9 @@ def engine_rows(result: Mapping[str, Any]) -> tuple[list[dict], list[dict]]:
             "params": _x(row.get("params_ratio")),
             "top-1 ORT basic / PyTorch": (f"{row['accuracy_ort_basic']:.4f} / {row['torch_accuracy']:.4f}"
                                           if "accuracy_ort_basic" in row else None),
+            # the pruned float model before any training (ours: with BN recalibration when the recipe has it)
+            "top-1 after pruning": (f"{row['accuracy_after_pruning']:.4f}" if row.get("accuracy_after_pruning")
+                                    is not None else None),
             "deployed as": row.get("deploy_kind"),
         })
         absolute.append({
@@ -122,6 +127,29 @@ def engine_rows(result: Mapping[str, Any]) -> tuple[list[dict], list[dict]]:
             "deploy graph (top ops)": _ops_line(row) or None,
         })
     return main, absolute
+
+
+def pruning_pairs(result: Mapping[str, Any]) -> list[dict]:
+    """Each Torch-Pruning row beside its COUNTERPART (our best recipe at the same ratio): top-1 right after
+    pruning and after the epoch (+ INT8), as formatted cells."""
+    rows = {r["name"]: r for r in result["rows"] if r["status"] == "ok"}
+    pairs = []
+    for peer_name, ours_name in COUNTERPART.items():
+        peer, ours = rows.get(peer_name), rows.get(ours_name)
+        if not peer_name.startswith("Torch-Pruning") or peer is None or ours is None:
+            continue
+        pairs.append({
+            "ratio": peer_name.split("Torch-Pruning ")[1].split(" %")[0] + " %", "peer": peer_name,
+            "peer after pruning": _fmt4(peer.get("accuracy_after_pruning")), "peer top-1": _fmt4(peer.get("accuracy")),
+            "ours": ours_name, "ours after pruning": _fmt4(ours.get("accuracy_after_pruning")),
+            "our top-1": _fmt4(ours.get("accuracy")),
+            "Δ top-1": _pt(ours["accuracy"] - peer["accuracy"]) if "accuracy" in ours and "accuracy" in peer else None,
+        })
+    return pairs
+
+
+def _fmt4(value: float | None) -> str | None:
+    return None if value is None else f"{value:.4f}"
 
 
 def engine_setup_line(setup: Mapping[str, Any]) -> str:
@@ -488,6 +516,11 @@ def engine_md(results: Mapping[str, Any], images: Path, md_dir: Path) -> list[st
         "Absolute numbers (ms are min / median / max):", "",
         format_markdown(absolute, ENGINE_ABS_COLUMNS), "",
     ]
+    pairs = pruning_pairs(result)
+    if pairs:
+        lines += ["Filter pruning, our best recipe beside Torch-Pruning at the same ratio (same channel counts): "
+                  "top-1 of the pruned float model before any training, and of the deployed model after the "
+                  "epoch (Δ: ours − peer):", "", format_markdown(pairs, PRUNING_COLUMNS), ""]
     differing = [r for r in result["rows"] if r["status"] == "ok" and "accuracy_ort_basic" in r
                  and abs(r["accuracy_ort_basic"] - r["accuracy"]) > ACCURACY_NOISE_PT / 100]
     if differing:
@@ -717,8 +750,8 @@ def losses_md(results: Mapping[str, Any]) -> list[str]:
         lines += [f"Computed from the numbers above: every metric on which a peer (or AMCT's ONNX route, for "
                   f"capture) beats the matching row of ours by more than the noise margin (top-1 "
                   f"{ACCURACY_NOISE_PT} pt, size {BYTES_NOISE:.0%}, time {TIME_NOISE:.0%}). Peers are matched as: "
-                  "ORT PTQ, torchao and NNCF against amct INT8 QAT; Torch-Pruning (± ORT PTQ) against amct BCP at "
-                  "the same ratio.", "",
+                  "ORT PTQ, torchao and NNCF against amct INT8 QAT; Torch-Pruning (± ORT PTQ) against our best "
+                  f"pruning recipe ({BEST_PRUNE_ROW.format(pct='N')}) at the same ratio.", "",
                   format_markdown(losses, ["metric", "peer", "peer value", "ours", "our value", "cause"]), ""]
     else:
         lines += ["No peer beats the matching row of ours beyond the noise margins in this run.", ""]

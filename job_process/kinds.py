@@ -27,8 +27,9 @@ from typing import Literal
 
 from amct_engine.registry import Registry, load_object
 
-CFG_KINDS = ("retrain", "distill")  # the two AMCT cfg grammars a job can take (docs/spec/engine.md §1)
-CfgKind = Literal["retrain", "distill"]
+# The AMCT cfg grammars a job can take (docs/spec/engine.md §2.1, §2.2, §2.5).
+CFG_KINDS = ("retrain", "distill", "calibration")
+CfgKind = Literal["retrain", "distill", "calibration"]
 # The engine API families a retrain cfg is checked against at upload (amct_engine.config.cfg_checks).
 ENGINE_APIS = ("quant", "prune", "compressed")
 MODULES_ENV = "AMCT_JOB_KIND_MODULES"
@@ -86,6 +87,27 @@ register_job_kind(JobKind(
     "block-wise distillation of a quantised student from the original model, no labels needed "
     "(create_distill_config/model, distill, save_distill_model)",
     "job_process.runners:distill"))
+
+
+register_job_kind(JobKind(
+    "ptq", "calibration", None, False,
+    "post-training quantisation, no training: calibration batches from the dataset "
+    "(create_quant_config, quantize_model, save_model)",
+    "job_process.search_runners:ptq"))
+register_job_kind(JobKind(
+    "sensitivity", "calibration", None, False,
+    "PTQ plus a per-layer sensitivity table: each layer at INT8 / INT4 or pruned alone, damage on held-out data",
+    "job_process.search_runners:sensitivity"))
+register_job_kind(JobKind(
+    "auto_mixed_precision", "calibration", None, False,
+    "per-layer INT4 / INT8 / INT16 / float under an accuracy budget, checked on the deploy model; "
+    "writes the chosen .cfg",
+    "job_process.search_runners:auto_mixed_precision"))
+register_job_kind(JobKind(
+    "prune_search", "calibration", None, True,
+    "per-group BCP prune ratios that reach search_config.target_macs_ratio of the MACs (greedy on sensitivity), "
+    "then prune retraining; writes the chosen .cfg",
+    "job_process.search_runners:prune_search"))
 
 
 def _import_extra_kinds() -> None:

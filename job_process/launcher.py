@@ -1,8 +1,11 @@
 """Starting the job process and following it: the one way the worker and `amct compress` run a job.
 
-`ChildProcess(workdir)` runs `python -m job_process.main DIR` in the sandbox (its own session, no
-credentials: sandbox.py), its stderr going to DIR/child.log. A thread reads its stdout, so a caller
-can wait for protocol messages with a timeout and do its own work in between (the worker heartbeats).
+`ChildProcess(workdir)` runs `python -m job_process.main DIR` in the sandbox (bubblewrap, its own
+session, no credentials: sandbox.py), its stderr going to DIR/child.log. DIR is the only folder it may
+write; `read_only` names input files outside it that it may read (`amct compress`'s own files).
+What it reports is read without following links and scrubbed (job_process/errors.py). A thread reads
+its stdout, so a caller can wait for protocol messages with a timeout and do its own work in between
+(the worker heartbeats).
 `request_cancel()` creates the cancel file, which the child checks every step (cooperative);
 `kill()` takes the whole process group down. Torch-free: only the child imports torch.
 """
@@ -12,21 +15,23 @@ from __future__ import annotations
 import queue
 import subprocess
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from job_process import sandbox
-from job_process.protocol import CANCEL_FILE, ERROR_FILE, LOG_FILE, RESULT_FILE, parse_line, read_json_file
+from job_process import bubblewrap, protocol, sandbox
+from job_process.errors import scrub
+from job_process.protocol import CANCEL_FILE, ERROR_FILE, LOG_FILE, RESULT_FILE, parse_line
 
 JOB_MODULE = "job_process.main"
 LOG_TAIL_BYTES = 4000
+ERROR_TYPES = ("engine_error", "unsupported", "quality_gate")  # the types job_process/main.py writes
 
 
 class ChildProcess:
     """One run of the job process on the spec in `workdir`; a context manager that never leaves it running."""
 
-    def __init__(self, workdir: Path, module: str = JOB_MODULE) -> None:
-        self.workdir, self.module = workdir, module
+    def __init__(self, workdir: Path, module: str = JOB_MODULE, read_only: Iterable[Path] = ()) -> None:
+        self.workdir, self.module, self.read_only = workdir, module, list(read_only)
         self.log_path = workdir / LOG_FILE
         self.stdout_closed = False  # the child closed its stdout: it exited, or is about to
         self._lines: queue.Queue[str | None] = queue.Queue()
@@ -37,8 +42,12 @@ class ChildProcess:
     def start(self) -> ChildProcess:
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed by close()
         # Through the module attribute: tests stand in for the child with sandbox.popen.
-        self._proc = sandbox.popen(self.module, [str(self.workdir)], cwd=self.workdir, stdout=subprocess.PIPE,
-                                   stderr=self._log, text=True, bufsize=1)
+        try:
+            self._proc = sandbox.popen(self.module, [str(self.workdir)], cwd=self.workdir, stdout=subprocess.PIPE,
+                                       stderr=self._log, text=True, bufsize=1, read_only=self.read_only)
+        except BaseException:
+            self._log.close()
+            raise
         threading.Thread(target=self._pump, args=(self._proc.stdout,), daemon=True).start()
         return self
 
@@ -52,7 +61,8 @@ class ChildProcess:
             sandbox.kill_group(self._proc)
 
     def wait(self) -> int:
-        return self._proc.wait()
+        """The exit status; a signal's death is negative (-9) as without bwrap, which reports 128 + N."""
+        return bubblewrap.exit_code(self._proc.wait())
 
     def close(self) -> None:
         """Kill the child if it still runs (an error, Ctrl-C, a lost lease), reap it, close the log."""
@@ -102,18 +112,21 @@ class ChildProcess:
 
     # -- how it ended --------------------------------------------------------------------------------
     def result(self) -> dict | None:
-        """result.json: `metrics` and `artifacts`; None unless the job succeeded."""
-        return read_json_file(self.workdir / RESULT_FILE)
+        """result.json: `metrics` and `artifacts`; None unless the job succeeded, or finished and missed its
+        quality gate (error.json says so; its outputs are kept)."""
+        return protocol.read_json_file(self.workdir / RESULT_FILE)
 
     def error(self) -> dict | None:
-        """error.json: the failure's `type` and `detail`, as the child classified it."""
-        return read_json_file(self.workdir / ERROR_FILE)
+        """error.json: the failure's `type` and `detail`, as the child classified it, scrubbed again here
+        (a child the model took over may have written anything)."""
+        error = protocol.read_json_file(self.workdir / ERROR_FILE)
+        if error is None:
+            return None
+        kind = str(error.get("type", "engine_error"))
+        return {"type": kind if kind in ERROR_TYPES else "engine_error", "detail": scrub(error.get("detail", ""))}
 
     def log_tail(self) -> str:
-        """The last non-empty line of child.log (a crash's last words), or ''."""
-        try:
-            data = self.log_path.read_bytes()[-LOG_TAIL_BYTES:]
-        except OSError:
-            return ""
+        """The last non-empty line of child.log (a crash's last words), scrubbed, or ''."""
+        data = protocol.read_job_file(self.log_path, LOG_TAIL_BYTES, tail=True) or b""
         lines = [ln for ln in data.decode("utf-8", "replace").splitlines() if ln.strip()]
-        return lines[-1] if lines else ""
+        return scrub(lines[-1], 200) if lines else ""

@@ -15,25 +15,53 @@ import traceback
 import warnings
 from pathlib import Path
 
+from job_process.errors import describe
 from job_process.protocol import CANCELLED_EXIT, ERROR_FILE, RESULT_FILE, SPEC_FILE, emit
 from job_process.sandbox import limit_self
 
 # Share of overall progress each stage ends at; training fills the span between.
 TRAIN_START, TRAIN_END = 0.1, 0.8
-MEDIA_TYPES = {".json": "application/json", ".txt": "text/plain", ".onnx": "application/octet-stream",
+MEDIA_TYPES = {".json": "application/json", ".txt": "text/plain", ".cfg": "text/plain",
+               ".onnx": "application/octet-stream",
                ".pt": "application/octet-stream", ".log": "text/plain"}
 
 
 def _split(x, y, fraction: float, seed: int):
-    """A seeded held-out split: the report's numbers come from samples the job never trained on."""
+    """A seeded held-out split: the report's numbers come from samples the job never trained on.
+
+    `x` is a tuple of input tensors, `y` labels, a dict of targets or None (training.take)."""
     import torch
 
-    order = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed))
-    n_eval = int(round(len(x) * fraction))
-    if len(x) - n_eval < 1:
-        n_eval = len(x) - 1
+    from job_process.training import samples, take
+
+    n = samples(x)
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    n_eval = int(round(n * fraction))
+    if n - n_eval < 1:
+        n_eval = n - 1
     ev, tr = order[:n_eval], order[n_eval:]
-    return x[tr], (y[tr] if y is not None else None), x[ev], (y[ev] if y is not None else None)
+    return take(x, tr), take(y, tr), take(x, ev), take(y, ev)
+
+
+def _tensors(spec: dict, arrays: dict):
+    """The inputs (a tuple in signature order), labels and targets of the dataset as tensors.
+
+    Inputs take their signature's dtype: floats are cast (an integer image stays unscaled, as
+    uploaded), integer inputs (token ids, masks) keep their values and are never normalised.
+    """
+    import numpy as np
+    import torch
+
+    from job_process.signature import input_arrays, target_arrays
+
+    signature = spec["inputs"]
+    sources = input_arrays(signature, arrays)
+    x = tuple(torch.from_numpy(np.ascontiguousarray(arrays[sources[s["name"]]])).to(getattr(torch, s["dtype"]))
+              for s in signature)
+    labels = torch.from_numpy(arrays["labels"].astype(np.int64)) if "labels" in arrays else None
+    targets = {out: torch.from_numpy(np.ascontiguousarray(arrays[name])).float()
+               for out, name in target_arrays(spec.get("outputs"), arrays).items()}
+    return x, labels, targets
 
 
 def _device(name: str):
@@ -74,7 +102,6 @@ def _progress_fn(epochs: int):
 
 
 def run(workdir: Path, spec: dict) -> dict:
-    import numpy as np
     import torch
 
     from amct_engine.export.save import export_onnx
@@ -82,7 +109,11 @@ def run(workdir: Path, spec: dict) -> dict:
     from job_process.arrays import load_arrays
     from job_process.checkpoints import Checkpoints
     from job_process.kinds import JOB_KINDS
-    from job_process.training import evaluate_accuracy
+    from job_process.objectives import build_loss, leaf_choices
+    from job_process.quality_gate import failures as gate_failures
+    from job_process.quality_gate import loss_trend
+    from job_process.signature import from_input_shape, io_names
+    from job_process.training import evaluate_accuracy, samples, take
 
     run_kind = JOB_KINDS[spec["kind"]].load_runner()
     checkpoints = Checkpoints(workdir, spec["kind"], spec.get("checkpoint_every_steps"))
@@ -94,48 +125,79 @@ def run(workdir: Path, spec: dict) -> dict:
     phase("preparing", progress=0.02)
     torch.manual_seed(spec["params"]["seed"])
     device = _device(spec["device"])
+    spec.setdefault("inputs", from_input_shape(spec["input_shape"], spec["input_dtype"]))
     arrays = load_arrays(spec["dataset"], spec["dataset_format"])
-    x = torch.from_numpy(np.ascontiguousarray(arrays["inputs"])).to(getattr(torch, spec["input_dtype"]))
-    y = torch.from_numpy(arrays["labels"].astype(np.int64)) if "labels" in arrays else None
-    train_x, train_y, eval_x, eval_y = _split(x, y, spec["params"]["eval_fraction"], spec["params"]["seed"])
+    x, labels, targets = _tensors(spec, arrays)
+    del arrays
+    params = spec["params"]
+    objective = params.get("objective", "cross_entropy")
+    fraction, seed = params["eval_fraction"], params["seed"]
+    train_x, train_labels, eval_x, eval_labels = _split(x, labels, fraction, seed)
+    # The same seeded permutation splits the targets (mse / l1) alongside.
+    train_targets = _split(x, targets, fraction, seed)[1] if targets else None
+    train_y = train_targets if objective in ("mse", "l1") else train_labels
     split = "held_out"
-    if len(eval_x) == 0:
-        eval_x, eval_y, split = train_x[:1000], (train_y[:1000] if train_y is not None else None), "train"
+    if samples(eval_x) == 0:
+        first = slice(0, 1000)
+        eval_x, eval_labels, split = take(train_x, first), take(train_labels, first), "train"
     batch = spec["input_shape"][0]
-    example = train_x[: max(1, min(batch, len(train_x)))]
+    example = take(train_x, slice(0, max(1, min(batch, samples(train_x)))))
     (workdir / "out").mkdir(exist_ok=True)
+    io = io_names(spec["inputs"], spec.get("outputs"), batch)
 
     phase("baseline", progress=0.05)
     original = torch.jit.load(spec["model"], map_location="cpu").eval()
     fp32_onnx = str(workdir / "out" / "fp32.onnx")
-    export_onnx(original, fp32_onnx, (example,), **runners.IO_NAMES)
+    export_onnx(original, fp32_onnx, example, **io)
     original_parameters = sum(p.numel() for p in original.parameters())
 
     ctx = runners.JobContext(
         workdir=workdir, model_path=spec["model"], cfg_path=spec["cfg"], example=example, train_x=train_x,
-        train_y=train_y if train_y is not None else torch.zeros(len(train_x), dtype=torch.int64),
-        params=spec["params"], device=device, on_step=_progress_fn(spec["params"]["epochs"]),
-        phase=phase, checkpoints=checkpoints,
+        train_y=train_y, params=params, device=device, on_step=_progress_fn(params["epochs"]),
+        phase=phase, checkpoints=checkpoints, io=io, labelled=labels is not None,
+        loss_fn=build_loss(params, spec["model"], spec.get("outputs"), labels is not None, device),
     )
     model = run_kind(ctx)
 
     phase("verifying", progress=0.9)
-    pytorch_accuracy = evaluate_accuracy(model, eval_x, eval_y) if eval_y is not None else None
+    pytorch_accuracy = evaluate_accuracy(model, eval_x, eval_labels) if eval_labels is not None else None
     onnx_files = {"fp32": fp32_onnx, "deploy": ctx.files["deploy"]}
     if "fake_quant" in ctx.files and ctx.files["fake_quant"] != ctx.files["deploy"]:
         onnx_files["fake_quant"] = ctx.files["fake_quant"]
-    result_report = report.build_report(spec["kind"], original_parameters, onnx_files, eval_x, eval_y, split,
-                                        batch, pytorch_accuracy, spec["params"].get("deploy_format", "onnx"))
+    result_report = report.build_report(spec["kind"], original_parameters, onnx_files, eval_x, eval_labels, split,
+                                        batch, pytorch_accuracy, params.get("deploy_format", "onnx"),
+                                        output_names=io["output_names"], outputs=spec.get("outputs"),
+                                        input_names=io["input_names"])
+    result_report.update(ctx.report)  # the tables a search kind adds (sensitivity, mixed precision, …)
+    if "objective" in params:
+        result_report["training"] = {"objective": objective, "loss": loss_trend(ctx.losses)}
+        if objective == "distill_outputs":
+            result_report["training"]["distill_loss"] = leaf_choices(
+                params.get("distill_loss", "auto"), spec.get("outputs"), labels is not None)
+    missed = gate_failures(result_report, params, ctx.losses)
+    result_report["quality_gate"] = {"passed": not missed, "failures": missed,
+                                     **{k: params.get(k) for k in ("max_accuracy_drop", "min_output_cosine")}}
     report_path = workdir / "out" / "report.json"
     report_path.write_text(json.dumps(result_report, indent=2))
     files = {**ctx.files, "fp32_onnx": fp32_onnx, "report": str(report_path)}
     metrics = summary_metrics(result_report)
     if checkpoints.resumed_from is not None:
         metrics["resumed_from"] = checkpoints.resumed_from
-    return {"metrics": metrics,
-            "artifacts": [{"kind": kind, "path": path, "media_type": MEDIA_TYPES.get(Path(path).suffix,
-                                                                                    "application/octet-stream")}
-                          for kind, path in sorted(files.items())]}
+    result = {"metrics": metrics,
+              "artifacts": [{"kind": kind, "path": path, "media_type": MEDIA_TYPES.get(Path(path).suffix,
+                                                                                      "application/octet-stream")}
+                            for kind, path in sorted(files.items())]}
+    if missed:
+        raise GateMissed("; ".join(missed), result)
+    return result
+
+
+class GateMissed(Exception):
+    """The job finished but its model missed the quality gate: failed, with its outputs kept."""
+
+    def __init__(self, detail: str, result: dict) -> None:
+        super().__init__(detail)
+        self.result = result
 
 
 def summary_metrics(rep: dict) -> dict:
@@ -149,12 +211,6 @@ def summary_metrics(rep: dict) -> dict:
     else:
         metrics["agreement"] = rep["agreement_with_original"]["deploy"]
     return metrics
-
-
-def _summarise(e: BaseException) -> str:
-    from job_process.validate_model import summarise
-
-    return summarise(e)
 
 
 def _relay_engine_warnings() -> None:
@@ -175,16 +231,26 @@ def main(argv: list[str]) -> int:
     workdir = Path(argv[0]).resolve()
     spec = json.loads((workdir / SPEC_FILE).read_text())
     from job_process.checkpoints import Cancelled
+    from job_process.quality_gate import QualityGateFailed
 
     try:
         result = run(workdir, spec)
     except Cancelled:
         emit("log", level="info", message="the engine stopped on a cancel request")
         return CANCELLED_EXIT
+    except GateMissed as e:
+        # Failed, but everything it made is kept for inspection: result.json lists it as for a success.
+        (workdir / RESULT_FILE).write_text(json.dumps(e.result))
+        (workdir / ERROR_FILE).write_text(json.dumps({"type": "quality_gate", "detail": str(e)}))
+        return 1
+    except QualityGateFailed as e:
+        (workdir / ERROR_FILE).write_text(json.dumps({"type": "quality_gate", "detail": str(e)}))
+        return 1
     except Exception as e:
         traceback.print_exc()
         error_type = "unsupported" if isinstance(e, DeviceUnavailable) else "engine_error"
-        (workdir / ERROR_FILE).write_text(json.dumps({"type": error_type, "detail": _summarise(e)}))
+        # The traceback went to child.log; the answer gets the type and a scrubbed line (errors.py).
+        (workdir / ERROR_FILE).write_text(json.dumps({"type": error_type, "detail": describe(e, "the job")}))
         return 1
     (workdir / RESULT_FILE).write_text(json.dumps(result))
     return 0

@@ -16,6 +16,8 @@ Recovery and cancel (docs/service.md, "Crashes, resume and cancel"):
 from __future__ import annotations
 
 import json
+import os
+import stat
 import sys
 from pathlib import Path
 from typing import Any
@@ -50,9 +52,33 @@ def parse_line(line: str) -> dict | None:
     return message
 
 
+MAX_JSON_BYTES = 1 << 20
+
+
 def read_json_file(path: Path) -> dict | None:
-    """`result.json` or `error.json` as the child left it; None when it is missing or unreadable."""
+    """`result.json` or `error.json` as the child left it; None when it is missing or unreadable.
+
+    The child runs the user's model: the file may be a link it planted to a host file only the caller can
+    read (the api-key). So never follow a link, and never read more than MAX_JSON_BYTES.
+    """
+    data = read_job_file(path, MAX_JSON_BYTES)
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
+        value = json.loads(data) if data is not None else None
+    except ValueError:
         return None
+    return value if isinstance(value, dict) else None
+
+
+def read_job_file(path: Path, limit: int, tail: bool = False) -> bytes | None:
+    """Up to `limit` bytes (the last ones with `tail`) of a regular file the child wrote, never through a link."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return None
+        if tail and info.st_size > limit:
+            f.seek(info.st_size - limit)
+        return f.read(limit)

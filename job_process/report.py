@@ -15,7 +15,6 @@ import time
 import numpy as np
 import onnx
 import onnxruntime as ort
-import torch
 
 from amct_engine.export.formats import DEPLOY_FORMATS
 
@@ -31,21 +30,34 @@ def _session(path: str, deploy_format: str = "onnx") -> ort.InferenceSession:
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
-def predict(path: str, x: np.ndarray, deploy_format: str = "onnx", batch: int = 256) -> np.ndarray:
-    session = _session(path, deploy_format)
-    name = session.get_inputs()[0].name
-    return np.concatenate([session.run(None, {name: x[i:i + batch]})[0] for i in range(0, len(x), batch)])
+def _feeds(session: ort.InferenceSession, x: tuple[np.ndarray, ...], names: list[str] | None, start: int,
+           stop: int) -> dict:
+    """The model's inputs in signature order (`names`); the exporter drops an input the graph never reads."""
+    present = [i.name for i in session.get_inputs()]
+    if len(present) == len(x) or not names:
+        return {name: a[start:stop] for name, a in zip(present, x, strict=False)}
+    return {name: a[start:stop] for name, a in zip(names, x, strict=False) if name in present}
 
 
-def latency_ms(path: str, x: np.ndarray, deploy_format: str = "onnx") -> dict:
+def predict(path: str, x, deploy_format: str = "onnx", batch: int = 256,
+            input_names: list[str] | None = None) -> list[np.ndarray]:
+    """Every output of the file over `x` (an array or a tuple of arrays, one per input), concatenated."""
+    x = x if isinstance(x, tuple) else (x,)
     session = _session(path, deploy_format)
-    name = session.get_inputs()[0].name
+    parts = [session.run(None, _feeds(session, x, input_names, i, i + batch)) for i in range(0, len(x[0]), batch)]
+    return [np.concatenate([p[k] for p in parts]) for k in range(len(parts[0]))]
+
+
+def latency_ms(path: str, x, deploy_format: str = "onnx", input_names: list[str] | None = None) -> dict:
+    x = x if isinstance(x, tuple) else (x,)
+    session = _session(path, deploy_format)
+    feeds = _feeds(session, x, input_names, 0, len(x[0]))
     for _ in range(LATENCY_WARMUP):
-        session.run(None, {name: x})
+        session.run(None, feeds)
     times = []
     for _ in range(LATENCY_RUNS):
         start = time.perf_counter()
-        session.run(None, {name: x})
+        session.run(None, feeds)
         times.append((time.perf_counter() - start) * 1000)
     return {"median": float(np.median(times)), "p90": float(np.percentile(times, 90)), "batch": int(len(x))}
 
@@ -140,37 +152,68 @@ def onnx_parameters(path: str) -> dict:
 
 
 def _agreement(reference: np.ndarray, other: np.ndarray) -> dict:
-    ref, oth = reference.reshape(len(reference), -1), other.reshape(len(other), -1)
+    """How close `other` is to `reference`, per sample: cosine, MSE, largest difference; for a
+    `[batch, n]` output (class logits, bins) also how often the arg-max agrees."""
+    ref = reference.reshape(len(reference), -1).astype(np.float64)
+    oth = other.reshape(len(other), -1).astype(np.float64)
     cos = (ref * oth).sum(1) / (np.linalg.norm(ref, axis=1) * np.linalg.norm(oth, axis=1) + 1e-12)
-    out = {"mean_abs_diff": float(np.abs(ref - oth).mean()), "mean_cosine": float(cos.mean())}
-    if ref.shape[1] > 1:
+    diff = ref - oth
+    out = {"mean_abs_diff": float(np.abs(diff).mean()), "mean_cosine": float(cos.mean()),
+           "min_cosine": float(cos.min()), "mse": float((diff ** 2).mean()), "max_abs_diff": float(np.abs(diff).max())}
+    if reference.ndim == 2 and ref.shape[1] > 1:
         out["top1_agreement"] = float((ref.argmax(1) == oth.argmax(1)).mean())
     return out
 
 
-def build_report(kind: str, original_parameters: int, onnx_files: dict[str, str], eval_x: torch.Tensor,
-                 eval_y: torch.Tensor | None, split: str, batch: int, pytorch_accuracy: float | None,
-                 deploy_format: str = "onnx") -> dict:
-    """`onnx_files`: `fp32`, `deploy` (in `deploy_format`) and, when the engine wrote one, `fake_quant`."""
-    x = eval_x.numpy()
+def _is_classifier(shape: list, has_labels: bool, first: bool) -> bool:
+    """Class logits: `[batch, classes]`, the first output, and labels to score it (else: a tensor)."""
+    return len(shape) == 2 and shape[1] > 1 and first and has_labels
+
+
+def build_report(kind: str, original_parameters: int, onnx_files: dict[str, str], eval_x, eval_y, split: str,
+                 batch: int, pytorch_accuracy: float | None, deploy_format: str = "onnx",
+                 output_names: list[str] | None = None, outputs: dict | None = None,
+                 input_names: list[str] | None = None) -> dict:
+    """`onnx_files`: `fp32`, `deploy` (in `deploy_format`) and, when the engine wrote one, `fake_quant`.
+
+    `eval_x` is a tensor or a tuple of tensors (one per input). `outputs` (the structure recorded at
+    upload) and `output_names` name the per-output rows: `outputs[name]` compares each file with the
+    FP32 model on that output (cosine, MSE, max-abs, and top-1 agreement for classifier logits).
+    """
+    x = tuple(t.numpy() for t in eval_x) if isinstance(eval_x, tuple) else (eval_x.numpy(),)
     formats = {name: deploy_format if name == "deploy" else "onnx" for name in onnx_files}
-    outputs = {name: predict(path, x, formats[name]) for name, path in onnx_files.items()}
+    predictions = {name: predict(path, x, formats[name], input_names=input_names) for name, path in onnx_files.items()}
+    names = list(output_names or [f"output_{i}" for i in range(len(predictions["fp32"]))])
+    if len(names) != len(predictions["fp32"]):
+        names = [f"output_{i}" for i in range(len(predictions["fp32"]))]
+    per_output = {}
+    for k, name in enumerate(names):
+        classifier = _is_classifier(list(predictions["fp32"][k].shape), eval_y is not None, k == 0)
+        per_output[name] = {"shape": list(predictions["fp32"][k].shape[1:]),
+                            "kind": "classifier_logits" if classifier else "tensor",
+                            **{f: _agreement(predictions["fp32"][k], out[k])
+                               for f, out in predictions.items() if f != "fp32"}}
+    first = {name: out[0] for name, out in predictions.items()}
     report: dict = {
         "kind": kind,
-        "eval": {"split": split, "samples": int(len(x))},
+        "eval": {"split": split, "samples": int(len(x[0]))},
         "parameters": {"original": int(original_parameters),
                        **{name: onnx_parameters(path) for name, path in onnx_files.items()}},
         "onnx_size_bytes": {name: os.path.getsize(path) for name, path in onnx_files.items()},
-        "agreement_with_original": {name: _agreement(outputs["fp32"], out)
-                                    for name, out in outputs.items() if name != "fp32"},
+        # The first output's figures (what a one-output model has; kept for older clients).
+        "agreement_with_original": {name: per_output[names[0]][name] for name in first if name != "fp32"},
+        "outputs": per_output,
     }
     if eval_y is not None:
         y = eval_y.numpy()
-        report["accuracy"] = {name: float((out.argmax(1) == y).mean()) for name, out in outputs.items()}
+        report["accuracy"] = {name: float((out.argmax(1) == y).mean()) for name, out in first.items()}
         report["accuracy"]["compressed_pytorch"] = pytorch_accuracy
         report["accuracy_drop"] = report["accuracy"]["fp32"] - report["accuracy"]["deploy"]
-    sample = np.ascontiguousarray(x[:batch]) if len(x) >= batch else np.repeat(x[:1], batch, axis=0)
-    report["latency_ms"] = {name: latency_ms(onnx_files[name], sample, formats[name]) for name in ("fp32", "deploy")}
+        report["accuracy_output"] = names[0]
+    n = len(x[0])
+    sample = tuple(np.ascontiguousarray(a[:batch]) if n >= batch else np.repeat(a[:1], batch, axis=0) for a in x)
+    report["latency_ms"] = {name: latency_ms(onnx_files[name], sample, formats[name], input_names)
+                            for name in ("fp32", "deploy")}
     report["latency_ms"]["speedup"] = report["latency_ms"]["fp32"]["median"] / report["latency_ms"]["deploy"]["median"]
     report["size_ratio"] = report["onnx_size_bytes"]["deploy"] / report["onnx_size_bytes"]["fp32"]
     report["formats"] = formats

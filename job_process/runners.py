@@ -17,8 +17,11 @@ from torch import nn
 
 import amct_engine as amct
 from job_process.checkpoints import Checkpoints
-from job_process.training import ResumableLoader, make_loader, make_optimizer, train_epochs
+from job_process.quality_gate import check_step_loss
+from job_process.training import Inputs, ResumableLoader, Targets, make_loader, make_optimizer, train_epochs
 
+# The export names of a one-input, one-output model; a job names its inputs and outputs after the
+# model's signature (job_process/signature.py io_names), put in JobContext.io.
 IO_NAMES = {"input_names": ["input"], "output_names": ["output"],
             "dynamic_axes": {"input": {0: "batch"}, "output": {0: "batch"}}}
 
@@ -28,15 +31,20 @@ class JobContext:
     workdir: Path
     model_path: str
     cfg_path: str
-    example: torch.Tensor
-    train_x: torch.Tensor
-    train_y: torch.Tensor
+    example: tuple[torch.Tensor, ...]  # one tensor per input, in the signature's order
+    train_x: Inputs
+    train_y: Targets
     params: dict
     device: torch.device
     on_step: Callable[[dict], None]
     phase: Callable[[str], None]
     checkpoints: Checkpoints
     files: dict[str, str] = field(default_factory=dict)
+    labelled: bool = True  # False: the dataset has no labels (train_y is None or the mse/l1 targets)
+    report: dict = field(default_factory=dict)  # sections the kind adds to report.json (its tables)
+    io: dict = field(default_factory=lambda: dict(IO_NAMES))  # input/output names and dynamic axes
+    loss_fn: Callable | None = None  # the job's objective (job_process/objectives.py); None: cross-entropy
+    losses: list[float] = field(default_factory=list)  # every training step's loss, for the quality gate
 
     def path(self, name: str) -> str:
         return str(self.workdir / "out" / name)
@@ -56,7 +64,17 @@ class DeviceLoader:
 
     def __iter__(self):
         for xb, yb in self.shuffle:
-            yield xb.to(self.device), yb.to(self.device)
+            yield _to(xb, self.device), _to(yb, self.device)
+
+
+def _to(value, device: torch.device):
+    if value is None:
+        return None
+    if isinstance(value, tuple):
+        return tuple(t.to(device) for t in value)
+    if isinstance(value, dict):
+        return {k: t.to(device) for k, t in value.items()}
+    return value.to(device)
 
 
 def _loader(ctx: JobContext):
@@ -72,11 +90,13 @@ def train(ctx: JobContext, model: nn.Module) -> nn.Module:
     after_step = ctx.checkpoints.training_hook(model, optimizer, loader)
 
     def on_step(event: dict) -> None:
+        check_step_loss(event, ctx.params["lr"])  # a NaN step stops here, before it is checkpointed
+        ctx.losses.append(event["loss"])
         ctx.on_step(event)
         after_step(event)
 
     train_epochs(model, loader, ctx.params["epochs"], ctx.params["lr"], optimizer=optimizer, progress=on_step,
-                 start_step=start_step)
+                 start_step=start_step, loss_fn=ctx.loss_fn)
     model.cpu()
     torch.save(model.state_dict(), ctx.path("checkpoint.pt"))
     ctx.files["checkpoint"] = ctx.path("checkpoint.pt")
@@ -84,13 +104,13 @@ def train(ctx: JobContext, model: nn.Module) -> nn.Module:
     ctx.phase("calibrating")
     model.eval()
     with torch.no_grad():
-        model(ctx.example)
+        model(*ctx.example)
     return model
 
 
 def export_options(ctx: JobContext) -> dict:
     """Input/output names, the deploy layout and the deploy CPU the job asked for (default: onnx, auto)."""
-    return {**IO_NAMES, "deploy_format": ctx.params.get("deploy_format", "onnx"),
+    return {**ctx.io, "deploy_format": ctx.params.get("deploy_format", "onnx"),
             "deploy_target": ctx.params.get("deploy_target", "auto")}
 
 

@@ -1,8 +1,9 @@
-"""Run untrusted work (user TorchScript) in a child process: no credentials, bounded memory and time.
+"""Run untrusted work (user TorchScript) in a child process: isolated, no credentials, bounded resources.
 
 `torch.jit.load` has no safe mode (docs/spec/service.md §4a), so neither the API nor the worker process ever loads
-a user model itself. This is the process boundary of docs/spec/service.md §4b; stronger isolation (nsjail, a
-container per job) wraps the same command line. Torch-free: the API starts its model validation
+a user model itself. Every child starts inside bubblewrap (bubblewrap.py: namespaces, a read-only system,
+its own folder as the only writable one, no network, seccomp) and sets its own rlimits first thing
+(limit_self). docs/security.md has the threat model. Torch-free: the API starts its model validation
 here, the worker and `amct compress` their job process (through launcher.py).
 """
 
@@ -10,17 +11,19 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import logging
 import os
 import resource
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from job_process import bubblewrap
 from job_process.kinds import MODULES_ENV
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = bubblewrap.ROOT
 # Only these reach the child: no DATABASE_URL, BROKER_URL, AWS_* or tokens.
 _PASS_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
              "CUDA_VISIBLE_DEVICES", "ASCEND_RT_VISIBLE_DEVICES", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE",
@@ -37,8 +40,14 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 MEMORY_ENV = "AMCT_CHILD_MEMORY_BYTES"
+CPU_ENV = "AMCT_CHILD_CPU_SECONDS"
 PARENT_ENV = "AMCT_CHILD_PARENT_PID"
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+# Defaults every child gets: no file larger than an ONNX export of the largest model we accept can be,
+# and a thread/process count no PyTorch job needs (a fork bomb stops there; root is exempt by the kernel).
+MAX_FILE_BYTES = 32 * 1024**3
+MAX_PROCESSES = 4096
+log = logging.getLogger(__name__)
 
 
 def limit_self() -> None:
@@ -49,8 +58,19 @@ def limit_self() -> None:
     memory = int(os.environ.get(MEMORY_ENV, "0"))
     if memory:
         resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+    cpu = int(os.environ.get(CPU_ENV, "0"))
+    if cpu:
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 5))  # SIGXCPU, then SIGKILL 5 s later
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (MAX_FILE_BYTES, MAX_FILE_BYTES))
+    _lower(resource.RLIMIT_NPROC, MAX_PROCESSES)
     _die_with_parent()
+
+
+def _lower(limit: int, value: int) -> None:
+    soft, hard = resource.getrlimit(limit)
+    if hard == resource.RLIM_INFINITY or hard > value:
+        resource.setrlimit(limit, (value, value))
 
 
 def _die_with_parent() -> None:
@@ -75,26 +95,49 @@ def python_command(module: str, args: Sequence[str]) -> list[str]:
 
 
 def popen(module: str, args: Sequence[str], cwd: str | os.PathLike, memory_bytes: int | None = None,
-          env: dict[str, str] | None = None, **kwargs) -> subprocess.Popen:
-    extra = dict(env or {}, **{PARENT_ENV: str(os.getpid())})
+          env: dict[str, str] | None = None, read_only: Iterable[str | os.PathLike] = (),
+          cpu_seconds: int | None = None, **kwargs) -> subprocess.Popen:
+    """Start `python -m module args` in the sandbox with `cwd` as its folder, the only one it may write.
+
+    `read_only`: files outside that folder it may read (a local `amct compress`'s inputs). Raises
+    bubblewrap.SandboxUnavailable when there is no sandbox and no opt-out.
+    """
+    workdir = Path(cwd).resolve()
+    state = bubblewrap.require()
+    extra = dict(env or {})
     if memory_bytes:
         extra[MEMORY_ENV] = str(memory_bytes)
-    # A new session: its own process group, so a cancel or time-out kills it and all it started.
-    return subprocess.Popen(python_command(module, args), cwd=cwd, env=child_env(extra),
-                            start_new_session=True, **kwargs)
+    if cpu_seconds:
+        extra[CPU_ENV] = str(int(cpu_seconds))
+    if state.mode != "bubblewrap":
+        log.warning("SECURITY: %s runs a user model WITHOUT a sandbox (%s)", module, state.detail)
+        extra[PARENT_ENV] = str(os.getpid())  # bwrap's --die-with-parent does this otherwise
+        return subprocess.Popen(python_command(module, args), cwd=workdir, env=child_env(extra),
+                                start_new_session=True, **kwargs)
+    extra.update(HOME=bubblewrap.SANDBOX_HOME, TMPDIR=bubblewrap.SANDBOX_HOME)
+    command = bubblewrap.wrap(python_command(module, args), workdir, [Path(p).resolve() for p in read_only],
+                              bwrap=state.bwrap, packages=[module])
+    try:
+        # A new session: its own process group, so a cancel or time-out kills it and all it started.
+        return subprocess.Popen(command.argv, cwd=workdir, env=child_env(extra), start_new_session=True,
+                                pass_fds=command.pass_fds, **kwargs)
+    finally:
+        command.close_fds()
 
 
 def run(module: str, args: Sequence[str], cwd: str | os.PathLike, timeout_s: float,
-        memory_bytes: int | None = None) -> subprocess.CompletedProcess:
+        memory_bytes: int | None = None, cpu_seconds: int | None = None,
+        read_only: Iterable[str | os.PathLike] = ()) -> subprocess.CompletedProcess:
     """Run to completion; raises subprocess.TimeoutExpired after killing the whole group."""
-    proc = popen(module, args, cwd, memory_bytes, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = popen(module, args, cwd, memory_bytes, cpu_seconds=cpu_seconds, read_only=read_only,
+                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         out, err = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         kill_group(proc)
         proc.communicate()
         raise
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    return subprocess.CompletedProcess(proc.args, bubblewrap.exit_code(proc.returncode), out, err)
 
 
 def kill_group(proc: subprocess.Popen) -> None:

@@ -13,14 +13,61 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler, TensorDataset
+from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, SequentialSampler
 
 ProgressFn = Callable[[dict[str, Any]], None]
+# A batch's model inputs: one tensor, or a tuple in the signature's input order. Its targets: class
+# labels, a dict of target tensors by output name (mse / l1), or None (distill_outputs).
+Inputs = torch.Tensor | tuple[torch.Tensor, ...]
+Targets = torch.Tensor | dict[str, torch.Tensor] | None
+
+
+def take(value, index):
+    """`value[index]` through tuples and dicts of tensors (None stays None)."""
+    if value is None:
+        return None
+    if isinstance(value, tuple):
+        return tuple(t[index] for t in value)
+    if isinstance(value, dict):
+        return {k: t[index] for k, t in value.items()}
+    return value[index]
+
+
+def samples(x: Inputs) -> int:
+    return len(x[0]) if isinstance(x, tuple) else len(x)
+
+
+def forward(model: nn.Module, x: Inputs):
+    return model(*x) if isinstance(x, tuple) else model(x)
+
+
+def first_output(out) -> torch.Tensor:
+    """The first tensor of an output structure (the one cross-entropy and top-1 are computed on)."""
+    while not isinstance(out, torch.Tensor):
+        out = next(iter(out.values())) if isinstance(out, dict) else out[0]
+    return out
+
+
+class ArraysDataset(Dataset):
+    """Inputs and targets indexed together by a whole batch of indices."""
+
+    def __init__(self, x: Inputs, y: Targets) -> None:
+        self.x, self.y = x, y
+
+    def __len__(self) -> int:
+        return samples(self.x)
+
+    def __getitem__(self, index):
+        return take(self.x, index), take(self.y, index)
+
+
+def _as_is(batch):
+    return batch
 
 
 def make_loader(
-    x: torch.Tensor,
-    y: torch.Tensor,
+    x: Inputs,
+    y: Targets,
     batch_size: int,
     shuffle: bool = True,
     seed: int = 0,
@@ -28,15 +75,18 @@ def make_loader(
 ) -> DataLoader:
     """A ``DataLoader`` over in-memory tensors yielding ``(x_batch, y_batch)``.
 
+    ``x`` is a tensor or a tuple of tensors (a model's inputs in order), ``y`` labels, a dict of
+    targets or None; batches keep that structure.
+
     The shuffle order comes from a private generator seeded with ``seed``, so two loaders built with
     the same seed yield the same batches epoch by epoch, whatever the global RNG does. Batches are
     sliced whole (a ``BatchSampler`` as sampler), not collated sample by sample.
     """
-    if len(x) != len(y):
-        raise ValueError(f"x has {len(x)} samples but y has {len(y)}")
+    if isinstance(y, torch.Tensor) and samples(x) != len(y):
+        raise ValueError(f"x has {samples(x)} samples but y has {len(y)}")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    dataset = TensorDataset(x, y)
+    dataset = ArraysDataset(x, y)
     if shuffle:
         generator = torch.Generator().manual_seed(seed)
         sampler: Iterable[int] = RandomSampler(dataset, generator=generator)
@@ -44,7 +94,7 @@ def make_loader(
         sampler = SequentialSampler(dataset)
     batches = BatchSampler(sampler, batch_size=batch_size, drop_last=drop_last)
     # batch_size=None: the dataset is indexed with a whole list of indices per step.
-    return DataLoader(dataset, sampler=batches, batch_size=None)
+    return DataLoader(dataset, sampler=batches, batch_size=None, collate_fn=_as_is)
 
 
 class ResumableLoader:
@@ -149,7 +199,10 @@ def train_epochs(
             if epoch == first_epoch and index < skip:
                 continue
             opt.zero_grad(set_to_none=True)
-            loss = loss_fn(model, xb, yb) if loss_fn is not None else cross_entropy(model(xb), yb)
+            if loss_fn is not None:
+                loss = loss_fn(model, xb, yb)
+            else:
+                loss = cross_entropy(first_output(forward(model, xb)), yb)
             loss.backward()
             opt.step()
             losses.append(float(loss.detach()))
@@ -161,14 +214,15 @@ def train_epochs(
 
 
 @torch.no_grad()
-def predict_logits(model: nn.Module, x: torch.Tensor, batch_size: int = 1000) -> torch.Tensor:
-    """Concatenated model outputs over ``x`` in chunks of ``batch_size`` (no grad, mode untouched)."""
-    return torch.cat([model(x[i : i + batch_size]) for i in range(0, len(x), batch_size)])
+def predict_logits(model: nn.Module, x: Inputs, batch_size: int = 1000) -> torch.Tensor:
+    """Concatenated (first) model outputs over ``x`` in chunks of ``batch_size`` (no grad, mode untouched)."""
+    n = samples(x)
+    return torch.cat([first_output(forward(model, take(x, slice(i, i + batch_size)))) for i in range(0, n, batch_size)])
 
 
 def evaluate_accuracy(
     model: nn.Module,
-    x: torch.Tensor,
+    x: Inputs,
     y: torch.Tensor,
     batch_size: int = 1000,
     set_mode: bool = True,
@@ -177,9 +231,9 @@ def evaluate_accuracy(
 
     ``set_mode=False`` evaluates in whatever mode the model is in (see ``train_epochs``).
     """
-    if len(x) != len(y):
-        raise ValueError(f"x has {len(x)} samples but y has {len(y)}")
-    if len(x) == 0:
+    if samples(x) != len(y):
+        raise ValueError(f"x has {samples(x)} samples but y has {len(y)}")
+    if samples(x) == 0:
         raise ValueError("cannot evaluate accuracy on an empty set")
     was_training = model.training
     if set_mode:

@@ -1,8 +1,9 @@
 """Child process: is the upload a TorchScript model the engine can work on?
 
-Loads it, runs one forward pass on the declared input shape and captures its graph, then prints
-one JSON line: `{"ok": true, "parameters", "output_shapes", "layers"}` or `{"ok": false, "stage",
-"error"}`. Run as `python -m job_process.validate_model MODEL SHAPE DTYPE`.
+Loads it, runs one forward pass on example tensors made from its signature (job_process/signature.py)
+and captures its graph, then prints one JSON line: `{"ok": true, "parameters", "outputs",
+"output_shapes", "layers"}` (`outputs`: the output structure) or `{"ok": false, "stage", "error"}`.
+Run as `python -m job_process.validate_model MODEL SIGNATURE_JSON BATCH`.
 """
 
 from __future__ import annotations
@@ -10,35 +11,12 @@ from __future__ import annotations
 import json
 import sys
 
+from job_process.errors import describe
 from job_process.sandbox import limit_self
+from job_process.signature import SignatureError, describe_output, example_inputs, output_leaves
 
 
-def example_input(shape: list[int], dtype: str):
-    import torch
-
-    torch_dtype = getattr(torch, dtype)
-    if torch_dtype.is_floating_point:
-        return torch.randn(*shape, generator=torch.Generator().manual_seed(0)).to(torch_dtype)
-    return torch.zeros(*shape, dtype=torch_dtype)
-
-
-def summarise(e: BaseException) -> str:
-    """One line a user can act on: TorchScript puts the real cause on the last line of a long trace."""
-    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
-    last = lines[-1] if lines else ""
-    text = last if last.startswith(type(e).__name__) else f"{type(e).__name__}: {last}"
-    return text[:1000]
-
-
-def _shapes(out) -> list[list[int]]:
-    if hasattr(out, "shape"):
-        return [list(out.shape)]
-    if isinstance(out, (tuple, list)):
-        return [s for o in out for s in _shapes(o)]
-    return []
-
-
-def validate(path: str, shape: list[int], dtype: str) -> dict:
+def validate(path: str, inputs: list[dict], batch: int) -> dict:
     import torch
 
     from amct_engine.graph.analysis import DISTILL_TYPES, RETRAIN_TYPES, quantizable_layers
@@ -49,25 +27,28 @@ def validate(path: str, shape: list[int], dtype: str) -> dict:
         model = torch.jit.load(path, map_location="cpu")
         model.eval()
         stage = "forward"
-        x = example_input(shape, dtype)
+        x = example_inputs(inputs, batch)
         with torch.no_grad():
-            out = model(x)
+            out = model(*x)
+        outputs = describe_output(out)
         stage = "capture"
         cm = capture_model(path, x)
-    except Exception as e:  # any failure is the upload's, reported in its own words
-        return {"ok": False, "stage": stage, "error": summarise(e)}
+    except SignatureError as e:  # our own words about the outputs' types
+        return {"ok": False, "stage": "outputs", "error": str(e)}
+    except Exception as e:  # any failure is the upload's; what a user reads of it: job_process/errors.py
+        return {"ok": False, "stage": stage, "error": describe(e, stage)}
     layers = {
         "quantizable": [{"name": i.name, "type": i.type_name} for i in quantizable_layers(cm, RETRAIN_TYPES)],
         "distillable": [i.name for i in quantizable_layers(cm, DISTILL_TYPES)],
     }
-    return {"ok": True, "parameters": sum(p.numel() for p in model.parameters()),
-            "output_shapes": _shapes(out), "layers": layers}
+    return {"ok": True, "parameters": sum(p.numel() for p in model.parameters()), "outputs": outputs,
+            "output_shapes": [leaf["shape"] for _, leaf in output_leaves(outputs)], "layers": layers}
 
 
 def main(argv: list[str]) -> int:
     limit_self()
-    path, shape, dtype = argv[0], [int(d) for d in argv[1].split(",")], argv[2]
-    print(json.dumps(validate(path, shape, dtype)), flush=True)
+    path, inputs, batch = argv[0], json.loads(argv[1]), int(argv[2])
+    print(json.dumps(validate(path, inputs, batch)), flush=True)
     return 0
 
 

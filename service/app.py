@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from sqlalchemy import select
 
+from job_process import bubblewrap
 from service import auth, metrics, problems
 from service.db import migrate
 from service.db.models import Project
@@ -54,6 +55,7 @@ def create_app(settings: Settings | None = None, run_migrations: bool = True) ->
             migrate.upgrade(settings.resolved_database_url)
         ensure_project(app.state.sessions, settings.project)
         auth.warn_if_open(settings)
+        bubblewrap.log_state("api")  # uploads are checked in the sandbox: say loudly when there is none
         if settings.auth == "keys" and settings.database_url is None:
             # The embedded mode: the first start makes the local admin key (printed once, saved 0600).
             auth.bootstrap_local_key(settings, app.state.sessions)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import subprocess
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -64,11 +63,26 @@ def worker_command(settings: Settings, devices: list[str], beat: bool, concurren
     return cmd
 
 
-def start_worker(settings: Settings, devices: list[str], beat: bool) -> subprocess.Popen:
+def local_devices() -> list[str]:
+    """The devices this machine has, for the embedded worker: cpu, and cuda / npu when their device files
+    exist (without importing torch: the server never does). A worker that claimed a device the machine
+    lacks would take its jobs only to fail them; unserved, they are refused at submit (service/workers.py)."""
+    found = ["cpu"]
+    if Path("/dev/nvidia0").exists() or Path("/dev/nvidiactl").exists():
+        found.append("cuda")
+    if any(Path("/dev").glob("davinci[0-9]*")):
+        found.append("npu")
+    return [d for d in DEVICES if d in found]
+
+
+def start_worker(settings: Settings, devices: list[str], beat: bool):
+    """The embedded worker, watched and restarted by a thread of this process (service/embedded_worker.py)."""
+    from service.embedded_worker import EmbeddedWorker
+
     env = dict(os.environ, AMCT_DATA_DIR=str(settings.data_dir.resolve()),
                PYTHONPATH=os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[1]),
                                                          os.environ.get("PYTHONPATH")])))
-    return subprocess.Popen(worker_command(settings, devices, beat), env=env)
+    return EmbeddedWorker(settings, worker_command(settings, devices, beat), env).start()
 
 
 @app.command()
@@ -90,7 +104,7 @@ def serve(host: str = "127.0.0.1", port: int = 8000,
     local_servers.remember(f"http://{host}:{port}", settings.data_dir)
     # Migrate before the worker starts, so neither races the other on an empty database.
     migrate.upgrade(settings.resolved_database_url)
-    worker = None if no_worker else start_worker(settings, list(DEVICES), beat=True)
+    worker = None if no_worker else start_worker(settings, local_devices(), beat=True)
     # uvicorn shuts down on SIGTERM, then re-raises it to the handler it found: with the default one the
     # process would die there, before the `finally` below stops the worker. Exit normally instead.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
@@ -98,11 +112,7 @@ def serve(host: str = "127.0.0.1", port: int = 8000,
         uvicorn.run(create_app(settings, run_migrations=False), host=host, port=port, log_level="info")
     finally:
         if worker is not None:
-            worker.send_signal(signal.SIGTERM)
-            try:
-                worker.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                worker.kill()
+            worker.stop(grace_s=30)
 
 
 @app.command()
@@ -141,16 +151,27 @@ def compress(model: Annotated[Path, typer.Option(exists=True, dir_okay=False, he
              deploy_format: Annotated[DeployFormat, typer.Option()] = DEFAULT_DEPLOY_FORMAT,
              deploy_target: Annotated[DeployTarget, typer.Option(help="CPU of the onnx deploy model; auto: this "
                                                                  "machine's")] = DEFAULT_DEPLOY_TARGET,
+             objective: Annotated[str | None, typer.Option(help="cross_entropy | mse | l1 | distill_outputs; "
+                                                           "default: cross_entropy with labels, else distill_outputs")]
+             = None,
+             distill_loss: Annotated[str, typer.Option(help="distill_outputs per output: auto | kl | mse | cosine")]
+             = "auto",
+             max_accuracy_drop: Annotated[float | None, typer.Option(help="quality gate on held-out top-1")] = None,
+             min_output_cosine: Annotated[float | None, typer.Option(help="quality gate on output cosine")] = None,
              accept_uint8: Annotated[bool, typer.Option("--accept-uint8", help="use uint8 inputs as they are (for "
                                                         "a model that scales its input itself)")] = False) -> None:
     """Compress a model here, no server: the engine a worker runs, with a progress bar and a summary table."""
+    from job_process.bubblewrap import SandboxUnavailable
     from service.local_compress import LocalJobError
     from service.local_compress import compress as run_local
-    from service.report_view import summary_table
+    from service.report_view import layer_tables, summary_table
 
     shape = [int(d) for d in parse_shape(input_shape, data).split(",")]
     params = {"epochs": epochs, "batch_size": batch_size, "lr": lr, "eval_fraction": eval_fraction, "seed": seed,
-              "deploy_format": deploy_format.value, "deploy_target": deploy_target.value}
+              "deploy_format": deploy_format.value, "deploy_target": deploy_target.value,
+              "objective": objective, "distill_loss": distill_loss,
+              "max_accuracy_drop": max_accuracy_drop, "min_output_cosine": min_output_cosine}
+    params = {k: v for k, v in params.items() if v is not None}
     check_job_params({**params, "device": device.value})  # the bounds POST /v1/jobs has, before the engine starts
     check_not_raw_images(data, accept_uint8)
     with progress_view() as (bar, show):
@@ -158,8 +179,12 @@ def compress(model: Annotated[Path, typer.Option(exists=True, dir_okay=False, he
             result = run_local(model, cfg, data, kind.value, out, shape, params, device.value, on_message=show)
         except LocalJobError as e:
             raise fail(f"{e.type}: {e.detail}") from None
+        except SandboxUnavailable as e:  # the engine runs the model in bubblewrap here too (docs/security.md)
+            raise fail(str(e)) from None
         bar.update(bar.task_ids[0], completed=1.0, description="done")
     console.print(summary_table(result["report"], title=f"{kind.value}: {model.name} → {out}"))
+    for table in layer_tables(result["report"]):
+        console.print(table)
     files = Table("artifact", "file", "bytes")
     for artifact, path in sorted(result["files"].items()):
         files.add_row(artifact, str(path), f"{path.stat().st_size:,}")

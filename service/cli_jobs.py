@@ -98,26 +98,40 @@ def submit(model: Annotated[Path, typer.Option(exists=True, dir_okay=False, help
            data: Annotated[Path, typer.Option(exists=True, dir_okay=False, help=".npz or .safetensors")],
            kind: Annotated[Kind, typer.Option()] = DEFAULT_KIND,
            input_shape: Annotated[str | None, typer.Option(help="e.g. 1,1,28,28; default: from the dataset")] = None,
+           inputs: Annotated[str | None, typer.Option(help="the signature, JSON: [{name, shape, dtype}, …] with "
+                                                      "axis names for dynamic dimensions (instead of --input-shape)")]
+           = None,
            epochs: int = 1, batch_size: int = 64, lr: float = 1e-3, eval_fraction: float = 0.1, seed: int = 0,
            device: Annotated[Device, typer.Option()] = DEFAULT_DEVICE,
            deploy_format: Annotated[DeployFormat, typer.Option()] = DEFAULT_DEPLOY_FORMAT,
            deploy_target: Annotated[DeployTarget, typer.Option(help="CPU of the onnx deploy model; auto: the "
                                                                "worker's")] = DEFAULT_DEPLOY_TARGET,
+           objective: Annotated[str | None, typer.Option(help="cross_entropy | mse | l1 | distill_outputs; "
+                                                         "default: cross_entropy with labels, else distill_outputs")]
+           = None,
+           distill_loss: Annotated[str, typer.Option(help="distill_outputs per output: auto | kl | mse | cosine")]
+           = "auto",
+           temperature: float = 4.0,
+           max_accuracy_drop: Annotated[float | None, typer.Option(help="quality gate on held-out top-1")] = None,
+           min_output_cosine: Annotated[float | None, typer.Option(help="quality gate on output cosine")] = None,
            idempotency_key: Annotated[str | None, typer.Option(help="default: a fresh one per run")] = None,
            accept_uint8: Annotated[bool, typer.Option("--accept-uint8", help="send uint8 inputs as they are (for "
                                                       "a model that scales its input itself)")] = False,
            watch_job: Annotated[bool, typer.Option("--watch", help="follow the job until it ends")] = False,
            server: ServerOpt = DEFAULT_SERVER, api_key: ApiKeyOpt = None, data_dir: DataDirOpt = None) -> None:
     """Upload the model, cfg and dataset, submit a job; prints the job id (alone on stdout)."""
-    shape = parse_shape(input_shape, data)
+    shape = None if inputs else parse_shape(input_shape, data)
     params = {"epochs": epochs, "batch_size": batch_size, "lr": lr, "eval_fraction": eval_fraction, "seed": seed,
-              "device": device.value, "deploy_format": deploy_format.value,
-              "deploy_target": deploy_target.value}
-    check_job_params(params)
-    check_not_raw_images(data, accept_uint8)
+              "device": device.value, "deploy_format": deploy_format.value, "deploy_target": deploy_target.value,
+              "objective": objective,
+              "distill_loss": distill_loss, "temperature": temperature, "max_accuracy_drop": max_accuracy_drop,
+              "min_output_cosine": min_output_cosine}
+    check_job_params({k: v for k, v in params.items() if v is not None})
+    if not inputs:
+        check_not_raw_images(data, accept_uint8)
     with service_client(server, api_key, data_dir) as client:
         with err_console.status("uploading the model (the server loads and checks it)…"):
-            model_row = client.upload_model(model, shape)
+            model_row = client.upload_model(model, shape, inputs=inputs)
         cfg_row = client.upload_config(cfg, JOB_KINDS[kind.value].cfg_kind)
         data_row = client.upload_dataset(data)
         job = client.submit(kind.value, model_row["id"], cfg_row["id"], data_row["id"],
@@ -183,6 +197,8 @@ def _print_outcome(client, job: dict) -> None:
             console.print(summary_table(report))
         return
     if job.get("error"):
+        if job["error"]["type"] == "quality_gate" and (report := client.report(job["id"])):
+            console.print(summary_table(report))  # the figures that missed the gate (its files are kept)
         err_console.print(f"[red]{escape(job['error']['type'])}[/]: {escape(job['error'].get('detail') or '')}")
     raise typer.Exit(code=1)
 
@@ -212,6 +228,9 @@ def _why_missing(job: dict, kinds: list[str], error: ApiError) -> str:
         phase = f", {job['phase']}" if job.get("phase") else ""
         return (f"job {job['id']} is still {job['status']} ({job['progress']:.0%}{phase}): its {wanted} artifact "
                 f"comes when it succeeds; `amct jobs watch {job['id'][:SHORT_ID]}` follows it")
+    if job["status"] == "failed" and (job.get("error") or {}).get("type") == "quality_gate":
+        return (f"job {job['id']} failed its quality gate and kept its outputs, but none is {wanted}; "
+                f"`amct jobs download {job['id'][:SHORT_ID]}` fetches them all")
     if job["status"] in ("failed", "cancelled"):
         cause = f" ({job['error']['type']})" if job.get("error") else ""
         return (f"job {job['id']} {job['status']}{cause}, so it has no {wanted} artifact; `amct jobs watch "

@@ -14,6 +14,7 @@ body (`detail`, `field`); a server that cannot be reached is `ServiceUnreachable
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -85,9 +86,13 @@ class AmctClient:
     def me(self) -> dict:
         return self._json("GET", "/v1/me")
 
-    def upload_model(self, file: str | Path, input_shape: str, name: str | None = None,
-                     input_dtype: str | None = None) -> dict:
-        return self._upload("/v1/models", file, input_shape=input_shape, name=name, input_dtype=input_dtype)
+    def upload_model(self, file: str | Path, input_shape: str | None = None, name: str | None = None,
+                     input_dtype: str | None = None, inputs: str | list | None = None) -> dict:
+        """`inputs`: the signature (a list of {name, shape, dtype}, or its JSON); else `input_shape`."""
+        if inputs is not None and not isinstance(inputs, str):
+            inputs = json.dumps(inputs)
+        return self._upload("/v1/models", file, input_shape=None if inputs else input_shape, name=name,
+                            input_dtype=input_dtype, inputs=inputs)
 
     def upload_config(self, file: str | Path, kind: str = "retrain", name: str | None = None) -> dict:
         return self._upload("/v1/configs", file, kind=kind, name=name)

@@ -18,6 +18,7 @@ from pathlib import Path
 from job_process.arrays import load_arrays, sniff_format
 from job_process.kinds import JOB_KINDS
 from job_process.launcher import ChildProcess
+from job_process.objective_names import default_objective
 from job_process.protocol import LOG_FILE, SPEC_FILE
 
 
@@ -27,7 +28,7 @@ class LocalJobError(RuntimeError):
         self.type, self.detail = type_, detail
 
 
-def check_dataset(data: Path, kind: str, input_shape: list[int]) -> str:
+def check_dataset(data: Path, kind: str, input_shape: list[int]) -> tuple[str, bool]:
     """What the API refuses at upload and submit, refused here before the engine starts."""
     try:
         fmt = sniff_format(str(data))
@@ -39,9 +40,7 @@ def check_dataset(data: Path, kind: str, input_shape: list[int]) -> str:
     if list(arrays["inputs"].shape[1:]) != input_shape[1:]:
         raise LocalJobError("bad_dataset", f"samples have shape {list(arrays['inputs'].shape[1:])} but the input "
                                            f"shape is {input_shape} (without the batch dimension: {input_shape[1:]})")
-    if JOB_KINDS[kind].needs_labels and "labels" not in arrays:
-        raise LocalJobError("bad_dataset", f"{data} has no 'labels'; {kind} trains on labels")
-    return fmt
+    return fmt, "labels" in arrays
 
 
 def compress(model: Path, cfg: Path, data: Path, kind: str, out: Path, input_shape: list[int], params: dict,
@@ -51,7 +50,12 @@ def compress(model: Path, cfg: Path, data: Path, kind: str, out: Path, input_sha
 
     Raises LocalJobError with the engine's error type and detail when the job fails.
     """
-    fmt = check_dataset(data, kind, input_shape)
+    fmt, has_labels = check_dataset(data, kind, input_shape)
+    if JOB_KINDS[kind].needs_labels:  # a retraining kind: its objective, as POST /v1/jobs resolves it
+        params = {**params, "objective": params.get("objective") or default_objective(has_labels)}
+        if params["objective"] == "cross_entropy" and not has_labels:
+            raise LocalJobError("bad_dataset", f"{data} has no 'labels'; the cross_entropy objective trains on "
+                                               "them (use --objective distill_outputs)")
     out.mkdir(parents=True, exist_ok=True)
     # Absolute: the child starts in the work folder, where a path relative to ours would point elsewhere.
     workdir = Path(tempfile.mkdtemp(prefix=".amct-work-", dir=out.resolve()))
@@ -61,7 +65,7 @@ def compress(model: Path, cfg: Path, data: Path, kind: str, out: Path, input_sha
                 "cfg": str(cfg.resolve()), "dataset": str(data.resolve())}
         (workdir / SPEC_FILE).write_text(json.dumps(spec))
         # Leaving the block kills it if it still runs: Ctrl-C or a failing callback takes the engine down with us.
-        with ChildProcess(workdir) as child:
+        with ChildProcess(workdir, read_only=[model, cfg, data]) as child:
             for message in child:
                 on_message(message)
             returncode = child.wait()

@@ -13,15 +13,18 @@ is jobstate's rule (`recover_lost_job`); this module finds the jobs and talks to
 
 from __future__ import annotations
 
+import shutil
 from datetime import timedelta
+from pathlib import Path
 
 from sqlalchemy import func, select, update
 
+from service import workers
 from service.db import jobstate
 from service.db.models import Job
 from service.db.session import session_factory
 from service.queue import Dispatcher
-from service.settings import Settings
+from service.settings import DEVICES, Settings
 
 
 def reap_once(settings: Settings, dispatcher: Dispatcher) -> dict:
@@ -36,11 +39,67 @@ def reap_once(settings: Settings, dispatcher: Dispatcher) -> dict:
                 failed.append(job_id)
             elif outcome == jobstate.CANCELLED:
                 cancelled.append(job_id)
+        unserved = _fail_unserved(session, settings)
         resent = _stale_queued(session, settings.requeue_after_s, dispatcher)
+        removed = _remove_dead_folders(session, settings.tmp_dir)
     for job_id, queue in requeued + resent:  # after the commit, as at submit
         dispatcher.enqueue(job_id, queue)
     return {"requeued": [j for j, _ in requeued], "failed": failed, "cancelled": cancelled,
-            "resent": [j for j, _ in resent]}
+            "resent": [j for j, _ in resent], "unserved": unserved, "folders_removed": removed}
+
+
+def _fail_unserved(session, settings: Settings) -> list[str]:
+    """Fail the queued jobs no live worker can run: their device's queue has no consumer while workers of
+    the same deployment (queue prefix) are alive, and has had none for `unserved_wait_s`.
+
+    The submit refuses such a job already (service/routes/jobs.py); this catches one submitted while
+    the registry was empty (the workers were starting) or whose workers went away since. With no live
+    worker at all the jobs wait: the deployment is restarting, and failing all of them would be worse.
+    """
+    queues = workers.live_queues(session, settings.worker_stale_s)
+    if not queues:
+        return []
+    before = jobstate.utcnow() - timedelta(seconds=settings.unserved_wait_s)
+    waiting = session.execute(select(Job.id, Job.queue, Job.device).where(
+        Job.status == jobstate.QUEUED, Job.updated_at < before, Job.queue.not_in(queues))).all()
+    failed = []
+    for job_id, queue, device in waiting:
+        prefix = workers.prefix_of(queue)
+        if not workers.has_workers(queues, prefix):
+            continue
+        served = [d for d in DEVICES if f"{prefix}.{d}" in queues]
+        detail = workers.unserved_message(device, served) + f" (waited {settings.unserved_wait_s:g} s)"
+        if jobstate.transition(session, job_id, jobstate.QUEUED, jobstate.FAILED,
+                               values={"error_type": "no_worker", "error_detail": detail}):
+            failed.append(job_id)
+    return failed
+
+
+JOB_FOLDER_PREFIX = "job-"  # worker/runner.py names each attempt's folder job-<job id>-<random>
+
+
+def job_folders(scratch: Path, job_id: str | None = None) -> list[Path]:
+    """The attempt folders under `scratch`, of one job or of all."""
+    pattern = f"{JOB_FOLDER_PREFIX}{job_id}-*" if job_id else f"{JOB_FOLDER_PREFIX}*-*"
+    return [p for p in scratch.glob(pattern) if p.is_dir()] if scratch.is_dir() else []
+
+
+def _remove_dead_folders(session, scratch: Path) -> int:
+    """Remove the folders of attempts whose worker died (a SIGKILL skips the runner's clean-up).
+
+    Only a running job has a live attempt: a folder of a job that is queued (requeued after a crash),
+    finished, or gone belongs to a dead one. Its checkpoints are in the store already (uploaded as
+    they were announced), so nothing the next attempt needs is lost. ~6 MB each for a small CNN.
+    """
+    folders = {p: p.name[len(JOB_FOLDER_PREFIX):].rsplit("-", 1)[0] for p in job_folders(scratch)}
+    if not folders:
+        return 0
+    running = set(session.scalars(select(Job.id).where(Job.id.in_(set(folders.values())),
+                                                       Job.status == jobstate.RUNNING)))
+    dead = [p for p, job_id in folders.items() if job_id not in running]
+    for folder in dead:
+        shutil.rmtree(folder, ignore_errors=True)
+    return len(dead)
 
 
 def _stale_queued(session, after_s: float, dispatcher: Dispatcher) -> list[tuple[str, str]]:

@@ -6,6 +6,7 @@ The CLI prints these rows as a table; the dashboard (service/ui/job.js) shows th
 from __future__ import annotations
 
 from rich.table import Table
+from rich.text import Text
 
 NONZERO_LABEL = "nonzero weights¹"
 NONZERO_NOTE = "¹ of the weight tensors only; an integer code counts when ≠ its zero point"
@@ -40,16 +41,32 @@ def report_rows(report: dict) -> list[tuple[str, str, str, str]]:
         acc = report["accuracy"]
         rows.append((f"accuracy ({report['eval']['split']}, {samples} samples)", f"{acc['fp32']:.4f}",
                      f"{acc['deploy']:.4f}", f"{(acc['deploy'] - acc['fp32']) * 100:+.2f} pts"))
-    agreement = report["agreement_with_original"]["deploy"]
-    if "top1_agreement" in agreement:
-        rows.append(("top-1 agreement with FP32", "1.0000", f"{agreement['top1_agreement']:.4f}", ""))
-    rows.append(("output cosine with FP32", "1.0000", f"{agreement['mean_cosine']:.4f}", ""))
+    rows += output_rows(report)
     latency = report["latency_ms"]
     rows.append((f"latency, median (batch {latency['fp32']['batch']})", f"{latency['fp32']['median']:.3f} ms",
                  f"{latency['deploy']['median']:.3f} ms", f"speed-up {latency['speedup']:.2f}×"))
     formats = report.get("formats", {})
     if formats:
         rows.append(("format", formats.get("fp32", "onnx"), formats.get("deploy", "onnx"), ""))
+    return rows
+
+
+def output_rows(report: dict) -> list[tuple[str, str, str, str]]:
+    """Deploy against FP32 per output (one set of rows, unnamed, for a one-output model)."""
+    outputs = report.get("outputs") or {"output": {"deploy": report["agreement_with_original"]["deploy"]}}
+    rows = []
+    for name, figures in outputs.items():
+        label = f" ({name})" if len(outputs) > 1 else ""
+        agreement = figures["deploy"]
+        if "top1_agreement" in agreement:
+            rows.append((f"top-1 agreement with FP32{label}", "1.0000", f"{agreement['top1_agreement']:.4f}", ""))
+        rows.append((f"output cosine with FP32{label}", "1.0000", f"{agreement['mean_cosine']:.4f}", ""))
+        if "max_abs_diff" in agreement:
+            rows.append((f"max abs difference{label}", "0", f"{agreement['max_abs_diff']:.4f}",
+                         f"MSE {agreement['mse']:.6f}"))
+    gate = report.get("quality_gate")
+    if gate and not gate["passed"]:
+        rows.append(("quality gate", "", "FAILED", "; ".join(gate["failures"])))
     return rows
 
 
@@ -64,3 +81,31 @@ def summary_table(report: dict, title: str | None = None) -> Table:
     for row in report_rows(report):
         table.add_row(*row)
     return table
+
+
+def _damage(row: dict) -> str:
+    return f"{row['top1_drop']:.2f} pts" if row.get("top1_drop") is not None else f"cosine {row['cosine']:.4f}"
+
+
+def layer_tables(report: dict) -> list[Table | Text]:
+    """The per-layer tables of the search kinds (report.json `sensitivity`, `mixed_precision`), as the
+    dashboard's job page shows them."""
+    tables = []
+    if "sensitivity" in report:
+        table = Table("layer", "variant", "damage", "MACs", "weights", title="per-layer sensitivity, worst first",
+                      title_justify="left")
+        for row in report["sensitivity"]["rows"]:
+            table.add_row(row["layer"], row["variant"], _damage(row), f"{row['macs_share']:.1%}",
+                          f"{row['bytes_share']:.1%}")
+        tables.append(table)
+    if "mixed_precision" in report:
+        mp = report["mixed_precision"]
+        budget = ", ".join(f"{k} {v}" for k, v in mp["budget"].items())
+        # A line of its own: a table title wraps at the (narrow) table's width.
+        tables.append(Text(f"mixed precision ({budget}): deploy {_damage(mp['deployed'])}, weights "
+                           f"{_bytes(mp['weight_bytes'])} vs {_bytes(mp['int8_weight_bytes'])} all-INT8"))
+        table = Table("layer", "precision")
+        for layer, precision in mp["precisions"].items():
+            table.add_row(layer, precision)
+        tables.append(table)
+    return tables

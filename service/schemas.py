@@ -8,17 +8,19 @@ app built. Devices and job states are fixed tuples (service/settings.py, service
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from pydantic_core import PydanticCustomError, core_schema
 
 from amct_engine.export.deploy_target import DEPLOY_TARGETS
 from amct_engine.export.formats import DEPLOY_FORMATS
 from job_process.kinds import CFG_KINDS, JOB_KINDS
+from job_process.objective_names import DISTILL_LOSSES, OBJECTIVES
 from service.db.jobstate import STATES
 from service.settings import DEVICES
 
@@ -56,12 +58,36 @@ class OneOf:
         return json_schema
 
 
+def control_character(value: str) -> str | None:
+    """The first control character or lone surrogate in `value` (as U+XXXX), or None.
+
+    Ids, names and filenames are refused with one of them before they reach the database: PostgreSQL
+    cannot store a NUL in text at all (the driver raises, a 500), a lone surrogate is not UTF-8, and
+    the others (newlines, escapes) forge log lines and headers.
+    """
+    for char in value:
+        if unicodedata.category(char) in ("Cc", "Cs"):
+            return f"U+{ord(char):04X}"
+    return None
+
+
+def _no_control_characters(value: str) -> str:
+    if (char := control_character(value)) is not None:
+        raise PydanticCustomError("control_character", "contains a control character ({char}); ids, names "
+                                  "and filenames may not", {"char": char})
+    return value
+
+
+# A string with no control characters: every id (path or body) and name a request carries.
+CleanStr = Annotated[str, AfterValidator(_no_control_characters)]
 JobKind = Annotated[str, OneOf(JOB_KINDS.names)]
 DeployFormat = Annotated[str, OneOf(DEPLOY_FORMATS.names)]
 DeployTarget = Annotated[str, OneOf(lambda: DEPLOY_TARGETS)]
 Device = Literal[DEVICES]
 JobStatus = Literal[STATES]
 CfgKind = Literal[CFG_KINDS]
+Objective = Literal[OBJECTIVES]
+DistillLoss = Literal[DISTILL_LOSSES]
 
 
 class _Out(BaseModel):
@@ -74,8 +100,14 @@ class ModelOut(_Out):
     format: str
     sha256: str
     size_bytes: int
-    input_shape: list[int]
+    input_shape: list[int] = Field(description="the first input's example shape (the upload check ran on it)")
     input_dtype: str
+    inputs: list[dict[str, Any]] = Field(
+        validation_alias="signature",
+        description="the signature: [{name, shape, dtype}], a dimension an integer or an axis name (dynamic)")
+    outputs: dict[str, Any] | None = Field(
+        None, description="the output structure the upload check recorded: {type: tensor, shape, dtype} | "
+                          "{type: tuple, items: [...]} | {type: dict, items: {key: ...}}")
     status: Literal["validating", "ready", "invalid"]
     status_detail: str | None = None
     layers: dict[str, Any] | None = None
@@ -106,9 +138,9 @@ class JobCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     kind: JobKind
-    model_id: str
-    config_id: str
-    dataset_id: str
+    model_id: CleanStr
+    config_id: CleanStr
+    dataset_id: CleanStr
     epochs: int = Field(1, ge=1, le=1000)
     batch_size: int = Field(64, ge=1, le=65536)
     lr: float = Field(1e-3, gt=0, le=10)
@@ -122,6 +154,23 @@ class JobCreate(BaseModel):
         "auto", description="CPU the onnx deploy model is written for: int8 weights for VNNI x86 and ARM, exact "
                             "uint8 + 128 codes for x86 without VNNI; auto: the worker's CPU (the report says which)"
     )
+    objective: Objective | None = Field(
+        None, description="what a retrain kind trains for: cross_entropy (against `labels`), mse / l1 (against "
+                          "target arrays named after the outputs, or `targets`), distill_outputs (match the "
+                          "original FP32 model's outputs on the same batch, no labels needed). Default: "
+                          "cross_entropy when the dataset has labels, else distill_outputs")
+    distill_loss: DistillLoss = Field(
+        "auto", description="distill_outputs per output: kl (temperature-softened class distributions), mse, "
+                            "cosine; auto: kl for a classifier's logits (a dataset with labels), mse otherwise")
+    temperature: float = Field(4.0, gt=0, le=100, description="the kl temperature of distill_outputs")
+    max_accuracy_drop: float | None = Field(
+        None, ge=0, le=1, description="quality gate: fail the job (error.type quality_gate, artifacts kept) when "
+                                      "the deploy model's held-out top-1 is more than this below the FP32 model's "
+                                      "(needs labels). Default: off")
+    min_output_cosine: float | None = Field(
+        None, ge=-1, le=1, description="quality gate: fail the job when the mean cosine of the deploy model's "
+                                       "outputs to the FP32 model's, on the held-out split, is below this (the "
+                                       "lowest output). Default: off")
 
 
 class JobError(BaseModel):
@@ -179,7 +228,7 @@ class KeyCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     scopes: list[Scope] = Field(default=["read"], min_length=1, description="admin implies write implies read")
-    name: str = Field("", max_length=200, description="what the key is for")
+    name: CleanStr = Field("", max_length=200, description="what the key is for")
 
 
 class KeyOut(_Out):
@@ -209,13 +258,21 @@ class Me(BaseModel):
 class JobKindInfo(BaseModel):
     name: str
     cfg_kind: CfgKind = Field(description="the cfg a job of this kind takes (POST /v1/configs `kind`)")
-    needs_labels: bool = Field(description="trained on the dataset's `labels`; refused at submit without them")
+    needs_labels: bool = Field(description="a retraining kind: trains with an `objective` (cross_entropy on the "
+                                           "dataset's `labels`, or distill_outputs without them)")
     description: str
 
 
 class DeployFormatInfo(BaseModel):
     name: str
     summary: str
+
+
+class SandboxInfo(BaseModel):
+    mode: Literal["bubblewrap", "unsafe-no-sandbox", "unavailable"] = Field(
+        description="how user models run: in bubblewrap, without isolation (the operator's opt-out), or refused")
+    detail: str
+    seccomp: bool
 
 
 class Meta(BaseModel):
@@ -228,3 +285,4 @@ class Meta(BaseModel):
     job_states: list[JobStatus]
     terminal_states: list[JobStatus]
     defaults: dict[str, str] = Field(description="what a form offers first: `kind`, `device`, `deploy_format`")
+    sandbox: SandboxInfo = Field(description="the isolation user models run in (docs/security.md)")

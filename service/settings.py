@@ -52,6 +52,10 @@ class Settings(BaseSettings):
 
     validate_timeout_s: float = 300.0
     validate_memory_bytes: int = 8192 * MiB
+    # Uploads checked at once (service/checks.py); one more gets 429 with Retry-After.
+    max_concurrent_model_checks: int = Field(default=2, ge=1)
+    max_concurrent_dataset_checks: int = Field(default=2, ge=1)
+    check_retry_after_s: int = Field(default=5, ge=1)
     # The worker renews its lease while the engine runs; a job whose lease ran out lost its worker.
     lease_s: float = 120.0
     heartbeat_s: float = 5.0
@@ -70,6 +74,12 @@ class Settings(BaseSettings):
     # The API process reaps too: a worker's beat-scheduled reap waits behind the job that worker runs
     # (one process per device), the API never does. Reaps are idempotent, so several may run.
     reap_in_api: bool = True
+    # The worker registry (service/workers.py): each worker renews its row every worker_heartbeat_s; one
+    # silent for worker_stale_s is gone. A queued job for a device no live worker of this deployment
+    # serves fails after unserved_wait_s (a submit is refused at once when the registry already says so).
+    worker_heartbeat_s: float = Field(default=10.0, gt=0)
+    worker_stale_s: float = Field(default=30.0, gt=0)
+    unserved_wait_s: float = Field(default=20.0, ge=0)
     broker_poll_s: float = 0.1
     sse_poll_s: float = 0.25
 

@@ -109,3 +109,26 @@ def test_deploy_section_renders_the_table_and_lists_where_ours_is_slower():
     assert "20×QLinearConv, 8×QLinearAdd" in text and "layers not fused: none" in text
     assert report.deploy_losses(deploy) == [
         "ResNet-18 layout b1: ours 1.33× ORT PTQ QDQ U8S8; QLinearConv takes 3500 µs of our run"]
+
+
+def test_each_torch_pruning_row_is_paired_with_our_best_recipe_with_accuracy_after_pruning():
+    engine = results()["sections"]["engine"]["result"]
+    ours = report.BEST_PRUNE_ROW.format(pct=50)
+    engine["rows"] += [
+        _row("Torch-Pruning 50 % + ORT PTQ", "peer", 0.8815, 0.18, 2.3, 2.6, 0.7, accuracy_after_pruning=0.671),
+        _row(ours, "ours", 0.8823, 0.2, 2.9, 3.4, 2.0, accuracy_after_pruning=0.7761),
+        # a slightly better peer: within the noise margin, so not listed as a loss
+        _row("Torch-Pruning 50 %", "peer", 0.8835, 0.45, 1.0, 0.8, 0.7, accuracy_after_pruning=0.671),
+    ]
+    pairs = report.pruning_pairs(engine)
+    assert pairs == [
+        {"ratio": "50 %", "peer": "Torch-Pruning 50 %", "peer after pruning": "0.6710", "peer top-1": "0.8835",
+         "ours": ours, "ours after pruning": "0.7761", "our top-1": "0.8823", "Δ top-1": "-0.12 pt"},
+        {"ratio": "50 %", "peer": "Torch-Pruning 50 % + ORT PTQ", "peer after pruning": "0.6710",
+         "peer top-1": "0.8815", "ours": ours, "ours after pruning": "0.7761", "our top-1": "0.8823",
+         "Δ top-1": "+0.08 pt"},
+    ]
+    main, _ = report.engine_rows(engine)
+    assert next(r for r in main if r["method"] == f"**{ours}**")["top-1 after pruning"] == "0.7761"
+    assert not [loss for loss in report.engine_losses(engine) if loss["metric"] == "top-1"
+                and loss["peer"].startswith("Torch-Pruning")]

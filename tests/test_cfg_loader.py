@@ -446,4 +446,6 @@ def test_document_from_message_without_text_has_no_positions():
 
 def test_unknown_kind_is_rejected():
     with pytest.raises(ValueError, match="kind"):
-        parse_cfg_document("", "calibration")
+        parse_cfg_document("", "quantise")
+    # The PTQ cfg (docs/spec/engine.md §2.5) is a kind of its own.
+    assert parse_cfg_document("batch_num: 3", "calibration").message.batch_num == 3

@@ -33,6 +33,7 @@ def stage_inputs(sessions: sessionmaker, store: BlobStore, settings: Settings, j
         store.fetch(sha256, workdir / name)
     spec = {"kind": job.kind, "device": job.device, "params": job.params,
             "input_shape": model.input_shape, "input_dtype": model.input_dtype,
+            "inputs": model.signature, "outputs": model.outputs,
             "dataset_format": dataset.format, "checkpoint_every_steps": settings.checkpoint_every_steps,
             **{k: str(workdir / name) for k, (_, name) in files.items()}}
     if checkpoint := last_checkpoint(sessions, job.id):

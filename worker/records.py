@@ -66,8 +66,8 @@ class JobRecords:
                 continue
             name = str(m.pop("file", ""))
             path = workdir / CHECKPOINT_DIR / name
-            # The name comes from a process that runs the user's model: never a path out of ckpt/.
-            if not name or Path(name).name != name or not path.is_file():
+            # The name comes from a process that runs the user's model: never a path out of ckpt/, nor a link.
+            if not name or Path(name).name != name or not _regular_inside(workdir, path):
                 m.update(type="log", level="warning", message=f"ignored a checkpoint line naming {name!r}")
                 continue
             try:
@@ -97,11 +97,23 @@ class JobRecords:
                 return "lost"
         return jobstate.SUCCEEDED
 
-    def fail(self, error_type: str, detail: str, workdir: Path | None) -> None:
-        """Fail the job with the error a user reads; the job process's log goes with it when there is one."""
+    def fail(self, error_type: str, detail: str, workdir: Path | None, outputs: dict | None = None) -> None:
+        """Fail the job with the error a user reads; the job process's log goes with it when there is one.
+
+        `outputs` (`artifacts`, `metrics`): what a job that finished but missed its quality gate made,
+        stored for inspection as a success's would be."""
         artifacts = [self._log_blob(workdir)] if workdir is not None and (workdir / LOG_FILE).exists() else []
         values = {"error_type": error_type, "error_detail": detail[:4000], "phase": None}
+        if outputs and workdir is not None:
+            artifacts += [(a, self.store.put_file(_inside(workdir, a["path"]))) for a in outputs.get("artifacts", [])]
+            values["metrics"] = outputs.get("metrics")
         self.finish(jobstate.FAILED, values, {"error": {"type": error_type, "detail": detail[:500]}}, artifacts)
+
+    def crashed(self, detail: str) -> str:
+        """The engine process died of a signal: queued for another attempt (or failed after the last);
+        returns the state, or `lost` when the job is no longer ours."""
+        with self.sessions.begin() as session:
+            return jobstate.requeue_crashed(session, self.job_id, self.owner, detail) or "lost"
 
     def cancelled(self, **event) -> None:
         self.finish(jobstate.CANCELLED, {"phase": None}, {"reason": "cancel requested", **event})
@@ -116,7 +128,7 @@ class JobRecords:
             return done
 
     def _log_blob(self, workdir: Path):
-        path = workdir / LOG_FILE
+        path = _inside(workdir, str(workdir / LOG_FILE))
         spec = {"kind": "log", "path": str(path), "filename": "engine.log", "media_type": "text/plain"}
         return spec, self.store.put_file(path)
 
@@ -127,11 +139,15 @@ class JobRecords:
 
 
 def _inside(workdir: Path, path: str) -> Path:
-    """A result path the job process wrote, refused unless it lies in the job folder."""
-    resolved = Path(path).resolve()
-    if not resolved.is_relative_to(workdir.resolve()):
-        raise ValueError(f"the engine listed an output outside its job folder: {path}")
-    return resolved
+    """A result path the job process wrote, refused unless it is a file in the job folder (links resolved:
+    the child may plant one pointing at a host file the worker can read)."""
+    if not _regular_inside(workdir, Path(path)):
+        raise ValueError(f"the engine listed an output that is not a file in its job folder: {Path(path).name}")
+    return Path(path).resolve()
+
+
+def _regular_inside(workdir: Path, path: Path) -> bool:
+    return not path.is_symlink() and path.resolve().is_relative_to(workdir.resolve()) and path.is_file()
 
 
 def _coalesce(messages: list[dict]) -> list[dict]:

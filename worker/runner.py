@@ -19,9 +19,11 @@ import tempfile
 import uuid
 from pathlib import Path
 
+from job_process import bubblewrap
 from job_process.launcher import ChildProcess
 from service.db import jobstate
 from service.db.session import session_factory
+from service.reaper import job_folders
 from service.settings import Settings
 from service.storage import BlobStore, open_store
 from worker.inputs import stage_inputs
@@ -37,9 +39,19 @@ class JobRunner:
         self.store = store or open_store(settings.resolved_artifact_store, settings.s3_endpoint_url)
         self.sessions = session_factory(settings.resolved_database_url)
         self.owner = owner or f"{os.uname().nodename}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        bubblewrap.log_state("worker")  # jobs fail with SandboxUnavailable without one (no opt-out)
 
     def run(self, job_id: str) -> str:
-        """Run the job if this delivery can claim it; returns the outcome (`skipped` for a no-op)."""
+        """Run the job if this delivery can claim it; returns the outcome (`skipped` for a no-op).
+
+        An attempt whose engine process was killed puts the job back in the queue (worker/supervisor.py);
+        this worker then claims it again at once, so the next attempt resumes from its checkpoint here.
+        """
+        while (outcome := self._attempt(job_id)) == jobstate.QUEUED:
+            log.info("job %s: its engine process was killed; starting the next attempt", job_id)
+        return outcome
+
+    def _attempt(self, job_id: str) -> str:
         with self.sessions.begin() as session:
             job = jobstate.claim_job(session, job_id, self.owner, self.settings.lease_s)
             if job is not None and jobstate.give_up_if_exhausted(session, job, self.owner):
@@ -49,6 +61,10 @@ class JobRunner:
             return "skipped"
         log.info("job %s: claimed by %s (attempt %d)", job_id, self.owner, job.attempt)
         records = JobRecords(self.sessions, self.store, job_id, self.owner, self.settings.lease_s)
+        # We hold the lease now: any other folder of this job here is a dead attempt's (its checkpoints
+        # went to the store as they were announced, and this attempt fetches the last one from there).
+        for folder in job_folders(self._scratch(), job_id):
+            shutil.rmtree(folder, ignore_errors=True)
         workdir = Path(tempfile.mkdtemp(prefix=f"job-{job_id}-", dir=self._scratch()))
         try:
             stage_inputs(self.sessions, self.store, self.settings, job, workdir)

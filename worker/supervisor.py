@@ -9,6 +9,7 @@ the cancel file, and the process group is killed only if it has not stopped afte
 from __future__ import annotations
 
 import logging
+import signal
 import time
 
 from job_process.launcher import ChildProcess
@@ -59,7 +60,26 @@ def _record_exit(child: ChildProcess, records: JobRecords, returncode: int, canc
     if cancelling:
         records.cancelled(stopped_by="engine" if returncode == CANCELLED_EXIT else f"exit code {returncode}")
         return jobstate.CANCELLED
-    error = child.error() or {
+    error = child.error()
+    if error is None and (name := killed_by(returncode)) is not None:
+        # Killed from outside (the OOM killer, an operator's kill -9, a segfault) rather than failing on
+        # its inputs: another attempt may well finish, from the checkpoint this one left.
+        log.warning("job %s: the engine process was killed by %s; retrying", records.job_id, name)
+        return records.crashed(f"the engine process was killed by {name}")
+    error = error or {
         "type": "crashed", "detail": f"the engine process exited with code {returncode}: {child.log_tail()}"}
-    records.fail(error["type"], error["detail"], child.workdir)
+    # A job that finished but missed its quality gate left its outputs in result.json: kept, not discarded.
+    records.fail(error["type"], error["detail"], child.workdir,
+                 outputs=child.result() if error["type"] == "quality_gate" else None)
     return jobstate.FAILED
+
+
+def killed_by(returncode: int) -> str | None:
+    """The signal's name when the process died of one: Popen's -N, or a wrapper's 128 + N; else None."""
+    number = -returncode if returncode < 0 else returncode - 128 if 128 < returncode < 160 else None
+    if number is None:
+        return None
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"

@@ -153,6 +153,25 @@ def _prune_errors(doc: CfgDocument, scope: Scope) -> Iterator[ConfigError]:
                 f"{bcp_path}.prune_ratio",
                 f"prune_ratio must be between 0 and 1 (both excluded), got {_fmt(bcp.prune_ratio)}",
             )
+        elif bcp.HasField("prune_schedule"):
+            yield from _schedule_errors(doc, bcp, f"{bcp_path}.prune_schedule")
+
+
+def _schedule_errors(doc: CfgDocument, bcp: Message, path: str) -> Iterator[ConfigError]:
+    """Our ``prune_schedule`` extension (docs/spec/engine.md §2.2): at least one step, one batch between
+    steps, and a start below the target (the mask only grows)."""
+    schedule = bcp.prune_schedule
+    if bcp.importance == "taylor":
+        # a step re-ranks the channels during training, from the weights alone: no calibration batches then
+        yield doc.error(path, 'prune_schedule needs a weight-based importance ("bcp" or "group_l2"), not "taylor"')
+    if schedule.steps < 1:
+        yield doc.error(f"{path}.steps", f"prune_schedule needs steps >= 1, got {schedule.steps}")
+    if schedule.HasField("interval") and schedule.interval < 1:
+        yield doc.error(f"{path}.interval", f"prune_schedule needs interval >= 1 (training batches per step), "
+                                            f"got {schedule.interval}")
+    if not 0 <= schedule.start_ratio < bcp.prune_ratio:
+        yield doc.error(f"{path}.start_ratio", f"prune_schedule start_ratio must be >= 0 and below prune_ratio "
+                                               f"{_fmt(bcp.prune_ratio)}, got {_fmt(schedule.start_ratio)}")
 
 
 def check_importance_names(doc: CfgDocument, known: Iterable[str]) -> None:

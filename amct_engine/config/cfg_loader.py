@@ -20,10 +20,12 @@ from pathlib import Path
 from google.protobuf import text_format
 
 from amct_engine.config import cfg_checks
+from amct_engine.config.calibration_cfg import parse_calibration_cfg
 from amct_engine.config.cfg_document import CfgDocument, decode_cfg_bytes
 from amct_engine.config.cfg_layout import LAYOUTS, CfgKind
 from amct_engine.config.cfg_parse_errors import convert_parse_error, missing_required_error
-from amct_engine.config.cfg_scanner import FieldSite
+from amct_engine.config.cfg_scanner import MAX_NESTING, FieldSite, nesting_too_deep
+from amct_engine.config.errors import ConfigError
 from amct_engine.proto import distill_config_pytorch_pb2, retrain_config_pytorch_pb2
 
 __all__ = [
@@ -41,22 +43,28 @@ __all__ = [
 
 
 def parse_cfg_document(
-    text: str | bytes, kind: CfgKind, path: str = "<string>", check: bool = True
+    text: str | bytes, kind: CfgKind | str, path: str = "<string>", check: bool = True
 ) -> CfgDocument:
-    """Parse ``.cfg`` text of ``kind`` ("retrain" or "distill") into a CfgDocument.
+    """Parse ``.cfg`` text of ``kind`` ("retrain", "distill" or "calibration") into a CfgDocument.
 
     Raises ConfigError for syntax errors, unknown fields, bad values, fields or oneof
     members given twice, missing required fields and (when ``check``) the semantic
     checks of ``cfg_checks``. Warnings (e.g. repeated skip entries) go to ``warnings``.
     """
+    if kind == "calibration":  # the PTQ cfg (docs/spec/engine.md §2.5) has its own checks and resolver
+        return parse_calibration_cfg(text, path)
     if kind not in LAYOUTS:
-        raise ValueError(f"kind must be 'retrain' or 'distill', got {kind!r}")
+        raise ValueError(f"kind must be 'retrain', 'distill' or 'calibration', got {kind!r}")
     msg_cls, path = LAYOUTS[kind].message_class, str(path)
     if isinstance(text, bytes):
         text = decode_cfg_bytes(text, path)
+    if (opener := nesting_too_deep(text)) is not None:
+        raise ConfigError(f"blocks are nested more than {MAX_NESTING} levels deep here; no AMCT cfg field "
+                          "nests that far", path, opener.line, opener.column)
     message = msg_cls()
     try:
-        text_format.Parse(text, message)
+        # The recursion limit too: protobuf's own guard, should a text slip past the one above.
+        text_format.Parse(text, message, max_recursion_depth=MAX_NESTING + 1)
     except text_format.ParseError as err:
         raise convert_parse_error(err, text, msg_cls, path) from None
     doc = CfgDocument.from_text(message, text, path)
@@ -67,7 +75,7 @@ def parse_cfg_document(
     return doc
 
 
-def load_cfg_document(path: str | Path, kind: CfgKind, check: bool = True) -> CfgDocument:
+def load_cfg_document(path: str | Path, kind: CfgKind | str, check: bool = True) -> CfgDocument:
     """Read and parse the ``.cfg`` file at ``path``; see ``parse_cfg_document``."""
     p = Path(path)
     if not p.is_file():

@@ -96,6 +96,32 @@ def parent_path(field_path: str) -> str:
     return field_path.rpartition(".")[0]
 
 
+# The deepest block nesting a .cfg may have. AMCT's schemas nest four levels at most
+# (override_layer_configs { prune_config { filter_pruner { balanced_l2_norm_filter_prune {);
+# both protobuf's parser and this scanner recurse per level, so a hostile file of thousands
+# of nested blocks would otherwise end in RecursionError instead of an error naming its line.
+MAX_NESTING = 32
+
+
+def nesting_too_deep(text: str, limit: int = MAX_NESTING) -> _Token | None:
+    """The first block opener (``{`` or ``<``) nested deeper than ``limit``, or None.
+
+    One flat pass over the tokens (no recursion), so it is safe on any input; quoted strings
+    and comments are tokens of their own, so braces inside them do not count.
+    """
+    depth = 0
+    for tok in _tokenize(text):
+        if tok.kind != "other":
+            continue
+        if tok.text in "{<":
+            depth += 1
+            if depth > limit:
+                return tok
+        elif tok.text in "}>":
+            depth = max(0, depth - 1)
+    return None
+
+
 class FieldScan(NamedTuple):
     sites: list[FieldSite]
     unclosed: FieldSite | None  # innermost block still open at the end of the text
@@ -123,6 +149,7 @@ class _Scanner:
         self.i = 0
         self.sites: list[FieldSite] = []
         self.unclosed: FieldSite | None = None
+        self.depth = 0
         with contextlib.suppress(_Stop):
             self._block(root, "", end=None, opener=None)
 
@@ -137,6 +164,9 @@ class _Scanner:
         return None
 
     def _block(self, desc, prefix: str, end: str | None, opener: FieldSite | None) -> None:
+        self.depth += 1
+        if self.depth > MAX_NESTING:  # a backstop: parse_cfg_document refuses such a text first
+            raise _Stop
         counts: dict[str, int] = defaultdict(int)  # next index of each repeated field
         while True:
             tok = self._peek()
@@ -145,6 +175,7 @@ class _Scanner:
                     self.unclosed = opener
                 raise _Stop
             if end is not None and self._accept(end):
+                self.depth -= 1
                 return
             if tok.kind != "ident":
                 raise _Stop

@@ -29,6 +29,7 @@ from amct_engine.config.specs import (
     NO_CHANNEL_WISE_TYPES,
     ActQuantSpec,
     FilterPruneSpec,
+    PruneScheduleSpec,
     PruneSpec,
     SelectivePruneSpec,
     WeightQuantSpec,
@@ -236,7 +237,11 @@ def prune_spec_from_cfg(prune_config: Message) -> PruneSpec | None:
     kind = prune_config.WhichOneof("regular_prune_strategy")
     if kind == "filter_pruner":
         bcp = prune_config.filter_pruner.balanced_l2_norm_filter_prune
-        return FilterPruneSpec(float(bcp.prune_ratio), bool(bcp.ascend_optimized), bcp.importance)
+        schedule = None
+        if bcp.HasField("prune_schedule"):
+            ps = bcp.prune_schedule
+            schedule = PruneScheduleSpec(int(ps.steps), float(ps.start_ratio), int(ps.interval))
+        return FilterPruneSpec(float(bcp.prune_ratio), bool(bcp.ascend_optimized), bcp.importance, schedule)
     if kind == "n_out_of_m_pruner":
         l1 = prune_config.n_out_of_m_pruner.l1_selective_prune
         return SelectivePruneSpec(_enum_name(l1, "n_out_of_m_type"), int(l1.update_freq))

@@ -68,6 +68,23 @@ class FilterPruneSpec:
     prune_ratio: float
     ascend_optimized: bool = True
     importance: str = DEFAULT_IMPORTANCE
+    schedule: PruneScheduleSpec | None = None  # progressive pruning (our extension); None: one shot, as AMCT
+
+
+@dataclass(frozen=True)
+class PruneScheduleSpec:
+    """``prune_schedule`` (our extension, docs/spec/engine.md §2.2): mask from ``start_ratio`` at
+    creation up to the spec's ``prune_ratio`` in ``steps`` steps, one every ``interval`` training
+    batches; the channels are removed at save."""
+
+    steps: int
+    start_ratio: float = 0.0
+    interval: int = 1
+
+    def ratio_at(self, step: int, target: float) -> float:
+        """The share of channels masked after ``step`` steps (0: at creation)."""
+        step = min(max(step, 0), self.steps)
+        return self.start_ratio + (target - self.start_ratio) * step / self.steps
 
 
 @dataclass(frozen=True)

@@ -142,14 +142,26 @@ class FilterPruner(_message.Message):
     def __init__(self, balanced_l2_norm_filter_prune: _Optional[_Union[BalancedL2NormFilterPruner, _Mapping]] = ...) -> None: ...
 
 class BalancedL2NormFilterPruner(_message.Message):
-    __slots__ = ("prune_ratio", "ascend_optimized", "importance")
+    __slots__ = ("prune_ratio", "ascend_optimized", "importance", "prune_schedule")
     PRUNE_RATIO_FIELD_NUMBER: _ClassVar[int]
     ASCEND_OPTIMIZED_FIELD_NUMBER: _ClassVar[int]
     IMPORTANCE_FIELD_NUMBER: _ClassVar[int]
+    PRUNE_SCHEDULE_FIELD_NUMBER: _ClassVar[int]
     prune_ratio: float
     ascend_optimized: bool
     importance: str
-    def __init__(self, prune_ratio: _Optional[float] = ..., ascend_optimized: _Optional[bool] = ..., importance: _Optional[str] = ...) -> None: ...
+    prune_schedule: PruneSchedule
+    def __init__(self, prune_ratio: _Optional[float] = ..., ascend_optimized: _Optional[bool] = ..., importance: _Optional[str] = ..., prune_schedule: _Optional[_Union[PruneSchedule, _Mapping]] = ...) -> None: ...
+
+class PruneSchedule(_message.Message):
+    __slots__ = ("steps", "start_ratio", "interval")
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    START_RATIO_FIELD_NUMBER: _ClassVar[int]
+    INTERVAL_FIELD_NUMBER: _ClassVar[int]
+    steps: int
+    start_ratio: float
+    interval: int
+    def __init__(self, steps: _Optional[int] = ..., start_ratio: _Optional[float] = ..., interval: _Optional[int] = ...) -> None: ...
 
 class NOutOfMPruner(_message.Message):
     __slots__ = ("l1_selective_prune",)

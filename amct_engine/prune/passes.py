@@ -6,6 +6,8 @@ strings them together (parse → prune → re-capture → quantise → record).
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from torch import nn
 
@@ -16,6 +18,12 @@ from amct_engine.prune.apply import GroupCut, apply_plan, output_shapes, prune_w
 from amct_engine.prune.bcp import remain_count, select_pruned_channels
 from amct_engine.prune.dependency import OP, ChannelDependencies, ChannelGroup, build_channel_groups
 from amct_engine.prune.importance import IMPORTANCE_CRITERIA, ImportanceCriterion, ImportanceData, prepare_criterion
+from amct_engine.prune.progressive import (
+    ProgressivePruning,
+    ScheduledGroup,
+    describe_schedule,
+    float_modules,
+)
 from amct_engine.prune.records import filter_prune_record, plan_from_records, selective_prune_record
 from amct_engine.prune.report import (
     DISABLED,
@@ -125,6 +133,40 @@ def filter_prune(
         decision.status, decision.kept = RESTORED, decision.channels
         decision.reason = f"removing its channels breaks the forward with input_data ({error})"
     return applied
+
+
+def scheduled_filter_prune(
+    cm: CapturedModel, settings: LayerPruneSettings, report: PruneReport, data: ImportanceData | None = None
+) -> ProgressivePruning | None:
+    """Progressive filter pruning (the ``prune_schedule`` extension, progressive.py): the same groups and
+    target counts as ``filter_prune``, checked the same way on a copy, but no channel leaves ``cm.module``:
+    the returned schedule masks them from ``start_ratio`` up, and save removes them. None: nothing to prune."""
+    specs = settings.filter()
+    deps = build_channel_groups(cm)
+    criteria = _Criteria(cm.module, None, data)
+    cuts, by_group = [], {}
+    for group in deps.groups:
+        decision, cut = _decide(group, cm.module, settings, criteria)
+        report.groups.append(decision)
+        by_group[group.id] = decision
+        if cut is not None:
+            cuts.append(cut)
+    applied, broken = prune_with_forward_check(copy.deepcopy(cm.module), cuts, cm.example_inputs,
+                                               deps.output_shapes)
+    for cut, error in broken:
+        decision = by_group[cut.group.id]
+        decision.status, decision.kept = RESTORED, decision.channels
+        decision.reason = f"removing its channels breaks the forward with input_data ({error})"
+    entries = []
+    for cut in applied:
+        decision = by_group[cut.group.id]
+        lead = specs[cut.group.producer_names[0]]
+        decision.schedule = describe_schedule(lead.schedule, decision.prune_ratio)
+        entries.append(ScheduledGroup(cut.group, decision.prune_ratio, decision.ascend_optimized, lead.importance,
+                                      lead.schedule))
+    if not entries:
+        return None
+    return ProgressivePruning(entries, float_modules(cm.module, [e.group for e in entries]))
 
 
 def replay_filter_prune(cm: CapturedModel, records, path: str, report: PruneReport) -> None:

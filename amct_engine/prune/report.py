@@ -33,11 +33,13 @@ class GroupDecision:
     ascend_optimized: bool | None = None
     divisions: int = 1
     importance: str | None = None  # the criterion that ranked its channels (importance.py)
+    schedule: str | None = None  # progressive pruning (progressive.py): how the mask grows; None: one shot
 
     def describe(self) -> str:
         who = ", ".join(self.producers)
         if self.status in (PRUNED, REPLAYED):
             how = f", ranked by {self.importance}" if self.importance else ""
+            how += f"; {self.schedule}" if self.schedule else ""
             return (f"channel group {self.group} [{who}]: {self.channels} → {self.kept} channels "
                     f"({self.channels - self.kept} pruned{how})")
         return f"channel group {self.group} [{who}] not pruned ({self.status}): {self.reason}"
@@ -64,6 +66,7 @@ class PruneReport:
     params_before: int = 0
     params_after: int = 0
     bn_recalibrated: int = 0  # BatchNorms whose statistics were re-estimated after pruning (calibration.py)
+    bn_recalibrated_quantized: int = 0  # … and again after the QAT layers went in (recalibrate_quantized_bn)
 
     @property
     def pruned_groups(self) -> list[GroupDecision]:
@@ -79,6 +82,9 @@ class PruneReport:
         lines += [s.describe() for s in self.selective]
         if self.bn_recalibrated:
             lines.append(f"{self.bn_recalibrated} BatchNorms recalibrated on the calibration batches after pruning")
+        if self.bn_recalibrated_quantized:
+            lines.append(f"{self.bn_recalibrated_quantized} BatchNorms recalibrated on the fake-quantised model "
+                         "after the QAT layers went in")
         return "\n".join(lines)
 
     def log(self, filter_configured: bool) -> None:

@@ -40,6 +40,10 @@ class LayerPruneSettings:
     def selective(self) -> dict[str, SelectivePruneSpec]:
         return {n: s for n, s in self.specs.items() if isinstance(s, SelectivePruneSpec)}
 
+    def progressive(self) -> bool:
+        """Whether any filter-pruned layer has a ``prune_schedule`` (then every group is masked until save)."""
+        return any(s.schedule is not None for s in self.filter().values())
+
     def why_not_filter(self, layer: str) -> str:
         """Why a layer is not filter-pruned (for the report)."""
         if layer in self.skipped:

@@ -176,6 +176,15 @@ def expired_running_jobs(session: Session, now: datetime | None = None) -> list[
     return [r[0] for r in rows]
 
 
+def expire_leases(session: Session, owner_prefix: str) -> list[str]:
+    """End now the leases of the running jobs whose owner starts with `owner_prefix`: a worker known to
+    be dead (service/embedded_worker.py). The reaper then treats them as any lost job."""
+    rows = session.execute(
+        update(Job).where(Job.status == RUNNING, Job.lease_owner.startswith(owner_prefix, autoescape=True))
+        .values(lease_expires_at=utcnow() - timedelta(seconds=1)).returning(Job.id)).all()
+    return [r[0] for r in rows]
+
+
 def recover_lost_job(session: Session, job_id: str) -> str | None:
     """A running job whose lease expired (its worker is gone): the state it moves to, None if it moved on.
 
@@ -200,6 +209,25 @@ def recover_lost_job(session: Session, job_id: str) -> str | None:
     return None
 
 
+def requeue_crashed(session: Session, job_id: str, owner: str, detail: str) -> str | None:
+    """The job's engine process was killed (SIGKILL, the OOM killer, a segfault) under its live worker
+    `owner`: the state it moves to, None if the job is no longer ours.
+
+    The same rule as a lost worker: another attempt, which resumes from the last checkpoint, unless
+    this was the last one (then the job fails with `detail`). The caller claims it again.
+    """
+    attempt, max_attempts = session.execute(
+        select(Job.attempt, Job.max_attempts).where(Job.id == job_id)).one()
+    if attempts_exhausted(attempt + 1, max_attempts):
+        to, values, event = FAILED, {"error_type": "crashed", "error_detail": detail[:4000], "phase": None}, None
+    else:
+        to, values = QUEUED, {"lease_owner": None, "lease_expires_at": None, "phase": None}
+        event = {"reason": f"{detail[:300]}; the next attempt resumes from the last checkpoint"}
+    if transition(session, job_id, RUNNING, to, owner=owner, values=values, event=event):
+        return to
+    return None
+
+
 def cancelling(session: Session, job_id: str) -> bool:
     flag = session.execute(select(Job.cancel_requested_at).where(Job.id == job_id)).scalar_one_or_none()
     return flag is not None
@@ -207,7 +235,8 @@ def cancelling(session: Session, job_id: str) -> bool:
 
 __all__ = [
     "CANCELLED", "FAILED", "QUEUED", "RUNNING", "STATES", "SUCCEEDED", "TERMINAL", "TRANSITIONS",
-    "IllegalTransition", "Lease", "add_event", "attempts_exhausted", "cancelling", "claim_job",
+    "IllegalTransition", "Lease", "add_event", "attempts_exhausted", "cancelling", "claim_job", "expire_leases",
     "expired_running_jobs", "give_up_if_exhausted", "recover_lost_job", "renew_lease", "request_cancel",
+    "requeue_crashed",
     "transition",
 ]

@@ -83,10 +83,20 @@ class Model(BlobMixin, Base):
     format: Mapped[str] = mapped_column(String(32), default="torchscript")
     input_shape: Mapped[list[int]] = mapped_column(JSON)  # [1, 1, 28, 28]
     input_dtype: Mapped[str] = mapped_column(String(16), default="float32")
+    # The signature (job_process/signature.py): [{name, shape, dtype}] and the output structure the
+    # upload check recorded. None on rows from before migration 0003: `input_shape` is the signature then.
+    inputs: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, default=None)
+    outputs: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
     status: Mapped[str] = mapped_column(String(16))  # validating | ready | invalid
     status_detail: Mapped[str | None] = mapped_column(Text, default=None)
     layers: Mapped[dict[str, Any] | None] = mapped_column(default=None)  # {"quantizable": [...], ...}
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    @property
+    def signature(self) -> list[dict[str, Any]]:
+        from job_process.signature import from_input_shape
+
+        return self.inputs or from_input_shape(self.input_shape, self.input_dtype)
 
 
 class Config(BlobMixin, Base):
@@ -167,3 +177,13 @@ class Artifact(BlobMixin, Base):
     filename: Mapped[str] = mapped_column(String(255))
     media_type: Mapped[str] = mapped_column(String(100))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Worker(Base):
+    """A Celery worker and the queues it consumes, kept fresh by its heartbeat (service/workers.py)."""
+
+    __tablename__ = "workers"
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)  # <celery node name>:<pid>
+    queues: Mapped[list[str]] = mapped_column(JSON)
+    started_at: Mapped[datetime] = mapped_column(default=utcnow)
+    last_seen_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)

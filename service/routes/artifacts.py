@@ -11,7 +11,7 @@ from service.db.models import Artifact, Job
 from service.deps import SessionDep, StoreDep
 from service.problems import Problem
 from service.routes.jobs import artifact_out
-from service.schemas import ArtifactOut
+from service.schemas import ArtifactOut, CleanStr
 
 router = APIRouter(prefix="/v1/artifacts", tags=["artifacts"])
 
@@ -25,14 +25,15 @@ def _artifact(session, artifact_id: str, project: str) -> Artifact:
 
 
 @router.get("/{artifact_id}", response_model=ArtifactOut)
-def get_artifact(artifact_id: str, session: SessionDep, caller: ReadCaller) -> ArtifactOut:
+def get_artifact(artifact_id: CleanStr, session: SessionDep, caller: ReadCaller) -> ArtifactOut:
     return artifact_out(_artifact(session, artifact_id, caller.project))
 
 
 @router.get("/{artifact_id}/content", response_class=StreamingResponse,
             responses={200: {"description": "the bytes, with the artifact's own media_type (ONNX, JSON, ...)",
                              "content": {"*/*": {}}}})
-def artifact_content(artifact_id: str, session: SessionDep, caller: ReadCaller, store: StoreDep) -> StreamingResponse:
+def artifact_content(artifact_id: CleanStr, session: SessionDep, caller: ReadCaller,
+                     store: StoreDep) -> StreamingResponse:
     artifact = _artifact(session, artifact_id, caller.project)
     headers = {"Content-Length": str(artifact.size_bytes), "ETag": f'"{artifact.sha256}"',
                "Content-Disposition": f'attachment; filename="{artifact.filename}"'}

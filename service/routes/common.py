@@ -9,6 +9,7 @@ from sqlalchemy.orm import Session
 
 from service.db.models import Base
 from service.problems import Problem
+from service.schemas import control_character
 
 T = TypeVar("T", bound=Base)
 
@@ -39,8 +40,19 @@ UPLOAD_ERRORS = {400: {"description": "a malformed multipart body"},
 NAME_FIELD = {"name": {"type": "string", "maxLength": 200, "description": "defaults to the file name"}}
 
 
+def refuse_control_characters(value: str, field: str) -> str:
+    """The check schemas.CleanStr makes, for what a route reads itself (multipart fields, headers)."""
+    if (char := control_character(value)) is not None:
+        raise Problem(422, f"{field} contains a control character ({char}); ids, names and filenames may not",
+                      field=field)
+    return value
+
+
 def require_name(fields: dict[str, str], default: str | None) -> str:
-    name = (fields.get("name") or default or "").strip()
+    """The `name` form field, else the file's name; neither may carry a control character."""
+    if default:
+        refuse_control_characters(default, "file")  # the upload's filename
+    name = refuse_control_characters((fields.get("name") or default or "").strip(), "name")
     if not name:
         raise Problem(422, "name is required", field="name")
     if len(name) > 200:

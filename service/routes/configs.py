@@ -16,7 +16,7 @@ from service.db.models import Config
 from service.deps import SessionDep, SettingsDep, StoreDep
 from service.problems import Problem
 from service.routes.common import NAME_FIELD, UPLOAD_ERRORS, get_or_404, multipart, require_name
-from service.schemas import ConfigOut
+from service.schemas import CleanStr, ConfigOut
 from service.uploads import receive_upload
 
 router = APIRouter(prefix="/v1/configs", tags=["configs"])
@@ -79,13 +79,13 @@ async def upload_config(request: Request, session: SessionDep, store: StoreDep, 
 
 
 @router.get("/{config_id}", response_model=ConfigOut)
-def get_config(config_id: str, session: SessionDep, caller: ReadCaller) -> Config:
+def get_config(config_id: CleanStr, session: SessionDep, caller: ReadCaller) -> Config:
     return get_or_404(session, Config, config_id, caller.project, "config")
 
 
 @router.get("/{config_id}/content", response_class=PlainTextResponse,
             responses={200: {"description": "the cfg exactly as uploaded", "content": {"text/plain": {}}}})
-def config_content(config_id: str, session: SessionDep, store: StoreDep, caller: ReadCaller) -> PlainTextResponse:
+def config_content(config_id: CleanStr, session: SessionDep, store: StoreDep, caller: ReadCaller) -> PlainTextResponse:
     """The uploaded cfg text. Blobs are content-addressed and never change, so this is the text a job froze."""
     config = get_or_404(session, Config, config_id, caller.project, "config")
     text = b"".join(store.iter_bytes(config.sha256)).decode("utf-8", errors="replace")  # <= max_config_bytes

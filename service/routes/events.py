@@ -23,10 +23,14 @@ from service.db.models import Job, JobEvent
 from service.deps import SettingsDep
 from service.problems import Problem
 from service.routes.common import get_or_404
+from service.schemas import CleanStr
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 KEEPALIVE_S = 15.0
 BATCH = 500
+# job_events.seq is an INTEGER column: an id past it matches nothing and overflows the driver
+# (SQLite raises on the bind; the stream would end in a broken chunked body after its 200).
+MAX_SEQ = 2**31 - 1
 
 
 def format_event(event: JobEvent) -> str:
@@ -64,19 +68,28 @@ async def stream_events(request: Request, job_id: str, after: int, poll_s: float
             await asyncio.sleep(poll_s)
 
 
+def _last_event_id(header: str) -> int:
+    """The seq a reconnecting client last saw; checked before the stream starts, so a bad one is a 422."""
+    text = header.strip()
+    # The length first: int() of a 5,000-digit string raises (Python's int_max_str_digits).
+    if not (text.isascii() and text.isdigit() and len(text) <= len(str(MAX_SEQ)) and int(text) <= MAX_SEQ):
+        raise Problem(422, f"Last-Event-ID must be an event seq this stream sent (0 to {MAX_SEQ})",
+                      field="Last-Event-ID")
+    return int(text)
+
+
 @router.get("/{job_id}/events", response_class=StreamingResponse,
             responses={200: {"content": {"text/event-stream": {}}, "description": "the job's events"}})
-def job_events(job_id: str, request: Request, settings: SettingsDep, caller: ReadCaller,
+def job_events(job_id: CleanStr, request: Request, settings: SettingsDep, caller: ReadCaller,
                last_event_id: Annotated[str | None, Header()] = None,
-               after: Annotated[int | None, Query(ge=0, description="like Last-Event-ID, without the header")] = None,
+               after: Annotated[int | None, Query(ge=0, le=MAX_SEQ,
+                                                 description="like Last-Event-ID, without the header")] = None,
                ) -> StreamingResponse:
     with request.app.state.sessions() as session:
         get_or_404(session, Job, job_id, caller.project, "job")
     start = after or 0
     if last_event_id is not None:
-        if not last_event_id.strip().isdigit():
-            raise Problem(422, "Last-Event-ID must be an event seq this stream sent", field="Last-Event-ID")
-        start = int(last_event_id)
+        start = _last_event_id(last_event_id)
     return StreamingResponse(stream_events(request, job_id, start, settings.sse_poll_s),
                              media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

@@ -5,22 +5,35 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Response
-from sqlalchemy import and_, func, or_, select
+from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from job_process.kinds import JOB_KINDS
+from job_process.objective_names import default_objective
+from service import workers
 from service.auth import ReadCaller, WriteCaller
+from service.datasets import DatasetError, check_against_model
 from service.db import jobstate
-from service.db.models import Artifact, Config, Dataset, Job, Model
+from service.db.models import Artifact, Config, Dataset, Job, Model, Project
 from service.deps import DispatcherDep, SessionDep, SettingsDep
 from service.problems import Problem
-from service.routes.common import get_or_404
-from service.schemas import ArtifactList, ArtifactOut, JobCreate, JobKind, JobOut, JobPage, JobStatus
+from service.routes.common import get_or_404, refuse_control_characters
+from service.schemas import (
+    ArtifactList,
+    ArtifactOut,
+    CleanStr,
+    JobCreate,
+    JobKind,
+    JobOut,
+    JobPage,
+    JobStatus,
+    control_character,
+)
 from service.settings import Settings
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -46,8 +59,9 @@ def artifact_out(a: Artifact) -> ArtifactOut:
         size_bytes=a.size_bytes, created_at=a.created_at, content_url=f"/v1/artifacts/{a.id}/content")
 
 
-def check_inputs(session: Session, body: JobCreate, project: str) -> None:
-    """Refuse at submit what could only fail later in the worker, naming the field."""
+def check_inputs(session: Session, body: JobCreate, project: str) -> str | None:
+    """Refuse at submit what could only fail later in the worker, naming the field; returns the objective
+    a retrain kind trains with (None for the kinds that take none)."""
     model = get_or_404(session, Model, body.model_id, project, "model")
     config = get_or_404(session, Config, body.config_id, project, "config")
     dataset = get_or_404(session, Dataset, body.dataset_id, project, "dataset")
@@ -65,13 +79,20 @@ def check_inputs(session: Session, body: JobCreate, project: str) -> None:
     if not verdict["ok"]:
         raise Problem(422, f"config {config.id} does not suit {body.kind}: {verdict['detail']}", field="config_id",
                       line=verdict.get("line"), column=verdict.get("column"))
-    arrays = dataset.description["arrays"]
-    sample_shape = arrays["inputs"]["shape"][1:]
-    if sample_shape != model.input_shape[1:]:
-        raise Problem(422, f"dataset samples have shape {sample_shape} but the model takes "
-                      f"{model.input_shape[1:]} (input_shape without the batch dimension)", field="dataset_id")
-    if kind.needs_labels and not dataset.description["has_labels"]:
-        raise Problem(422, f"dataset {dataset.id} has no 'labels'; {body.kind} trains on labels", field="dataset_id")
+    objective = job_objective(body, dataset) if kind.needs_labels else None
+    try:
+        check_against_model(dataset.description, model.signature, model.outputs, objective or "")
+    except DatasetError as e:
+        raise Problem(422, f"dataset {dataset.id} does not suit model {model.id}: {e}", field="dataset_id",
+                      **({"array": e.array} if e.array else {})) from None
+    if body.max_accuracy_drop is not None and not dataset.description["has_labels"]:
+        raise Problem(422, "max_accuracy_drop compares top-1 on the dataset's labels, which it lacks; use "
+                      "min_output_cosine", field="max_accuracy_drop")
+    return objective
+
+
+def job_objective(body: JobCreate, dataset: Dataset) -> str:
+    return body.objective or default_objective(dataset.description["has_labels"])
 
 
 def request_hash(body: JobCreate) -> str:
@@ -85,12 +106,22 @@ def _replay(session: Session, project: str, key: str, digest: str) -> Job | None
     return job
 
 
-def check_quota(session: Session, project: str, settings: Settings) -> None:
-    """At most `max_active_jobs` queued + running jobs per project.
+def lock_project(session: Session, project: str) -> None:
+    """Serialise the submits of one project until this transaction ends, so the quota's count and the
+    insert that follows are one step: without it 200 parallel submits against a quota of 20 let 26 in.
 
-    A count, not a lock: two submits racing at the limit may both pass. The quota bounds a project's
-    share of the queue; one job over it for a moment does no harm.
+    PostgreSQL: a row lock on the project (SELECT … FOR UPDATE). SQLite has no row locks and ignores
+    FOR UPDATE; a no-op UPDATE of the row takes its database write lock instead (the driver opens the
+    transaction at the first write, so the count below reads after every earlier submit committed).
     """
+    if session.get_bind().dialect.name == "sqlite":
+        session.execute(update(Project).where(Project.id == project).values(id=Project.id))
+    else:
+        session.execute(select(Project.id).where(Project.id == project).with_for_update())
+
+
+def check_quota(session: Session, project: str, settings: Settings) -> None:
+    """At most `max_active_jobs` queued + running jobs per project; the caller holds lock_project."""
     active = session.scalar(select(func.count()).select_from(Job).where(
         Job.project_id == project, Job.status.in_((jobstate.QUEUED, jobstate.RUNNING))))
     if active >= settings.max_active_jobs:
@@ -103,6 +134,8 @@ def check_quota(session: Session, project: str, settings: Settings) -> None:
 
 @router.post("", status_code=202, response_model=JobOut,
              responses={404: {"description": "model, config or dataset not found"},
+                        409: {"description": "no live worker serves the job's device; `served_devices` lists those "
+                                             "that are served"},
                         422: {"description": "invalid parameters, or an Idempotency-Key reused with another body"},
                         429: {"description": "the project's queued + running jobs are at the quota",
                               "headers": {"Retry-After": {"description": "seconds to wait before submitting again",
@@ -110,16 +143,24 @@ def check_quota(session: Session, project: str, settings: Settings) -> None:
 def submit_job(body: JobCreate, response: Response, session: SessionDep, settings: SettingsDep,
                dispatcher: DispatcherDep, caller: WriteCaller,
                idempotency_key: Annotated[str | None, Header(max_length=200)] = None) -> JobOut:
+    if idempotency_key is not None:
+        refuse_control_characters(idempotency_key, "Idempotency-Key")
     digest = request_hash(body)
     # A replay answers with the job it already made, whatever the quota says now.
     if idempotency_key and (job := _replay(session, caller.project, idempotency_key, digest)):
         response.headers["Location"] = f"/v1/jobs/{job.id}"
         response.headers["Idempotent-Replayed"] = "true"
         return job_out(job)
-    check_inputs(session, body, caller.project)
+    objective = check_inputs(session, body, caller.project)
+    if (served := workers.unserved(session, body.device, settings)) is not None:
+        raise Problem(409, workers.unserved_message(body.device, served), type_="/problems/device-not-served",
+                      field="device", served_devices=served)
+    lock_project(session, caller.project)
     check_quota(session, caller.project, settings)
     params = body.model_dump(include={"epochs", "batch_size", "lr", "eval_fraction", "seed", "deploy_format",
-                                      "deploy_target"})
+                                      "deploy_target", "max_accuracy_drop", "min_output_cosine"}, exclude_none=True)
+    if objective is not None:
+        params.update(objective=objective, distill_loss=body.distill_loss, temperature=body.temperature)
     job = Job(project_id=caller.project, kind=body.kind, status=jobstate.QUEUED, model_id=body.model_id,
               config_id=body.config_id, dataset_id=body.dataset_id, params=params, device=body.device,
               queue=settings.queue_for(body.device), max_attempts=settings.max_attempts,
@@ -147,11 +188,21 @@ def encode_cursor(job: Job) -> str:
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
+# Every job was created inside this range: a cursor outside it is not one this API returned, and its
+# timestamp may not even fit the database's (year 9999 with a negative offset is year 10000 in UTC).
+CURSOR_RANGE = (datetime(1970, 1, 1, tzinfo=UTC), datetime(3000, 1, 1, tzinfo=UTC))
+
+
 def decode_cursor(cursor: str) -> tuple[datetime, str]:
     try:
         created, id_ = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
-        return datetime.fromisoformat(created), str(id_)
-    except (ValueError, TypeError):
+        stamp = datetime.fromisoformat(created)
+        stamp = (stamp if stamp.tzinfo else stamp.replace(tzinfo=UTC)).astimezone(UTC)
+        if not (CURSOR_RANGE[0] <= stamp < CURSOR_RANGE[1] and isinstance(id_, str)
+                and control_character(id_) is None):
+            raise ValueError(created)
+        return stamp, id_
+    except (ValueError, TypeError, OverflowError):
         raise Problem(422, "cursor is not one this API returned", field="cursor") from None
 
 
@@ -178,13 +229,13 @@ def list_jobs(session: SessionDep, caller: ReadCaller,
 
 
 @router.get("/{job_id}", response_model=JobOut)
-def get_job(job_id: str, session: SessionDep, caller: ReadCaller) -> JobOut:
+def get_job(job_id: CleanStr, session: SessionDep, caller: ReadCaller) -> JobOut:
     return job_out(get_or_404(session, Job, job_id, caller.project, "job"))
 
 
 @router.post("/{job_id}/cancel", status_code=202, response_model=JobOut,
              responses={409: {"description": "the job already finished"}})
-def cancel_job(job_id: str, session: SessionDep, caller: WriteCaller) -> JobOut:
+def cancel_job(job_id: CleanStr, session: SessionDep, caller: WriteCaller) -> JobOut:
     """Queued jobs are cancelled at once; a running job's worker stops it within a heartbeat."""
     job = get_or_404(session, Job, job_id, caller.project, "job")
     if job.status in jobstate.TERMINAL:
@@ -196,7 +247,7 @@ def cancel_job(job_id: str, session: SessionDep, caller: WriteCaller) -> JobOut:
 
 
 @router.get("/{job_id}/artifacts", response_model=ArtifactList)
-def list_artifacts(job_id: str, session: SessionDep, caller: ReadCaller) -> ArtifactList:
+def list_artifacts(job_id: CleanStr, session: SessionDep, caller: ReadCaller) -> ArtifactList:
     get_or_404(session, Job, job_id, caller.project, "job")
     rows = session.scalars(select(Artifact).where(Artifact.job_id == job_id).order_by(Artifact.kind)).all()
     return ArtifactList(items=[artifact_out(a) for a in rows])

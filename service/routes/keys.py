@@ -10,7 +10,7 @@ from service.auth import AdminCaller, ReadCaller
 from service.db.models import ApiKey
 from service.deps import SessionDep
 from service.problems import Problem
-from service.schemas import KeyCreate, KeyCreated, KeyList, KeyOut, Me
+from service.schemas import CleanStr, KeyCreate, KeyCreated, KeyList, KeyOut, Me
 
 router = APIRouter(tags=["keys"])
 
@@ -38,7 +38,7 @@ def list_keys(session: SessionDep, caller: AdminCaller) -> KeyList:
 
 
 @router.post("/v1/keys/{key_id}/revoke", response_model=KeyOut)
-def revoke_key(key_id: str, request: Request, session: SessionDep, caller: AdminCaller) -> KeyOut:
+def revoke_key(key_id: CleanStr, request: Request, session: SessionDep, caller: AdminCaller) -> KeyOut:
     """Revoke (idempotent): requests with the key answer 401 from now on. A key may revoke itself."""
     if not auth.revoke_key(request.app.state.sessions, key_id, caller.project):
         raise Problem(404, f"no key with id {key_id!r}", field="key_id", resource="key")

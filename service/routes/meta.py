@@ -10,10 +10,11 @@ from fastapi import APIRouter
 
 from amct_engine.export.deploy_target import DEPLOY_TARGETS
 from amct_engine.export.formats import DEPLOY_FORMATS
+from job_process import bubblewrap
 from job_process.kinds import DEFAULT_JOB_KIND, JOB_KINDS
 from service.auth import ReadCaller
 from service.db.jobstate import STATES, TERMINAL
-from service.schemas import DeployFormatInfo, JobCreate, JobKindInfo, Meta
+from service.schemas import DeployFormatInfo, JobCreate, JobKindInfo, Meta, SandboxInfo
 from service.settings import DEVICES
 
 router = APIRouter(prefix="/v1/meta", tags=["meta"])
@@ -31,4 +32,5 @@ def get_meta(caller: ReadCaller) -> Meta:
         terminal_states=[s for s in STATES if s in TERMINAL],
         defaults={"kind": DEFAULT_JOB_KIND, **{name: JobCreate.model_fields[name].default
                                                for name in ("device", "deploy_format", "deploy_target")}},
+        sandbox=SandboxInfo(**bubblewrap.state().as_dict()),
     )

@@ -3,30 +3,50 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import signal
 import subprocess
+import tempfile
+from pathlib import Path
 
 from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 
-from job_process import sandbox
+from job_process import sandbox, signature
+from job_process.bubblewrap import SandboxUnavailable
+from job_process.errors import scrub
+from job_process.signature import (
+    EXAMPLE_BATCH,
+    SHORTHAND_DTYPES,
+    SignatureError,
+    dynamic_sizes,
+    example_shape,
+    from_input_shape,
+    parse_inputs,
+)
 from service.auth import ReadCaller, WriteCaller
+from service.checks import BUSY_RESPONSE, checks_slot
 from service.db.models import Model
 from service.deps import SessionDep, SettingsDep, StoreDep
 from service.problems import Problem
 from service.routes.common import NAME_FIELD, UPLOAD_ERRORS, get_or_404, multipart, require_name
-from service.schemas import ModelOut
+from service.schemas import CleanStr, ModelOut
 from service.settings import Settings
 from service.uploads import Upload, receive_upload
 from service.zipcheck import check_zip
 
 router = APIRouter(prefix="/v1/models", tags=["models"])
-DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32")
+DTYPES = SHORTHAND_DTYPES
 MAX_ELEMENTS = 10**8
+INPUTS_EXAMPLE = ('[{"name": "input_ids", "shape": ["batch", 128], "dtype": "int64"}, '
+                  '{"name": "attention_mask", "shape": ["batch", 128], "dtype": "int64"}]')
 
 
 def parse_input_shape(text: str | None) -> list[int]:
     if not text:
-        raise Problem(422, "input_shape is required, e.g. 1,1,28,28", field="input_shape")
+        raise Problem(422, "input_shape (e.g. 1,1,28,28) or inputs (a JSON list of {name, shape, dtype}) is required",
+                      field="input_shape")
     try:
         shape = [int(d) for d in text.replace("x", ",").split(",")]
     except ValueError:
@@ -43,50 +63,111 @@ def parse_input_shape(text: str | None) -> list[int]:
     return shape
 
 
-def validate_in_child(upload: Upload, shape: list[int], dtype: str, settings: Settings) -> dict:
-    """Load + forward + capture in a sandboxed child; the API process never unpickles user code."""
+def parse_signature(fields: dict[str, str]) -> tuple[list[dict], list[int], int]:
+    """(inputs, the first input's example shape, the example batch) from `inputs` or the shorthand."""
+    if fields.get("inputs"):
+        if fields.get("input_shape"):
+            raise Problem(422, "give either inputs or input_shape, not both", field="input_shape")
+        try:
+            raw = json.loads(fields["inputs"])
+        except ValueError as e:
+            raise Problem(422, f"inputs is not valid JSON ({e}); e.g. {INPUTS_EXAMPLE}", field="inputs") from None
+        try:
+            inputs = parse_inputs(raw)
+        except SignatureError as e:
+            raise Problem(422, f"inputs: {e}; e.g. {INPUTS_EXAMPLE}", field=e.field) from None
+        sizes = dynamic_sizes(inputs, EXAMPLE_BATCH)
+        return inputs, example_shape(inputs[0]["shape"], sizes), EXAMPLE_BATCH
+    shape = parse_input_shape(fields.get("input_shape"))
+    dtype = fields.get("input_dtype") or "float32"
+    if dtype not in DTYPES:
+        raise Problem(422, f"input_dtype must be one of {', '.join(DTYPES)}", field="input_dtype")
+    return from_input_shape(shape, dtype), shape, shape[0]
+
+
+def validate_in_child(upload: Upload, inputs: list[dict], batch: int, settings: Settings) -> dict:
+    """Load + forward + capture in a sandboxed child; the API process never unpickles user code.
+
+    The child sees the upload (read-only) and a fresh folder of its own, nothing else of the data dir;
+    what it reports is scrubbed (job_process/errors.py) and its stderr never reaches the answer.
+    """
+    folder = Path(tempfile.mkdtemp(prefix="check-", dir=settings.tmp_dir))
     try:
-        result = sandbox.run("job_process.validate_model", [str(upload.path), ",".join(map(str, shape)), dtype],
-                             cwd=settings.tmp_dir, timeout_s=settings.validate_timeout_s,
-                             memory_bytes=settings.validate_memory_bytes)
+        result = sandbox.run("job_process.validate_model", [str(upload.path), json.dumps(inputs), str(batch)],
+                             cwd=folder, timeout_s=settings.validate_timeout_s,
+                             memory_bytes=settings.validate_memory_bytes, read_only=[upload.path],
+                             cpu_seconds=int(settings.validate_timeout_s * (os.cpu_count() or 1)))
     except subprocess.TimeoutExpired:
         return {"ok": False, "stage": "timeout",
                 "error": f"validation took longer than {settings.validate_timeout_s:.0f} s"}
-    lines = [ln for ln in result.stdout.splitlines() if ln.startswith("{")]
-    if result.returncode != 0 or not lines:
-        tail = (result.stderr or "").strip().splitlines()[-1:] or [f"exit code {result.returncode}"]
-        return {"ok": False, "stage": "crash", "error": f"the validation process died: {tail[0][:500]}"}
-    return json.loads(lines[-1])
+    except SandboxUnavailable as e:
+        raise Problem(503, str(e), field="file") from None
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    report = _last_report(result.stdout)
+    if result.returncode != 0 or report is None:
+        reason = _exit_reason(result.returncode)
+        return {"ok": False, "stage": "crash", "error": f"the validation process died ({reason})"}
+    if not report.get("ok"):
+        stage = str(report.get("stage"))
+        # The engine's words may name the file by its path in the data folder: not the user's business.
+        error = str(report.get("error", "")).replace(str(upload.path), "the model file")
+        return {"ok": False, "stage": stage if stage in _STAGE_VERB else "crash", "error": scrub(error)}
+    return report
 
 
-@router.post("", status_code=201, response_model=ModelOut, responses=UPLOAD_ERRORS,
-             openapi_extra=multipart(["input_shape"], {
-                 **NAME_FIELD, "input_shape": {"type": "string", "examples": ["1,1,28,28"],
-                                               "description": "comma-separated, batch first"},
-                 "input_dtype": {"type": "string", "enum": list(DTYPES), "default": "float32"}},
+def _last_report(stdout: str) -> dict | None:
+    lines = [ln for ln in stdout.splitlines() if ln.startswith("{")]
+    try:
+        report = json.loads(lines[-1]) if lines else None
+    except ValueError:
+        return None
+    return report if isinstance(report, dict) else None
+
+
+def _exit_reason(returncode: int) -> str:
+    if returncode == -signal.SIGKILL:
+        return "killed: out of memory or CPU time"
+    if returncode < 0:
+        return f"signal {signal.Signals(-returncode).name}" if -returncode in signal.valid_signals() else "a signal"
+    return f"exit code {returncode}"
+
+
+@router.post("", status_code=201, response_model=ModelOut, responses={**UPLOAD_ERRORS, **BUSY_RESPONSE},
+             openapi_extra=multipart([], {
+                 **NAME_FIELD,
+                 "inputs": {"type": "string", "examples": [INPUTS_EXAMPLE],
+                            "description": "the signature: a JSON list of {name, shape, dtype}; a dimension is "
+                                           "an integer or an axis name (dynamic, e.g. batch, seq); dtype one of "
+                                           + ", ".join(signature.DTYPES) + "; the first dimension is the batch"},
+                 "input_shape": {"type": "string", "examples": ["1,1,28,28"],
+                                 "description": "one-input shorthand for inputs: comma-separated, batch first"},
+                 "input_dtype": {"type": "string", "enum": list(DTYPES), "default": "float32",
+                                 "description": "the dtype of the input_shape shorthand"}},
                  "TorchScript (torch.jit.save)"))
 async def upload_model(request: Request, session: SessionDep, store: StoreDep, settings: SettingsDep,
                        caller: WriteCaller) -> Model:
-    """Multipart: `file` (TorchScript), `name`, `input_shape` (e.g. `1,1,28,28`), optional `input_dtype`."""
-    upload = await receive_upload(request, "file", settings.max_model_bytes, settings.tmp_dir)
-    try:
-        name = require_name(upload.fields, upload.filename)
-        shape = parse_input_shape(upload.fields.get("input_shape"))
-        dtype = upload.fields.get("input_dtype") or "float32"
-        if dtype not in DTYPES:
-            raise Problem(422, f"input_dtype must be one of {', '.join(DTYPES)}", field="input_dtype")
+    """Multipart: `file` (TorchScript), `name`, and `inputs` (the signature, JSON) or `input_shape`
+    (e.g. `1,1,28,28`) with optional `input_dtype`. The model runs once on example tensors made from the
+    signature in a sandboxed child; its output structure is recorded as `outputs`."""
+    with checks_slot(settings, "model"):
+        upload = await receive_upload(request, "file", settings.max_model_bytes, settings.tmp_dir)
         try:
-            check_zip(str(upload.path), settings.max_zip_entries, settings.max_unpacked_bytes, "the model file")
-        except ValueError as e:
-            raise Problem(422, f"{e}; upload a TorchScript file (torch.jit.save)", field="file") from None
-        report = await run_in_threadpool(validate_in_child, upload, shape, dtype, settings)
-        if not report["ok"]:
-            raise Problem(422, f"the model does not {_STAGE_VERB.get(report['stage'], 'validate')}: "
-                          f"{report['error']}", field="file", stage=report["stage"])
-        blob = await run_in_threadpool(store.put_file, upload.path, upload.sha256)
-    finally:
-        upload.discard()
-    model = Model(project_id=caller.project, name=name, input_shape=shape, input_dtype=dtype, status="ready",
+            name = require_name(upload.fields, upload.filename)
+            inputs, shape, batch = parse_signature(upload.fields)
+            try:
+                check_zip(str(upload.path), settings.max_zip_entries, settings.max_unpacked_bytes, "the model file")
+            except ValueError as e:
+                raise Problem(422, f"{e}; upload a TorchScript file (torch.jit.save)", field="file") from None
+            report = await run_in_threadpool(validate_in_child, upload, inputs, batch, settings)
+            if not report["ok"]:
+                raise Problem(422, f"the model does not {_STAGE_VERB.get(report['stage'], 'validate')}: "
+                              f"{report['error']}", field="file", stage=report["stage"])
+            blob = await run_in_threadpool(store.put_file, upload.path, upload.sha256)
+        finally:
+            upload.discard()
+    model = Model(project_id=caller.project, name=name, input_shape=shape, input_dtype=inputs[0]["dtype"],
+                  inputs=inputs, outputs=report["outputs"], status="ready",
                   sha256=blob.sha256, size_bytes=blob.size_bytes, uri=blob.uri,
                   layers={**report["layers"], "parameters": report["parameters"],
                           "output_shapes": report["output_shapes"]})
@@ -95,10 +176,11 @@ async def upload_model(request: Request, session: SessionDep, store: StoreDep, s
     return model
 
 
-_STAGE_VERB = {"load": "load as TorchScript", "forward": "run on input_shape", "capture": "capture as a graph",
+_STAGE_VERB = {"load": "load as TorchScript", "forward": "run on example inputs of its signature",
+               "outputs": "return tensors", "capture": "capture as a graph",
                "timeout": "validate in time", "crash": "validate"}
 
 
 @router.get("/{model_id}", response_model=ModelOut)
-def get_model(model_id: str, session: SessionDep, caller: ReadCaller) -> Model:
+def get_model(model_id: CleanStr, session: SessionDep, caller: ReadCaller) -> Model:
     return get_or_404(session, Model, model_id, caller.project, "model")

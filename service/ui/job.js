@@ -32,15 +32,67 @@ export function reportRows(r) {
     rows.push([`accuracy (${r.eval.split}, ${r.eval.samples} samples)`, r.accuracy.fp32.toFixed(4),
                r.accuracy.deploy.toFixed(4), `${drop >= 0 ? "+" : ""}${drop} pts`]);
   }
-  const agree = r.agreement_with_original.deploy;
-  if (agree.top1_agreement !== undefined) {
-    rows.push(["top-1 agreement with FP32", "1.0000", agree.top1_agreement.toFixed(4), ""]);
-  }
-  rows.push(["output cosine with FP32", "1.0000", agree.mean_cosine.toFixed(4), ""]);
+  rows.push(...outputRows(r));
   const lat = r.latency_ms;
   rows.push([`latency, median (batch ${lat.fp32.batch})`, `${lat.fp32.median.toFixed(3)} ms`,
              `${lat.deploy.median.toFixed(3)} ms`, `speed-up ${lat.speedup.toFixed(2)}×`]);
   if (r.formats) rows.push(["format", r.formats.fp32 || "onnx", r.formats.deploy || "onnx", ""]);
+  return rows;
+}
+
+const percent = (share) => `${(share * 100).toFixed(1)} %`;
+const damageText = (row) => (row.top1_drop !== null && row.top1_drop !== undefined
+  ? `${row.top1_drop.toFixed(2)} pts` : `cosine ${row.cosine.toFixed(4)}`);
+
+// Set through the CSSOM: the dashboard's Content-Security-Policy refuses inline style attributes.
+function damageFill(share) {
+  const fill = h("span", { class: "fill" });
+  fill.style.width = `${Math.round(Math.max(0, share) * 1000) / 10}%`;
+  return fill;
+}
+
+// report.json's `sensitivity` (docs/spec/engine.md §4.11): one row per layer and variant, most damaging first,
+// with a bar scaled to the largest damage.
+export function sensitivityTable(s) {
+  const worst = Math.max(1e-9, ...s.rows.map((r) => r.damage));
+  return h("table", { id: "sensitivity-table", class: "report" },
+    h("thead", {}, h("tr", {}, ["layer", "variant", "damage", "", "MACs", "weights"].map((t) => h("th", {}, t)))),
+    h("tbody", {}, s.rows.map((r) => h("tr", {},
+      h("th", {}, r.layer), h("td", {}, r.variant), h("td", { class: "num" }, damageText(r)),
+      h("td", { class: "damage-bar" }, h("span", { class: "bar" }, damageFill(r.damage / worst))),
+      h("td", { class: "num" }, percent(r.macs_share)), h("td", { class: "num" }, percent(r.bytes_share))))));
+}
+
+// report.json's `mixed_precision` (docs/spec/engine.md §4.12): the precision chosen per layer and what it gave.
+export function mixedPrecisionTable(m) {
+  const budget = Object.entries(m.budget).map(([k, v]) => `${k} ${v}`).join(", ");
+  return h("div", { id: "mixed-precision" },
+    h("p", {}, `budget ${budget} · deploy model: ${damageText(m.deployed)} (all-INT8: ${damageText(m.int8_deployed)})`
+      + ` · weights ${bytes(m.weight_bytes)} vs ${bytes(m.int8_weight_bytes)} all-INT8`),
+    h("table", { id: "precision-table", class: "report" },
+      h("thead", {}, h("tr", {}, ["layer", "precision"].map((t) => h("th", {}, t)))),
+      h("tbody", {}, Object.entries(m.precisions).map(([layer, p]) =>
+        h("tr", {}, h("th", {}, layer), h("td", { class: `precision-${p}` }, p))))));
+}
+
+// Deploy against FP32 per output, as service/report_view.py output_rows.
+function outputRows(r) {
+  const outputs = r.outputs || { output: { deploy: r.agreement_with_original.deploy } };
+  const names = Object.keys(outputs);
+  const rows = [];
+  for (const name of names) {
+    const label = names.length > 1 ? ` (${name})` : "";
+    const agree = outputs[name].deploy;
+    if (agree.top1_agreement !== undefined) {
+      rows.push([`top-1 agreement with FP32${label}`, "1.0000", agree.top1_agreement.toFixed(4), ""]);
+    }
+    rows.push([`output cosine with FP32${label}`, "1.0000", agree.mean_cosine.toFixed(4), ""]);
+    if (agree.max_abs_diff !== undefined) {
+      rows.push([`max abs difference${label}`, "0", agree.max_abs_diff.toFixed(4), `MSE ${agree.mse.toFixed(6)}`]);
+    }
+  }
+  const gate = r.quality_gate;
+  if (gate && !gate.passed) rows.push(["quality gate", "", "FAILED", gate.failures.join("; ")]);
   return rows;
 }
 
@@ -182,6 +234,8 @@ export function jobView(id) {
       h("thead", {}, h("tr", {}, ["", "before (FP32)", "after (deploy)", "change"].map((t) => h("th", {}, t)))),
       h("tbody", {}, rows.map((row) => h("tr", {}, row.map((c, i) => h(i ? "td" : "th", { class: i ? "num" : "" }, c)))))),
       rows.some((row) => row[0] === NONZERO_LABEL) ? h("p", { class: "muted note" }, NONZERO_NOTE) : "");
+    if (r.sensitivity) el.report.append(h("h3", {}, "Per-layer sensitivity"), sensitivityTable(r.sensitivity));
+    if (r.mixed_precision) el.report.append(h("h3", {}, "Mixed precision"), mixedPrecisionTable(r.mixed_precision));
   }
 
   async function showConfig() {

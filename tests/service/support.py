@@ -49,7 +49,8 @@ def settings_env(settings: Settings) -> dict[str, str]:
            "DATABASE_URL": settings.resolved_database_url, "BROKER_URL": settings.resolved_broker_url,
            "ARTIFACT_STORE": settings.resolved_artifact_store}
     # The recovery timings (test_recovery.py shortens them so a crash heals in seconds).
-    for name in ("lease_s", "cancel_grace_s", "reap_interval_s", "requeue_after_s", "checkpoint_every_steps"):
+    for name in ("lease_s", "cancel_grace_s", "reap_interval_s", "requeue_after_s", "checkpoint_every_steps",
+                 "worker_heartbeat_s", "worker_stale_s", "unserved_wait_s"):
         env[f"AMCT_{name.upper()}"] = str(getattr(settings, name))
     return env
 

@@ -33,11 +33,11 @@ def assert_problem(response, status: int, field: str | None = None) -> dict:
     return body
 
 
-def test_healthz_and_readyz_check_database_broker_and_store(api):
+def test_healthz_and_readyz_check_database_broker_store_and_sandbox(api):
     assert api.client.get("/healthz").json() == {"status": "ok"}
     ready = api.client.get("/readyz")
     assert ready.status_code == 200
-    assert ready.json()["checks"] == {"database": "ok", "broker": "ok", "store": "ok"}
+    assert ready.json()["checks"] == {"database": "ok", "broker": "ok", "store": "ok", "sandbox": "ok"}
 
 
 def test_model_upload_reports_hash_size_and_quantisable_layers(api, uploaded, assets):
@@ -81,8 +81,8 @@ def test_dataset_is_described(api):
     assert body.status_code == 201, body.text
     description = body.json()["description"]
     assert description == {"samples": 5, "has_labels": True, "num_classes": 5,
-                           "arrays": {"inputs": {"shape": [5, 1, 28, 28], "dtype": "float32"},
-                                      "labels": {"shape": [5], "dtype": "int64"}}}
+                           "arrays": {"inputs": {"shape": [5, 1, 28, 28], "dtype": "float32", "finite": True},
+                                      "labels": {"shape": [5], "dtype": "int64", "min": 0, "max": 4}}}
 
 
 def test_submit_returns_202_location_and_a_queued_job_on_the_device_queue(api, uploaded):
@@ -93,7 +93,8 @@ def test_submit_returns_202_location_and_a_queued_job_on_the_device_queue(api, u
     assert (job["status"], job["progress"], job["attempt"]) == ("queued", 0.0, 0)
     assert job["queue"] == api.settings.queue_for("cpu")
     assert job["params"] == {"epochs": 1, "batch_size": 64, "lr": 5e-4, "eval_fraction": 0.1, "seed": 0,
-                             "deploy_format": "onnx", "deploy_target": "auto"}
+                             "deploy_format": "onnx", "deploy_target": "auto", "objective": "cross_entropy",
+                             "distill_loss": "auto", "temperature": 4.0}
     assert api.client.get(response.headers["location"]).json()["id"] == job["id"]
 
 
@@ -154,9 +155,13 @@ def test_dataset_whose_samples_do_not_fit_the_model_is_422(api, uploaded):
     assert "[3, 32, 32]" in body["detail"] and "[1, 28, 28]" in body["detail"]
 
 
-def test_training_kinds_need_labels(api, uploaded, assets):
+def test_cross_entropy_needs_labels_and_distill_outputs_is_the_default_without(api, uploaded, assets):
     unlabelled = api.upload_dataset((assets / "unlabelled.npz").read_bytes()).json()["id"]
-    assert_problem(api.submit(**job_body(uploaded, dataset_id=unlabelled)), 422, "dataset_id")
+    body = assert_problem(api.submit(**job_body(uploaded, dataset_id=unlabelled, objective="cross_entropy")), 422,
+                          "dataset_id")
+    assert body["array"] == "labels" and "distill_outputs" in body["detail"]
+    job = api.submit(**job_body(uploaded, dataset_id=unlabelled))
+    assert job.status_code == 202 and job.json()["params"]["objective"] == "distill_outputs"
 
 
 def test_list_pages_newest_first_with_a_cursor(api, uploaded):

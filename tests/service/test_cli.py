@@ -96,8 +96,9 @@ def test_client_commands_against_a_live_server(live_server, assets, tmp_path):
     with AmctClient(live_server.base_url, live_server.api_key) as client:
         job = client.get(job_id)
         unlabelled = client.upload_dataset(assets / "unlabelled.npz")
-        with pytest.raises(ApiError) as refused:  # quant_retrain trains on labels
-            client.submit("quant_retrain", job["model_id"], job["config_id"], unlabelled["id"])
+        with pytest.raises(ApiError) as refused:  # cross_entropy trains on labels
+            client.submit("quant_retrain", job["model_id"], job["config_id"], unlabelled["id"],
+                          objective="cross_entropy")
         assert refused.value.status == 422 and refused.value.field == "dataset_id"
         # The worker runs one job at a time, so this one waits in the queue: cancel takes it at once.
         queued_id = client.submit("quant_retrain", job["model_id"], job["config_id"], job["dataset_id"],

@@ -286,3 +286,38 @@ def test_the_artifacts_panel_lists_train_state_while_the_job_runs(live_server, a
     page.locator(".head .status-cancelled").wait_for()
     assert page.locator("#cancel").is_hidden()
     assert page.errors == []
+
+
+SEARCH_TABLES = """async ([sensitivity, mixed]) => {
+  const { sensitivityTable, mixedPrecisionTable } = await import("/ui/job.js");
+  const table = sensitivityTable(sensitivity);
+  const precision = mixedPrecisionTable(mixed);
+  document.body.append(table, precision);
+  return {
+    rows: [...table.querySelectorAll("tbody tr")].map((tr) => [...tr.children].map((c) => c.textContent)),
+    bars: [...table.querySelectorAll(".fill")].map((f) => f.style.width),
+    precisions: [...precision.querySelectorAll("tbody tr")].map((tr) => [...tr.children].map((c) => c.textContent)),
+    summary: precision.querySelector("p").textContent,
+  };
+}"""
+
+
+def test_the_job_page_draws_the_sensitivity_bars_and_the_chosen_precisions(app_server, page):
+    """report.json's `sensitivity` and `mixed_precision` sections (job_process/search_runners.py) as tables."""
+    row = {"layer_type": "Conv2d", "cosine": 0.99, "mse": 0.1, "macs_share": 0.5, "bytes_share": 0.25}
+    sensitivity = {"fp32_top1": 0.9, "rows": [
+        {**row, "layer": "fc", "variant": "INT4", "top1_drop": 4.0, "damage": 4.0},
+        {**row, "layer": "conv1", "variant": "INT4", "top1_drop": 1.0, "damage": 1.0},
+        {**row, "layer": "conv2", "variant": "INT8", "top1_drop": -0.5, "damage": -0.5}]}
+    deviation = {"top1_drop": 0.3, "cosine": 0.998, "mse": 0.1}
+    mixed = {"budget": {"max_top1_drop": 0.5}, "deployed": deviation, "int8_deployed": {**deviation, "top1_drop": 0.0},
+             "weight_bytes": 10216, "int8_weight_bytes": 20432, "precisions": {"conv1": "INT4", "fc": "INT8"}}
+    page.goto(f"{app_server.base_url}/ui/")
+    result = page.evaluate(SEARCH_TABLES, [sensitivity, mixed])
+    assert [r[:3] for r in result["rows"]] == [["fc", "INT4", "4.00 pts"], ["conv1", "INT4", "1.00 pts"],
+                                               ["conv2", "INT8", "-0.50 pts"]]
+    assert result["rows"][0][4:] == ["50.0 %", "25.0 %"]
+    assert result["bars"] == ["100%", "25%", "0%"]
+    assert result["precisions"] == [["conv1", "INT4"], ["fc", "INT8"]]
+    assert "budget max_top1_drop 0.5" in result["summary"] and "0.30 pts" in result["summary"]
+    assert page.errors == []

@@ -19,11 +19,16 @@ import onnxruntime as ort
 import pytest
 
 from job_process.sandbox import stop_group
+from tests.service.crash_scenario import (
+    FAST_RECOVERY_ENV,
+    WIRING,
+    EmbeddedServer,
+    kill_embedded_worker_and_resume,
+    trial_summary,
+)
 from tests.service.support import QUANT_CFG, ROOT, wait_until
 
 pytestmark = pytest.mark.slow
-WIRING = ("DATABASE_URL", "BROKER_URL", "ARTIFACT_STORE", "AMCT_DATABASE_URL", "AMCT_BROKER_URL",
-          "AMCT_ARTIFACT_STORE")
 
 
 def _free_port() -> int:
@@ -96,3 +101,22 @@ def test_embedded_serve_runs_a_quant_job_end_to_end(server, assets):
                                    providers=["CPUExecutionProvider"])
     data = np.load(assets / "small.npz")
     assert (session.run(None, {"input": data["inputs"]})[0].argmax(1) == data["labels"]).mean() > 0.7
+
+
+# -- the embedded worker killed --------------------------------------------------------------------
+
+def test_a_killed_embedded_worker_is_restarted_and_its_job_resumes(tmp_path, assets):
+    """kill -9 of `amct serve`'s worker mid-training: its pool and beat go with it, a new worker starts,
+    and the job resumes from its checkpoint there and succeeds (issue 16: it stayed queued for good)."""
+    with EmbeddedServer(tmp_path, **FAST_RECOVERY_ENV) as server:
+        ids = server.upload(assets)
+        trial = kill_embedded_worker_and_resume(server, ids)
+        job, events = trial.job, trial.events
+        assert job["status"] == "succeeded", (job, server.log_tail())
+        assert trial.old_worker_group and trial.orphans == []  # the worker, its pool and beat: all gone
+        assert job["attempt"] == 2 and job["metrics"]["resumed_from"]["epoch"] >= 1
+        states = [e["status"] for e in events if e["type"] == "state"]
+        assert states == ["queued", "running", "queued", "running", "succeeded"], states
+        summary = trial_summary(trial)
+        assert summary == {"succeeded": True, "resumed": True, "ran_twice": False, "left_queued": False}, summary
+        assert list((server.data_dir / "tmp").glob(f"job-{job['id']}-*")) == []

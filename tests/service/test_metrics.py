@@ -10,6 +10,7 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import func, select, update
 
+from job_process.kinds import JOB_KINDS
 from service.db import jobstate
 from service.db.models import Job
 from tests.service.support import QUANT_CFG, Api, make_settings, open_api
@@ -59,7 +60,7 @@ def test_job_gauges_match_the_database(metrics_api):
     assert after["cancelled/compressed_retrain"] - before["cancelled/compressed_retrain"] == 1
     # Every state x kind is exposed, zeros included, and each equals the database's count.
     counts = db_counts(api)
-    assert len(after) == len(jobstate.STATES) * 4
+    assert len(after) == len(jobstate.STATES) * len(JOB_KINDS)  # every state x every kind of the table
     assert all(value == counts.get(series, 0) for series, value in after.items()), (after, counts)
 
     depth = {dict(labels)["queue"]: value for (name, labels), value in scrape(api).items()

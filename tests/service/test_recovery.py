@@ -13,21 +13,25 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
 import time
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from pydantic import ValidationError
+from sqlalchemy import update
 
 from job_process import sandbox
 from job_process.launcher import JOB_MODULE
 from job_process.protocol import CHECKPOINT_DIR, RESULT_FILE, RESUME_FILE, SPEC_FILE, parse_line
-from service.db.models import Model
+from service.db.models import Job, Model
 from tests.service.crash_scenario import (
     FAST_RECOVERY,
     RedisServer,
+    engine_processes,
     get_job,
     job_events,
     kill_and_resume,
@@ -160,7 +164,7 @@ def test_a_distillation_resumes_after_its_last_finished_group(assets, tmp_path):
         messages = []
         with open(tmp_path / "child.log", "ab") as log:
             proc = sandbox.popen(JOB_MODULE, [str(tmp_path)], cwd=tmp_path, stdout=subprocess.PIPE,
-                                 stderr=log, text=True)
+                                 stderr=log, text=True, read_only=[spec["model"], spec["cfg"], spec["dataset"]])
             for line in proc.stdout:
                 if (message := parse_line(line)) is not None:
                     messages.append(message)
@@ -184,6 +188,87 @@ def test_a_distillation_resumes_after_its_last_finished_group(assets, tmp_path):
     result = json.loads((tmp_path / RESULT_FILE).read_text())
     assert result["metrics"]["resumed_from"] == {"group": 1, "step": checkpoint["step"]}
     assert {a["kind"] for a in result["artifacts"]} >= {"deploy", "checkpoint", "config"}
+
+
+# -- the engine child killed under a live worker ------------------------------------------------------
+
+@pytest.mark.slow
+def test_a_killed_engine_child_is_retried_from_its_checkpoint(runner_env):
+    """kill -9 of the engine process mid-training (not of its worker): the job is requeued as another
+    attempt, which the same worker runs at once from the checkpoint, and succeeds (issue 16)."""
+    api, ids = runner_env
+    job_id = api.submit(kind="quant_retrain", epochs=2, batch_size=16, lr=5e-4, **ids).json()["id"]
+    thread, outcome = _run_in_thread(api.settings.model_copy(update={"checkpoint_every_steps": 0}), job_id)
+    checkpoint = wait_until(lambda: next((e for e in job_events(api, job_id) if e["type"] == "checkpoint"), None),
+                            120, interval=0.05, what="the checkpoint of epoch 1")
+    pids = wait_until(lambda: engine_processes(job_id), 10, interval=0.05, what="the engine process")
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    thread.join(180)
+    job = get_job(api, job_id)
+    assert outcome["result"] == "succeeded" and job["status"] == "succeeded", job["error"]
+    assert job["attempt"] == 2
+    events = job_events(api, job_id)
+    states = [(e["status"], e["edge"]) for e in events if e["type"] == "state"]
+    assert states == [("queued", "submitted"), ("running", "claimed"), ("queued", "requeued"),
+                      ("running", "claimed"), ("succeeded", "succeeded")]
+    requeued = next(e for e in events if e["type"] == "state" and e["edge"] == "requeued")
+    assert "killed by SIGKILL" in requeued["reason"]
+    stored = [e for e in events[:events.index(requeued)] if e["type"] == "checkpoint"][-1]
+    assert stored["epoch"] >= checkpoint["epoch"] >= 1
+    assert job["metrics"]["resumed_from"] == {"epoch": stored["epoch"], "step": stored["step"]}
+    assert list(api.settings.tmp_dir.glob(f"job-{job_id}-*")) == []  # no attempt's folder left behind
+
+
+SUICIDE = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
+
+
+def test_an_engine_child_killed_on_every_attempt_fails_after_max_attempts(runner_env, monkeypatch):
+    api, ids = runner_env
+    settings = api.settings.model_copy(update={"max_attempts": 2})
+
+    def killed(module, args, cwd, read_only=(), **kwargs):  # the engine, SIGKILLed as soon as it starts
+        return subprocess.Popen([sys.executable, "-c", SUICIDE], cwd=cwd, start_new_session=True, **kwargs)
+
+    monkeypatch.setattr(sandbox, "popen", killed)
+    submitted = api.submit(kind="quant_retrain", **ids).json()["id"]
+    with api.client.app.state.sessions.begin() as session:  # max_attempts is fixed at submit: set this job's
+        session.execute(update(Job).where(Job.id == submitted).values(max_attempts=2))
+    assert JobRunner(settings, owner="t").run(submitted) == "failed"
+    job = get_job(api, submitted)
+    assert job["attempt"] == 2 and job["error"]["type"] == "crashed", job
+    assert "killed by SIGKILL" in job["error"]["detail"]
+    assert list(settings.tmp_dir.glob(f"job-{submitted}-*")) == []
+
+
+@pytest.mark.parametrize("code, name", [(-9, "SIGKILL"), (-11, "SIGSEGV"), (137, "SIGKILL"), (1, None), (0, None),
+                                        (3, None)])
+def test_killed_by_reads_popen_and_wrapper_exit_codes(code, name):
+    from worker.supervisor import killed_by
+
+    assert killed_by(code) == name
+
+
+def test_the_reaper_removes_the_folders_of_dead_attempts_only(runner_env):
+    from service.reaper import reap_once
+
+    api, ids = runner_env
+    queued = api.submit(kind="quant_retrain", **ids).json()["id"]
+    running = api.submit(kind="quant_retrain", **ids).json()["id"]
+    with api.client.app.state.sessions.begin() as session:
+        session.execute(update(Job).where(Job.id == running).values(
+            status="running", lease_owner="w", lease_expires_at=datetime.now(UTC) + timedelta(hours=1)))
+    scratch = api.settings.tmp_dir
+    dead, live, gone = (scratch / f"job-{queued}-abc12345", scratch / f"job-{running}-def67890",
+                        scratch / "job-00000000-0000-0000-0000-000000000000-x1y2z3w4")
+    for folder in (dead, live, gone):
+        (folder / "ckpt").mkdir(parents=True)
+        (folder / "ckpt" / "epoch1.pt").write_bytes(b"\0" * 1024)
+    result = reap_once(api.settings, api.client.app.state.dispatcher)
+    assert result["folders_removed"] == 2
+    assert live.is_dir() and not dead.exists() and not gone.exists()
+    for job_id in (queued, running):
+        api.client.post(f"/v1/jobs/{job_id}/cancel")
 
 
 # -- cancel ----------------------------------------------------------------------------------------
@@ -242,7 +327,7 @@ def test_an_engine_that_ignores_cancel_is_killed_after_the_grace_period(runner_e
     api, ids = runner_env
     settings = api.settings.model_copy(update={"cancel_grace_s": 1.5})
 
-    def stubborn(module, args, cwd, **kwargs):  # never looks at the cancel file
+    def stubborn(module, args, cwd, read_only=(), **kwargs):  # never looks at the cancel file
         return subprocess.Popen([sys.executable, "-c", STUBBORN], cwd=cwd, start_new_session=True, **kwargs)
 
     monkeypatch.setattr(sandbox, "popen", stubborn)
@@ -262,12 +347,13 @@ def test_an_engine_that_ignores_cancel_is_killed_after_the_grace_period(runner_e
     assert not os.path.exists(f"/proc/{pid}")  # killed and reaped
 
 
-def test_the_engine_child_dies_with_the_worker_that_started_it():
-    """PR_SET_PDEATHSIG: a SIGKILLed worker leaves no engine behind (the engine has its own session)."""
+def test_the_engine_child_dies_with_the_worker_that_started_it(tmp_path):
+    """bwrap --die-with-parent (PR_SET_PDEATHSIG): a SIGKILLed worker leaves no engine behind (the engine has
+    its own session)."""
     middle = subprocess.Popen(  # plays the worker: starts a child the sandbox way, reports when it is set up
         [sys.executable, "-c",
          "import subprocess, time; from job_process import sandbox;"
-         "p = sandbox.popen('tests.service.sleeper', [], cwd='.', stdout=subprocess.PIPE, text=True);"
+         f"p = sandbox.popen('tests.service.sleeper', [], cwd={str(tmp_path)!r}, stdout=subprocess.PIPE, text=True);"
          "assert p.stdout.readline().strip() == 'ready'; print(p.pid, flush=True); time.sleep(60)"],
         cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.PIPE, text=True)
     child = int(middle.stdout.readline())

@@ -82,10 +82,11 @@ def _zip_bomb() -> bytes:
 
 
 @pytest.mark.parametrize("data, message", [
-    (npz_bytes(images=np.zeros((2, 3))), "no 'inputs' array"),
-    (npz_bytes(inputs=np.zeros((3, 2)), labels=np.arange(2)), "2 entries for 3 inputs"),
+    (npz_bytes(inputs=np.zeros((0, 3))), "at least one sample"),
+    (npz_bytes(inputs=np.zeros((3, 2)), labels=np.arange(2)), "'labels' has 2 samples but 'inputs' has 3"),
+    (npz_bytes(inputs=np.array([1.0, np.nan])), "array 'inputs' holds NaN or Inf"),
     (npz_bytes(inputs=np.zeros((3, 2)), labels=np.zeros(3)), "1-D integer array"),
-    (npz_bytes(inputs=np.array([{"a": 1}], dtype=object)), "allow_pickle=False"),  # a pickle: refused
+    (npz_bytes(inputs=np.array([{"a": 1}], dtype=object)), "holds Python objects (a pickle)"),  # refused unread
     (_zip_bomb(), "compressed"),
     (b"plain text", "neither an .npz nor a .safetensors"),
 ])

@@ -1,0 +1,94 @@
+"""The Celery worker `amct serve` runs beside its API: watched, restarted when it dies, never orphaned.
+
+Before, a kill -9 of that worker left its job `queued` for good (nothing consumed the queue any more)
+and its beat child running (a restarted server then ran two). Now a thread of the server starts the
+worker in a session of its own and waits for it. When it dies unexpectedly:
+
+1. what is left of its process group (pool processes, the embedded beat) is SIGKILLed; they also
+   die with it by themselves (worker/lifecycle.py, PR_SET_PDEATHSIG), this is the second wall;
+2. the leases of the jobs it ran are expired at once: its node name is unique to this start, so
+   no live worker holds them, and waiting `lease_s` for the reaper would only delay the resume;
+3. the reaper runs: those jobs go back to the queue (their next attempt resumes from the checkpoint);
+4. a new worker starts and consumes them (after a back-off when it keeps dying at start-up).
+
+The worker also ends with the server (the server's pid is in DIE_WITH_PARENT_ENV; the thread that
+starts it lives as long as it does, which PR_SET_PDEATHSIG needs).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import threading
+import time
+import uuid
+
+from job_process.sandbox import kill_group, stop_group
+from service.db import jobstate
+from service.db.session import session_factory
+from service.queue import Dispatcher, make_celery
+from service.reaper import reap_once
+from service.settings import Settings
+
+log = logging.getLogger("amct.serve")
+DIE_WITH_PARENT_ENV = "AMCT_WORKER_DIE_WITH_PARENT"  # read by worker/lifecycle.py
+QUICK_DEATH_S = 30.0  # a worker that dies sooner than this after its start is restarted after a back-off
+MAX_BACKOFF_S = 60.0
+
+
+class EmbeddedWorker:
+    def __init__(self, settings: Settings, command: list[str], env: dict[str, str]) -> None:
+        self.settings, self.command, self.env = settings, command, env
+        self.node = ""
+        self.proc: subprocess.Popen | None = None
+        self.restarts = 0
+        self._stopping = threading.Event()
+        self._started = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="amct-embedded-worker", daemon=True)
+
+    def start(self) -> EmbeddedWorker:
+        self._thread.start()
+        self._started.wait(30)
+        return self
+
+    def _spawn(self) -> None:
+        self.node = f"embedded-{uuid.uuid4().hex[:8]}@%h"
+        env = dict(self.env, **{DIE_WITH_PARENT_ENV: str(os.getpid())})
+        self.proc = subprocess.Popen([*self.command, "-n", self.node], env=env, start_new_session=True)
+        log.info("embedded worker %s started (pid %d)", self.node, self.proc.pid)
+
+    def _watch(self) -> None:
+        backoff = 1.0
+        while not self._stopping.is_set():
+            started = time.monotonic()
+            self._spawn()
+            self._started.set()
+            code = self.proc.wait()
+            if self._stopping.is_set():
+                return
+            log.error("embedded worker %s exited with code %s; cleaning up and restarting it", self.node, code)
+            kill_group(self.proc)  # its pool and beat, if any survived it
+            self._release_jobs()
+            self.restarts += 1
+            backoff = min(MAX_BACKOFF_S, backoff * 2) if time.monotonic() - started < QUICK_DEATH_S else 1.0
+            if self._stopping.wait(backoff):
+                return
+
+    def _release_jobs(self) -> None:
+        """Expire the dead worker's leases and reap, so its jobs are queued again now, not after lease_s."""
+        hostname = self.node.split("@", 1)[0]
+        try:
+            with session_factory(self.settings.resolved_database_url).begin() as session:
+                expired = jobstate.expire_leases(session, owner_prefix=f"{hostname}@")
+            if expired:
+                result = reap_once(self.settings, Dispatcher(make_celery(self.settings)))
+                log.info("the dead worker's jobs %s: %s", expired, result)
+        except Exception:  # the reaper in the API catches them after lease_s anyway
+            log.exception("could not release the dead worker's jobs")
+
+    def stop(self, grace_s: float = 30.0) -> None:
+        self._stopping.set()
+        if self.proc is not None:
+            stop_group(self.proc, grace_s)
+        self._thread.join(grace_s)
