@@ -57,8 +57,6 @@ class ExportQuantLayer(nn.Module):
         self.layer = layer
         self.writer = writer
         self.factors = factors
-        # (scale_d, offset_d) of the next layer's input quantiser when it may requantise our output.
-        self.output_quant: tuple[float, int] | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return _QuantLayerFunction.apply(x, _ModuleRef(self))
