@@ -75,6 +75,15 @@ def local_devices() -> list[str]:
     return [d for d in DEVICES if d in found]
 
 
+def _devices(text: str) -> list[str]:
+    """`cpu,npu` -> ["cpu", "npu"]; an unknown name is a usage error naming it, not a queue nobody serves."""
+    devices = [d.strip() for d in text.split(",") if d.strip()]
+    unknown = [d for d in devices if d not in DEVICES]
+    if unknown or not devices:
+        raise typer.BadParameter(f"unknown device {', '.join(unknown) or text!r}; choose from {', '.join(DEVICES)}")
+    return devices
+
+
 def start_worker(settings: Settings, devices: list[str], beat: bool):
     """The embedded worker, watched and restarted by a thread of this process (service/embedded_worker.py)."""
     from service.embedded_worker import EmbeddedWorker
@@ -89,7 +98,10 @@ def start_worker(settings: Settings, devices: list[str], beat: bool):
 def serve(host: str = "127.0.0.1", port: int = 8000,
           data_dir: Annotated[Path, typer.Option(envvar="AMCT_DATA_DIR", help="SQLite, queue, artifacts and the "
                                                  "local api-key live here")] = DEFAULT_DATA_DIR,
-          no_worker: Annotated[bool, typer.Option("--no-worker", help="run the API only")] = False) -> None:
+          no_worker: Annotated[bool, typer.Option("--no-worker", help="run the API only")] = False,
+          worker_devices: Annotated[str | None, typer.Option(
+              help="comma-separated devices the embedded worker claims (default: cpu, and cuda / npu when "
+                   "their device files exist)")] = None) -> None:
     """API + dashboard (/ui) + embedded worker (SQLite, no broker server) unless configured otherwise."""
     import uvicorn
 
@@ -104,7 +116,8 @@ def serve(host: str = "127.0.0.1", port: int = 8000,
     local_servers.remember(f"http://{host}:{port}", settings.data_dir)
     # Migrate before the worker starts, so neither races the other on an empty database.
     migrate.upgrade(settings.resolved_database_url)
-    worker = None if no_worker else start_worker(settings, local_devices(), beat=True)
+    devices = _devices(worker_devices) if worker_devices else local_devices()
+    worker = None if no_worker else start_worker(settings, devices, beat=True)
     # uvicorn shuts down on SIGTERM, then re-raises it to the handler it found: with the default one the
     # process would die there, before the `finally` below stops the worker. Exit normally instead.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
@@ -123,7 +136,7 @@ def worker(devices: Annotated[str, typer.Option(help="comma-separated: cpu,cuda,
     """A Celery worker for the given device queues."""
     logging.basicConfig(level=logging.INFO)
     settings = Settings()
-    os.execv(sys.executable, worker_command(settings, devices.split(","), beat=beat, concurrency=concurrency))
+    os.execv(sys.executable, worker_command(settings, _devices(devices), beat=beat, concurrency=concurrency))
 
 
 @app.command()

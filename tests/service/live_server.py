@@ -40,7 +40,10 @@ class LiveServer:
                        AMCT_SSE_POLL_S="0.05", AMCT_CONFIG_DIR=str(self.config_dir), **env)
         self.log = open(folder / "serve.log", "wb")  # noqa: SIM115 - open for the server's whole life
         self.proc = subprocess.Popen([sys.executable, "-m", "service", "serve", "--port", str(self.port),
-                                      "--data-dir", str(self.data_dir)], cwd=ROOT, env=environ, stdout=self.log,
+                                      "--data-dir", str(self.data_dir),
+                                      # npu too: a claimed device without torch_npu fails its jobs clearly
+                                      # (test_cli, test_dashboard), where an unserved one is refused at submit
+                                      "--worker-devices", "cpu,npu"], cwd=ROOT, env=environ, stdout=self.log,
                                      stderr=subprocess.STDOUT, start_new_session=True)
         try:
             wait_until(self._ready, 120, interval=0.2, what="the server answers /readyz")
