@@ -117,14 +117,7 @@ def filter_prune(
     if not specs:
         return []
     deps: ChannelDependencies = build_channel_groups(cm)
-    criteria = _Criteria(cm.module, criterion, data)
-    cuts, by_group = [], {}
-    for group in deps.groups:
-        decision, cut = _decide(group, cm.module, settings, criteria)
-        report.groups.append(decision)
-        by_group[group.id] = decision
-        if cut is not None:
-            cuts.append(cut)
+    cuts, by_group = _decide_all(deps, cm.module, settings, _Criteria(cm.module, criterion, data), report)
     applied, broken = prune_with_forward_check(cm.module, cuts, cm.example_inputs, deps.output_shapes)
     pruned = {m.name for cut in applied for m in cut.group.members}
     report.layers.update({n: why for n, why in deps.not_prunable.items() if n in specs and n not in pruned})
@@ -135,6 +128,18 @@ def filter_prune(
     return applied
 
 
+def _decide_all(deps: ChannelDependencies, module, settings: LayerPruneSettings, criteria, report: PruneReport):
+    """Every group's decision, in the report; the cuts to try and the decision of each group by id."""
+    cuts, by_group = [], {}
+    for group in deps.groups:
+        decision, cut = _decide(group, module, settings, criteria)
+        report.groups.append(decision)
+        by_group[group.id] = decision
+        if cut is not None:
+            cuts.append(cut)
+    return cuts, by_group
+
+
 def scheduled_filter_prune(
     cm: CapturedModel, settings: LayerPruneSettings, report: PruneReport, data: ImportanceData | None = None
 ) -> ProgressivePruning | None:
@@ -143,14 +148,7 @@ def scheduled_filter_prune(
     the returned schedule masks them from ``start_ratio`` up, and save removes them. None: nothing to prune."""
     specs = settings.filter()
     deps = build_channel_groups(cm)
-    criteria = _Criteria(cm.module, None, data)
-    cuts, by_group = [], {}
-    for group in deps.groups:
-        decision, cut = _decide(group, cm.module, settings, criteria)
-        report.groups.append(decision)
-        by_group[group.id] = decision
-        if cut is not None:
-            cuts.append(cut)
+    cuts, by_group = _decide_all(deps, cm.module, settings, _Criteria(cm.module, None, data), report)
     applied, broken = prune_with_forward_check(copy.deepcopy(cm.module), cuts, cm.example_inputs,
                                                deps.output_shapes)
     for cut, error in broken:
