@@ -10,6 +10,7 @@ Also a private redis-server that a test may kill and restart without touching th
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import signal
@@ -185,7 +186,8 @@ def kill_and_resume(api: Api, ids: dict, log_dir: Path, *, epochs: int = 3, batc
         while (orphans := engine_processes(job_id)) and time.monotonic() < deadline:
             time.sleep(0.1)
         for pid in orphans:  # reported by the caller; not left behind
-            os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):  # it may end between the listing and the kill
+                os.kill(pid, signal.SIGKILL)
         second = Worker(api.settings, log_dir / "worker-2.log", beat=True)
         resumed_at = wait_until(lambda: any(e["type"] == "resumed" for e in job_events(api, job_id))
                                 and time.monotonic(), timeout, interval=0.1, what="the resumed attempt")
@@ -215,7 +217,8 @@ def kill_engine_and_resume(api: Api, ids: dict, log_dir: Path, *, epochs: int = 
         wait_until(lambda: any(e["type"] == "checkpoint" for e in job_events(api, job_id)), timeout,
                    interval=0.05, what="the checkpoint of epoch 1")
         for pid in wait_until(lambda: engine_processes(job_id), 10, interval=0.05, what="the engine process"):
-            os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):  # bwrap and its child: killing one may end the other
+                os.kill(pid, signal.SIGKILL)
         killed_at = time.monotonic()
         checkpoint = [e for e in job_events(api, job_id) if e["type"] == "checkpoint"][-1]
         resumed_at = wait_until(lambda: any(e["type"] == "resumed" for e in job_events(api, job_id))
