@@ -277,7 +277,13 @@ def test_the_artifacts_panel_lists_train_state_while_the_job_runs(live_server, a
         job_id = client.submit("quant_retrain", epochs=300, batch_size=16, **ids)["id"]
         try:
             _open_with_key(page, live_server, f"#/jobs/{job_id}")
-            page.locator('#artifacts tr[data-kind="train_state"]').wait_for(timeout=120_000)
+            # The first epoch's train_state: seconds on an idle machine, minutes on 2 loaded cores.
+            try:
+                page.locator('#artifacts tr[data-kind="train_state"]').wait_for(timeout=300_000)
+            except Exception as e:
+                job = client.get(job_id)
+                raise AssertionError(f"no train_state row; job {job['status']} {job['phase']} "
+                                     f"{job['progress']}:\n{live_server.log_text()}") from e
             assert client.get(job_id)["status"] == "running"
             assert page.locator("#cancel").is_enabled()
         finally:
