@@ -9,7 +9,8 @@ worker in a session of its own and waits for it. When it dies unexpectedly:
 2. the leases of the jobs it ran are expired at once: its node name is unique to this start, so
    no live worker holds them, and waiting `lease_s` for the reaper would only delay the resume;
 3. the reaper runs: those jobs go back to the queue (their next attempt resumes from the checkpoint);
-4. a new worker starts and consumes them (after a back-off when it keeps dying at start-up).
+4. a new worker starts and consumes them, at once unless the dead one never came up (never wrote its
+   row in the worker registry, service/workers.py): only that is a crash loop, and it backs off.
 
 The worker also ends with the server (the server's pid is in DIE_WITH_PARENT_ENV; the thread that
 starts it lives as long as it does, which PR_SET_PDEATHSIG needs).
@@ -21,10 +22,10 @@ import logging
 import os
 import subprocess
 import threading
-import time
 import uuid
 
 from job_process.sandbox import kill_group, stop_group
+from service import workers
 from service.db import jobstate
 from service.db.session import session_factory
 from service.queue import Dispatcher, make_celery
@@ -33,8 +34,7 @@ from service.settings import Settings
 
 log = logging.getLogger("amct.serve")
 DIE_WITH_PARENT_ENV = "AMCT_WORKER_DIE_WITH_PARENT"  # read by worker/lifecycle.py
-QUICK_DEATH_S = 30.0  # a worker that dies sooner than this after its start is restarted after a back-off
-MAX_BACKOFF_S = 60.0
+MAX_BACKOFF_S = 60.0  # the longest wait between restarts of a worker that dies before it comes up
 
 
 class EmbeddedWorker:
@@ -59,9 +59,8 @@ class EmbeddedWorker:
         log.info("embedded worker %s started (pid %d)", self.node, self.proc.pid)
 
     def _watch(self) -> None:
-        backoff = 1.0
+        backoff = 0.0
         while not self._stopping.is_set():
-            started = time.monotonic()
             self._spawn()
             self._started.set()
             code = self.proc.wait()
@@ -69,23 +68,29 @@ class EmbeddedWorker:
                 return
             log.error("embedded worker %s exited with code %s; cleaning up and restarting it", self.node, code)
             kill_group(self.proc)  # its pool and beat, if any survived it
-            self._release_jobs()
+            came_up = self._release_jobs()
             self.restarts += 1
-            backoff = min(MAX_BACKOFF_S, backoff * 2) if time.monotonic() - started < QUICK_DEATH_S else 1.0
+            # A worker killed while it served (kill -9, OOM) is replaced at once; one that dies before it
+            # comes up (a bad broker URL, an import error) would do so again: wait 1, 2, 4 … 60 s.
+            backoff = 0.0 if came_up else min(MAX_BACKOFF_S, max(1.0, backoff * 2))
             if self._stopping.wait(backoff):
                 return
 
-    def _release_jobs(self) -> None:
-        """Expire the dead worker's leases and reap, so its jobs are queued again now, not after lease_s."""
+    def _release_jobs(self) -> bool:
+        """Expire the dead worker's leases and reap, so its jobs are queued again now, not after lease_s;
+        remove its registry rows. Whether it had come up (registered); True when that cannot be read."""
         hostname = self.node.split("@", 1)[0]
         try:
             with session_factory(self.settings.resolved_database_url).begin() as session:
+                came_up = workers.forget_node(session, hostname) > 0
                 expired = jobstate.expire_leases(session, owner_prefix=f"{hostname}@")
             if expired:
                 result = reap_once(self.settings, Dispatcher(make_celery(self.settings)))
                 log.info("the dead worker's jobs %s: %s", expired, result)
         except Exception:  # the reaper in the API catches them after lease_s anyway
             log.exception("could not release the dead worker's jobs")
+            return True
+        return came_up
 
     def stop(self, grace_s: float = 30.0) -> None:
         self._stopping.set()

@@ -35,6 +35,12 @@ def unregister(session: Session, name: str) -> None:
     session.execute(delete(Worker).where(Worker.name == name))
 
 
+def forget_node(session: Session, name: str) -> int:
+    """Remove the rows of the dead worker node `name@<host>` (each `name@<host>:<pid>`): how many there were,
+    i.e. whether it ever came up (a worker registers once it is ready)."""
+    return session.execute(delete(Worker).where(Worker.name.startswith(f"{name}@", autoescape=True))).rowcount
+
+
 def live_queues(session: Session, stale_s: float) -> set[str]:
     """Every queue a worker seen in the last `stale_s` seconds consumes."""
     since = utcnow() - timedelta(seconds=stale_s)

@@ -48,6 +48,38 @@ def test_live_queues_ignore_stale_workers_and_other_deployments(tmp_path):
             assert workers.unserved(session, "npu", settings) == ["cpu"]
 
 
+def test_forget_node_removes_only_that_start_of_the_worker_and_says_whether_it_came_up(tmp_path):
+    settings = make_settings(tmp_path)
+    with open_api(settings) as client:
+        sessions = client.app.state.sessions
+        with sessions.begin() as session:
+            _row(session, "embedded-ab12@h:1", ["q.cpu"])
+            _row(session, "embedded-ab12@h:2", ["q.cpu"])
+            _row(session, "embedded-ab123@h:3", ["q.cpu"])  # another start whose name extends it
+        with sessions.begin() as session:
+            assert workers.forget_node(session, "embedded_ab12") == 0  # `_` is no LIKE wildcard here
+            assert workers.forget_node(session, "embedded-cd34") == 0  # never registered: a crash loop
+            assert workers.forget_node(session, "embedded-ab12") == 2  # it had come up
+        with sessions.begin() as session:
+            assert list(session.scalars(select(WorkerRow.name))) == ["embedded-ab123@h:3"]
+
+
+def test_a_worker_that_dies_before_it_comes_up_is_restarted_with_a_growing_back_off(tmp_path):
+    """It never registers: 1, 2, 4 … s between starts, not a restart loop (nor an immediate one)."""
+    import sys
+
+    from service.embedded_worker import EmbeddedWorker
+
+    settings = make_settings(tmp_path)
+    with open_api(settings):  # the database exists and is migrated
+        worker = EmbeddedWorker(settings, [sys.executable, "-c", "raise SystemExit(3)"], {}).start()
+        try:
+            time.sleep(5.0)  # starts at ~0, ~1, ~3 s (then ~7 s): about three in five seconds
+            assert 2 <= worker.restarts <= 4, worker.restarts
+        finally:
+            worker.stop(grace_s=5)
+
+
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory, pg_url, redis_url):
     settings = make_settings(tmp_path_factory.mktemp("registry"), database_url=pg_url, broker_url=redis_url,
