@@ -28,7 +28,11 @@ from service.cli_common import (
     DeployFormat,
     DeployTarget,
     Device,
+    DistillLossOpt,
     Kind,
+    MaxAccuracyDropOpt,
+    MinOutputCosineOpt,
+    ObjectiveOpt,
     check_job_params,
     check_not_raw_images,
     console,
@@ -164,13 +168,10 @@ def compress(model: Annotated[Path, typer.Option(exists=True, dir_okay=False, he
              deploy_format: Annotated[DeployFormat, typer.Option()] = DEFAULT_DEPLOY_FORMAT,
              deploy_target: Annotated[DeployTarget, typer.Option(help="CPU of the onnx deploy model; auto: this "
                                                                  "machine's")] = DEFAULT_DEPLOY_TARGET,
-             objective: Annotated[str | None, typer.Option(help="cross_entropy | mse | l1 | distill_outputs; "
-                                                           "default: cross_entropy with labels, else distill_outputs")]
-             = None,
-             distill_loss: Annotated[str, typer.Option(help="distill_outputs per output: auto | kl | mse | cosine")]
-             = "auto",
-             max_accuracy_drop: Annotated[float | None, typer.Option(help="quality gate on held-out top-1")] = None,
-             min_output_cosine: Annotated[float | None, typer.Option(help="quality gate on output cosine")] = None,
+             objective: ObjectiveOpt = None,
+             distill_loss: DistillLossOpt = "auto",
+             max_accuracy_drop: MaxAccuracyDropOpt = None,
+             min_output_cosine: MinOutputCosineOpt = None,
              accept_uint8: Annotated[bool, typer.Option("--accept-uint8", help="use uint8 inputs as they are (for "
                                                         "a model that scales its input itself)")] = False) -> None:
     """Compress a model here, no server: the engine a worker runs, with a progress bar and a summary table."""

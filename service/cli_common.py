@@ -37,6 +37,13 @@ DataDirOpt = Annotated[Path | None, typer.Option(
     "--data-dir", envvar="AMCT_DATA_DIR", show_default=False,
     help="read the key from this local server's data folder instead")]
 
+# The training objective and quality-gate options `amct compress` and `amct jobs submit` share (JobCreate's fields).
+ObjectiveOpt = Annotated[str | None, typer.Option(help="cross_entropy | mse | l1 | distill_outputs; default: "
+                                                       "cross_entropy with labels, else distill_outputs")]
+DistillLossOpt = Annotated[str, typer.Option(help="distill_outputs per output: auto | kl | mse | cosine")]
+MaxAccuracyDropOpt = Annotated[float | None, typer.Option(help="quality gate on held-out top-1")]
+MinOutputCosineOpt = Annotated[float | None, typer.Option(help="quality gate on output cosine")]
+
 
 def _flags_show_no_type(display_type_rich):
     """typer 0.29's rich help prints `<bool>` for a flag, as if it took a value; its plain help prints
