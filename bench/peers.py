@@ -74,6 +74,33 @@ def torchao_qat(setup) -> Row:
             "deploy_kind": "QDQ ONNX (torch.onnx dynamo export)", **training}
 
 
+def torchao_ptq_onnx(model: torch.nn.Module, calibration: torch.Tensor, path: Path, input_name: str = "x",
+                     output_name: str = "y") -> str:
+    """torchao PT2E static PTQ (x86 quantiser, int8 activations and weights) calibrated on ``calibration``,
+    exported as a QDQ ONNX with torch.onnx's dynamo exporter (the flow torchao documents for deployment)."""
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+    from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import (
+        X86InductorQuantizer,
+        get_default_x86_inductor_quantization_config,
+    )
+
+    batch = torch.export.Dim("batch")
+    exported = torch.export.export(model.eval(), (calibration[:2],), dynamic_shapes=({0: batch},))
+    quantizer = X86InductorQuantizer().set_global(get_default_x86_inductor_quantization_config())
+    prepared = prepare_pt2e(exported.module(), quantizer)
+    with torch.no_grad():
+        for chunk in calibration.split(32):
+            prepared(chunk)
+    converted = convert_pt2e(prepared)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        program = torch.onnx.export(converted, (calibration[:2],), dynamo=True, verbose=False,
+                                    dynamic_shapes=({0: torch.export.Dim("n")},), input_names=[input_name],
+                                    output_names=[output_name])
+    program.save(str(path))
+    return str(path)
+
+
 def nncf_qat(setup) -> Row:
     """NNCF QAT (PyTorch backend): quantize with calibration, fine-tune, strip; accuracy of the stripped model."""
     # NNCF builds a C++ extension on first use; on a busy 2-core machine that outlasts its 60 s default.

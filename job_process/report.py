@@ -59,7 +59,7 @@ def latency_ms(path: str, x, deploy_format: str = "onnx", input_names: list[str]
         start = time.perf_counter()
         session.run(None, feeds)
         times.append((time.perf_counter() - start) * 1000)
-    return {"median": float(np.median(times)), "p90": float(np.percentile(times, 90)), "batch": int(len(x))}
+    return {"median": float(np.median(times)), "p90": float(np.percentile(times, 90)), "batch": int(len(x[0]))}
 
 
 def _weight_tensors(graph: onnx.GraphProto):

@@ -78,7 +78,8 @@ class EmbeddedWorker:
 
     def _release_jobs(self) -> bool:
         """Expire the dead worker's leases and reap, so its jobs are queued again now, not after lease_s;
-        remove its registry rows. Whether it had come up (registered); True when that cannot be read."""
+        remove its registry rows. Whether it had come up (registered); False when that cannot be read (a
+        database that is down is what a worker dying at start-up most likely met: back off)."""
         hostname = self.node.split("@", 1)[0]
         try:
             with session_factory(self.settings.resolved_database_url).begin() as session:
@@ -89,7 +90,7 @@ class EmbeddedWorker:
                 log.info("the dead worker's jobs %s: %s", expired, result)
         except Exception:  # the reaper in the API catches them after lease_s anyway
             log.exception("could not release the dead worker's jobs")
-            return True
+            return False
         return came_up
 
     def stop(self, grace_s: float = 30.0) -> None:

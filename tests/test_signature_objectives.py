@@ -133,3 +133,17 @@ def test_the_report_table_has_rows_per_output_and_the_gate_verdict():
     assert rows["top-1 agreement with FP32 (output_0)"][1] == "0.5000"
     assert "top-1 agreement with FP32 (output_1)" not in rows
     assert rows["quality gate"][1:] == ("FAILED", "output 'output_0': mean cosine 0.9300 < 0.99")
+
+
+def test_latency_names_the_batch_it_ran_not_the_number_of_inputs(tmp_path):
+    from job_process.report import latency_ms
+
+    class TwoInputs(torch.nn.Module):
+        def forward(self, a, b):
+            return a * 2 + b
+
+    path = str(tmp_path / "two.onnx")
+    torch.onnx.export(TwoInputs(), (torch.zeros(5, 3), torch.zeros(5, 3)), path, input_names=["a", "b"],
+                      dynamo=False)
+    x = (np.zeros((5, 3), np.float32), np.ones((5, 3), np.float32))
+    assert latency_ms(path, x, input_names=["a", "b"])["batch"] == 5  # was 2: the number of inputs
