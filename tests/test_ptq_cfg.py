@@ -61,3 +61,15 @@ def test_search_settings_default_to_a_top1_budget_with_labels_and_cosine_without
     settings = search_settings(msg, labelled=True)
     assert settings["budget"] == {"min_cosine": pytest.approx(0.995)} and settings["precisions"] == ["INT4"]
     assert settings["prune_ratios"] == [0.25] and settings["target_macs_ratio"] == 0.5
+
+
+def test_a_calibration_cfg_nested_too_deep_is_a_config_error_at_its_line():
+    """The calibration kind goes through the same syntax pass as the others (it once had a copy without
+    the nesting guard: protobuf's recursion then raised past our error)."""
+    from amct_engine.config.cfg_loader import parse_cfg_document
+    from amct_engine.config.errors import ConfigError
+
+    text = "batch_num: 1\n" + "".join(f"{'  ' * i}common_config {{\n" for i in range(2000))
+    with pytest.raises(ConfigError) as raised:
+        parse_cfg_document(text, "calibration", "deep.cfg")
+    assert "nested more than" in str(raised.value) and raised.value.line == 34

@@ -8,15 +8,12 @@ skip_layers / skip_layer_types take a layer out. Torch-free.
 
 from __future__ import annotations
 
-import errno
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from google.protobuf import text_format
-
-from amct_engine.config.cfg_document import CfgDocument, decode_cfg_bytes
-from amct_engine.config.cfg_parse_errors import convert_parse_error, missing_required_error
+from amct_engine.config.cfg_document import CfgDocument, read_cfg_file
+from amct_engine.config.cfg_parse_errors import parse_cfg_message
 from amct_engine.config.errors import ConfigError
 from amct_engine.proto import calibration_config_pytorch_pb2 as calibration_pb2
 
@@ -60,28 +57,16 @@ class PtqConfig:
         return [name for name, spec in self.layers.items() if spec.enabled]
 
 
-def parse_calibration_cfg(text: str | bytes, path: str = "<string>") -> CfgDocument:
-    """Parse and check a calibration ``.cfg``; ConfigError with its position otherwise."""
-    path = str(path)
-    if isinstance(text, bytes):
-        text = decode_cfg_bytes(text, path)
-    message = calibration_pb2.AMCTConfig()
-    try:
-        text_format.Parse(text, message)
-    except text_format.ParseError as err:
-        raise convert_parse_error(err, text, calibration_pb2.AMCTConfig, path) from None
-    doc = CfgDocument.from_text(message, text, path)
-    if (missing := missing_required_error(doc)) is not None:
-        raise missing
-    check_calibration_cfg(doc)
+def parse_calibration_cfg(text: str | bytes, path: str = "<string>", check: bool = True) -> CfgDocument:
+    """Parse and (when ``check``) check a calibration ``.cfg``; ConfigError with its position otherwise."""
+    doc = parse_cfg_message(text, calibration_pb2.AMCTConfig, str(path))
+    if check:
+        check_calibration_cfg(doc)
     return doc
 
 
 def load_calibration_cfg(path: str | Path) -> CfgDocument:
-    p = Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(errno.ENOENT, "config file not found", str(path))
-    return parse_calibration_cfg(p.read_bytes(), str(path))
+    return parse_calibration_cfg(read_cfg_file(path), str(path))
 
 
 def _scopes(msg) -> Iterator[tuple[str, object]]:

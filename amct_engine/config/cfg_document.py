@@ -7,6 +7,7 @@ through it, so their messages point at the field they complain about, as
 
 from __future__ import annotations
 
+import errno
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +28,16 @@ def decode_cfg_bytes(data: bytes, path: str) -> str:
         column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
         raise ConfigError("the file is not valid UTF-8 text", path, line, column) from None
 
+
+
+def read_cfg_file(path: str | Path) -> str:
+    """The text of the ``.cfg`` file at ``path``; FileNotFoundError / IsADirectoryError otherwise."""
+    p = Path(path)
+    if not p.is_file():
+        if p.exists():
+            raise IsADirectoryError(errno.EISDIR, "config path is not a file", str(path))
+        raise FileNotFoundError(errno.ENOENT, "config file not found", str(path))
+    return decode_cfg_bytes(p.read_bytes(), str(path))
 
 @dataclass
 class CfgDocument:

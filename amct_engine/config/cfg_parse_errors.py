@@ -16,8 +16,8 @@ from typing import NamedTuple
 from google.protobuf import descriptor as _desc
 from google.protobuf import text_format
 
-from amct_engine.config.cfg_document import CfgDocument
-from amct_engine.config.cfg_scanner import FieldSite, parent_path, scan_fields
+from amct_engine.config.cfg_document import CfgDocument, decode_cfg_bytes
+from amct_engine.config.cfg_scanner import MAX_NESTING, FieldSite, nesting_too_deep, parent_path, scan_fields
 from amct_engine.config.errors import ConfigError
 
 
@@ -247,3 +247,23 @@ def missing_required_error(doc: CfgDocument) -> ConfigError | None:
     pos = doc.locate(parent)
     line, column = pos if pos else (None, None)
     return ConfigError(f'missing required field "{name}" in {owner}', doc.path, line, column, field_path)
+
+
+def parse_cfg_message(text: str | bytes, msg_cls, path: str) -> CfgDocument:
+    """Every cfg kind's syntax pass: decode, refuse blocks nested too deep, parse into ``msg_cls``, and turn
+    protobuf's errors and missing required fields into positioned ConfigErrors. The kind's own checks follow."""
+    if isinstance(text, bytes):
+        text = decode_cfg_bytes(text, path)
+    if (opener := nesting_too_deep(text)) is not None:
+        raise ConfigError(f"blocks are nested more than {MAX_NESTING} levels deep here; no AMCT cfg field "
+                          "nests that far", path, opener.line, opener.column)
+    message = msg_cls()
+    try:
+        # The recursion limit too: protobuf's own guard, should a text slip past the one above.
+        text_format.Parse(text, message, max_recursion_depth=MAX_NESTING + 1)
+    except text_format.ParseError as err:
+        raise convert_parse_error(err, text, msg_cls, path) from None
+    doc = CfgDocument.from_text(message, text, path)
+    if (missing := missing_required_error(doc)) is not None:
+        raise missing
+    return doc
