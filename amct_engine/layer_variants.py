@@ -62,14 +62,6 @@ def float_twin(calibration: nn.Module) -> nn.Module:
     return twin
 
 
-def compose(base: nn.Module, layers: dict[str, nn.Module]) -> nn.Module:
-    """A copy of `base` with the given modules put in at their paths."""
-    model = copy.deepcopy(base)
-    for path, module in layers.items():
-        model.set_submodule(path, copy.deepcopy(module))
-    return model.eval()
-
-
 @torch.no_grad()
 def outputs(model: nn.Module, inputs) -> torch.Tensor:
     """The model's (first) output over held-out inputs, in chunks, flattened per sample."""

@@ -85,7 +85,7 @@ def _masked(model: nn.Module, group, ratio: float) -> dict[str, nn.Module]:
         layer = model.get_submodule(member.name)
         if not isinstance(layer, (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)):
             return {}
-        masked = out.get(member.name) or _copy_layer(layer)
+        masked = out.get(member.name) or copy.deepcopy(layer)
         rows = torch.tensor(member.indices(pruned), dtype=torch.long)
         with torch.no_grad():
             masked.weight[rows] = 0
@@ -93,10 +93,6 @@ def _masked(model: nn.Module, group, ratio: float) -> dict[str, nn.Module]:
                 masked.bias[rows] = 0
         out[member.name] = masked
     return out
-
-
-def _copy_layer(layer: nn.Module) -> nn.Module:
-    return copy.deepcopy(layer)
 
 
 def analyse_sensitivity(

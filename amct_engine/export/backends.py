@@ -138,9 +138,6 @@ class FakeQuantBackend:
         return _rescale(g, _layer_op(g, x_int, module.layer, weight, bias), module)
 
 
-LAYER_TAG = "amct_layer"  # temporary attribute naming a layer's nodes; export.qdq_graph removes it
-
-
 def _activation_qdq(g, x, scale: float, offset: int, tag: dict):
     """QuantizeLinear -> DequantizeLinear with AMCT's int8 offset as a uint8 zero point (+128):
     uint8 activations are what onnxruntime's fastest (U8S8) and exact (U8U8) kernels take."""
@@ -172,8 +169,8 @@ class QdqDeployBackend:
         if f.act_bits != 8 or not isinstance(layer, (nn.Linear, *CONV_TYPES)):
             # No integer kernel for INT16 inputs or transposed convs in onnxruntime: the fake-quant form,
             # marked by an Identity that export.qdq_graph names `<layer>/NoInt8Kernel` for the report.
-            return g.op("Identity", FakeQuantBackend.emit(g, x, module), **{f"{LAYER_TAG}_s": module.layer_name})
-        tag = {f"{LAYER_TAG}_s": module.layer_name}
+            return g.op("Identity", FakeQuantBackend.emit(g, x, module), **{f"{LAYER_ATTR}_s": module.layer_name})
+        tag = {f"{LAYER_ATTR}_s": module.layer_name}
         x_hat = _activation_qdq(g, x, f.scale_d, f.offset_d, tag)
         per_channel = f.scale_w.numel() > 1
         rank = symbolic_helper._get_tensor_rank(x)

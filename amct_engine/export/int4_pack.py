@@ -30,7 +30,10 @@ def int4_candidates(model: onnx.ModelProto) -> list[str]:
 
 
 def _packed_bytes(codes: np.ndarray) -> bytes:
-    """Two 4-bit two's-complement codes a byte, the first in the low nibble (the ONNX INT4 layout)."""
+    """Two 4-bit two's-complement codes a byte, the first in the low nibble (the ONNX INT4 layout).
+
+    As raw data: `helper.make_tensor(..., INT4, shape, codes.tolist())` without raw stores the packed
+    bytes in `int32_data`, a varint each, and the A8W4 file grew from 0.155x to 0.209x FP32 (measured)."""
     nibbles = (codes.reshape(-1).astype(np.int16) & 0x0F).astype(np.uint8)
     if nibbles.size % 2:
         nibbles = np.append(nibbles, np.uint8(0))

@@ -26,7 +26,7 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from amct_engine.export.backends import LAYER_TAG
+from amct_engine.export.ascend import LAYER_ATTR
 from amct_engine.export.int4_pack import pack_int4_weights
 from amct_engine.export.onnx_graph import constants_to_initializers
 
@@ -279,10 +279,10 @@ def _pop_tags(model: onnx.ModelProto) -> None:
     used: set[str] = set()
     for node in model.graph.node:
         names = [a.name for a in node.attribute]
-        if LAYER_TAG not in names:
+        if LAYER_ATTR not in names:
             continue
-        tag = node.attribute[names.index(LAYER_TAG)].s.decode()
-        del node.attribute[names.index(LAYER_TAG)]
+        tag = node.attribute[names.index(LAYER_ATTR)].s.decode()
+        del node.attribute[names.index(LAYER_ATTR)]
         stem = f"{tag}/NoInt8Kernel" if node.op_type == "Identity" else f"{tag}/{node.op_type}"
         node.name, k = stem, 1
         while node.name in used:

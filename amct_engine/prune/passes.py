@@ -117,27 +117,29 @@ def filter_prune(
     if not specs:
         return []
     deps: ChannelDependencies = build_channel_groups(cm)
-    cuts, by_group = _decide_all(deps, cm.module, settings, _Criteria(cm.module, criterion, data), report)
-    applied, broken = prune_with_forward_check(cm.module, cuts, cm.example_inputs, deps.output_shapes)
+    applied, _ = _decide_and_cut(cm, deps, settings, _Criteria(cm.module, criterion, data), report, cm.module)
     pruned = {m.name for cut in applied for m in cut.group.members}
     report.layers.update({n: why for n, why in deps.not_prunable.items() if n in specs and n not in pruned})
-    for cut, error in broken:
-        decision = by_group[cut.group.id]
-        decision.status, decision.kept = RESTORED, decision.channels
-        decision.reason = f"removing its channels breaks the forward with input_data ({error})"
     return applied
 
 
-def _decide_all(deps: ChannelDependencies, module, settings: LayerPruneSettings, criteria, report: PruneReport):
-    """Every group's decision, in the report; the cuts to try and the decision of each group by id."""
+def _decide_and_cut(cm: CapturedModel, deps: ChannelDependencies, settings: LayerPruneSettings, criteria,
+                    report: PruneReport, target: nn.Module):
+    """Decide every group (in the report), remove the chosen channels from ``target`` where the forward on
+    ``input_data`` still runs, and mark the others restored. The cuts applied, and each group's decision."""
     cuts, by_group = [], {}
     for group in deps.groups:
-        decision, cut = _decide(group, module, settings, criteria)
+        decision, cut = _decide(group, cm.module, settings, criteria)
         report.groups.append(decision)
         by_group[group.id] = decision
         if cut is not None:
             cuts.append(cut)
-    return cuts, by_group
+    applied, broken = prune_with_forward_check(target, cuts, cm.example_inputs, deps.output_shapes)
+    for cut, error in broken:
+        decision = by_group[cut.group.id]
+        decision.status, decision.kept = RESTORED, decision.channels
+        decision.reason = f"removing its channels breaks the forward with input_data ({error})"
+    return applied, by_group
 
 
 def scheduled_filter_prune(
@@ -148,13 +150,8 @@ def scheduled_filter_prune(
     the returned schedule masks them from ``start_ratio`` up, and save removes them. None: nothing to prune."""
     specs = settings.filter()
     deps = build_channel_groups(cm)
-    cuts, by_group = _decide_all(deps, cm.module, settings, _Criteria(cm.module, None, data), report)
-    applied, broken = prune_with_forward_check(copy.deepcopy(cm.module), cuts, cm.example_inputs,
-                                               deps.output_shapes)
-    for cut, error in broken:
-        decision = by_group[cut.group.id]
-        decision.status, decision.kept = RESTORED, decision.channels
-        decision.reason = f"removing its channels breaks the forward with input_data ({error})"
+    applied, by_group = _decide_and_cut(cm, deps, settings, _Criteria(cm.module, None, data), report,
+                                        copy.deepcopy(cm.module))  # checked on a copy: the schedule masks
     entries = []
     for cut in applied:
         decision = by_group[cut.group.id]
