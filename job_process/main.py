@@ -26,10 +26,11 @@ MEDIA_TYPES = {".json": "application/json", ".txt": "text/plain", ".cfg": "text/
                ".pt": "application/octet-stream", ".log": "text/plain"}
 
 
-def _split(x, y, fraction: float, seed: int):
+def _split(x, y, fraction: float, seed: int, targets=None):
     """A seeded held-out split: the report's numbers come from samples the job never trained on.
 
-    `x` is a tuple of input tensors, `y` labels, a dict of targets or None (training.take)."""
+    `x` is a tuple of input tensors, `y` labels and `targets` a dict of targets or None (training.take):
+    train x, train y, eval x, eval y, train targets."""
     import torch
 
     from job_process.training import samples, take
@@ -40,7 +41,7 @@ def _split(x, y, fraction: float, seed: int):
     if n - n_eval < 1:
         n_eval = n - 1
     ev, tr = order[:n_eval], order[n_eval:]
-    return take(x, tr), take(y, tr), take(x, ev), take(y, ev)
+    return take(x, tr), take(y, tr), take(x, ev), take(y, ev), take(targets, tr)
 
 
 def _tensors(spec: dict, arrays: dict):
@@ -132,9 +133,8 @@ def run(workdir: Path, spec: dict) -> dict:
     params = spec["params"]
     objective = params.get("objective", "cross_entropy")
     fraction, seed = params["eval_fraction"], params["seed"]
-    train_x, train_labels, eval_x, eval_labels = _split(x, labels, fraction, seed)
     # The same seeded permutation splits the targets (mse / l1) alongside.
-    train_targets = _split(x, targets, fraction, seed)[1] if targets else None
+    train_x, train_labels, eval_x, eval_labels, train_targets = _split(x, labels, fraction, seed, targets or None)
     train_y = train_targets if objective in ("mse", "l1") else train_labels
     split = "held_out"
     if samples(eval_x) == 0:
@@ -155,7 +155,7 @@ def run(workdir: Path, spec: dict) -> dict:
         workdir=workdir, model_path=spec["model"], cfg_path=spec["cfg"], example=example, train_x=train_x,
         train_y=train_y, params=params, device=device, on_step=_progress_fn(params["epochs"]),
         phase=phase, checkpoints=checkpoints, io=io, labelled=labels is not None,
-        loss_fn=build_loss(params, spec["model"], spec.get("outputs"), labels is not None, device),
+        loss_fn=build_loss(params, original, spec.get("outputs"), labels is not None, device),
     )
     model = run_kind(ctx)
 

@@ -63,8 +63,8 @@ def leaf_choices(distill_loss: str, outputs: dict | None, has_labels: bool) -> d
 class OutputDistillLoss:
     """distill_outputs: the student's outputs against the frozen FP32 teacher's on the same batch."""
 
-    def __init__(self, teacher_path: str, choices: dict[str, str], temperature: float, device) -> None:
-        self.teacher = torch.jit.load(teacher_path, map_location="cpu").eval().to(device)
+    def __init__(self, teacher: torch.nn.Module, choices: dict[str, str], temperature: float, device) -> None:
+        self.teacher = teacher.eval().to(device)  # the job's FP32 model, loaded once by the job process
         for p in self.teacher.parameters():
             p.requires_grad_(False)
         self.losses = [_leaf_loss(choices[name], temperature) for name in choices]
@@ -77,12 +77,12 @@ class OutputDistillLoss:
         return torch.stack(terms).sum()
 
 
-def build_loss(params: dict, model_path: str, outputs: dict | None, has_labels: bool, device):
+def build_loss(params: dict, original: torch.nn.Module, outputs: dict | None, has_labels: bool, device):
     """The `loss_fn` of the job's objective; None means train_epochs' cross-entropy."""
     objective = params.get("objective", "cross_entropy")
     if objective in ("mse", "l1"):
         return target_loss(objective, outputs)
     if objective == "distill_outputs":
         choices = leaf_choices(params.get("distill_loss", "auto"), outputs, has_labels)
-        return OutputDistillLoss(model_path, choices, params.get("temperature", 4.0), device)
+        return OutputDistillLoss(original, choices, params.get("temperature", 4.0), device)
     return None

@@ -60,7 +60,7 @@ def test_distill_outputs_is_zero_against_itself_and_trains_every_output(tmp_path
     structure = describe_output(model(torch.randn(2, 1, 28, 28)))
     choices = leaf_choices("auto", structure, has_labels=True)
     assert choices == {"output_0": "kl", "output_1": "mse"}  # the logits get KL, the other head MSE
-    loss = OutputDistillLoss(str(path), choices, 4.0, torch.device("cpu"))
+    loss = OutputDistillLoss(torch.jit.load(str(path)), choices, 4.0, torch.device("cpu"))
     x = (torch.randn(8, 1, 28, 28),)
     assert float(loss(model, x)) == pytest.approx(0.0, abs=1e-6)
     with torch.no_grad():
