@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import zipfile
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -20,6 +19,7 @@ from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, T
 
 from amct_engine.export.deploy_target import DEPLOY_TARGETS
 from amct_engine.export.formats import DEPLOY_FORMATS
+from job_process.arrays import array_headers, sniff_format
 from job_process.kinds import DEFAULT_JOB_KIND, JOB_KINDS
 from service.local_servers import KEY_FILE, key_file_for, registry_path
 from service.settings import DEVICES
@@ -144,25 +144,12 @@ def check_job_params(params: dict) -> None:
             raise fail(f"--{name.replace('_', '-')} {value}: {e.errors()[0]['msg']}") from None
 
 
-SAFETENSORS_DTYPES = {"U8": "uint8", "I8": "int8", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
-                      "F64": "float64", "I64": "int64", "I32": "int32", "I16": "int16", "BOOL": "bool"}
-
-
 def inputs_header(dataset: Path) -> tuple[list[int], str]:
-    """Shape and numpy dtype name of `inputs`, from the file's header, without reading the array itself."""
-    with open(dataset, "rb") as f:
-        head = f.read(8)
-    if head.startswith(b"PK"):  # .npz: a zip of .npy files, each with a small header
-        with zipfile.ZipFile(dataset) as archive, archive.open("inputs.npy") as member:
-            version = np.lib.format.read_magic(member)
-            shape, _, dtype = (np.lib.format.read_array_header_1_0(member) if version == (1, 0)
-                               else np.lib.format.read_array_header_2_0(member))
-            return list(shape), np.dtype(dtype).name
-    # safetensors: 8-byte length, then a JSON header naming each tensor's shape and dtype
-    with open(dataset, "rb") as f:
-        size = int.from_bytes(f.read(8), "little")
-        header = json.loads(f.read(size))["inputs"]
-    return list(header["shape"]), SAFETENSORS_DTYPES.get(header["dtype"], header["dtype"].lower())
+    """Shape and numpy dtype name of `inputs`, from the file's header, without reading the array itself
+    (the header reader the API describes uploads with, so both accept the same dtypes)."""
+    headers = {h.name: h for h in array_headers(str(dataset), sniff_format(str(dataset)))}
+    header = headers["inputs"]
+    return list(header.shape), np.dtype(header.dtype).name
 
 
 def guess_input_shape(dataset: Path) -> list[int]:
