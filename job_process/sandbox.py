@@ -64,7 +64,8 @@ def limit_self() -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     resource.setrlimit(resource.RLIMIT_FSIZE, (MAX_FILE_BYTES, MAX_FILE_BYTES))
     _lower(resource.RLIMIT_NPROC, MAX_PROCESSES)
-    _die_with_parent()
+    if parent := os.environ.get(PARENT_ENV):
+        die_with_parent(int(parent))
 
 
 def _lower(limit: int, value: int) -> None:
@@ -73,20 +74,21 @@ def _lower(limit: int, value: int) -> None:
         resource.setrlimit(limit, (value, value))
 
 
-def _die_with_parent() -> None:
-    """Linux: the kernel SIGKILLs this child when the process that started it dies.
+def die_with_parent(expected_parent: int | None = None) -> None:
+    """Linux: the kernel SIGKILLs this process when the one that started it dies; exit now if
+    `expected_parent` is already gone (it died before the prctl: nobody would ever stop us).
 
-    The child runs in its own session (so a cancel can kill its whole group), which also means a
+    The job child runs in its own session (so a cancel can kill its whole group), which also means a
     SIGKILLed or OOM-killed worker would leave it running: an orphan that keeps training, holding a
     GPU the job's next attempt needs. (The spawning thread waits for the child, so it outlives it.)
+    Celery's pool and beat use it too (worker/lifecycle.py). No "parent is pid 1" test: in a container
+    the worker itself may be pid 1.
     """
-    parent = os.environ.get(PARENT_ENV)
-    if not parent or not sys.platform.startswith("linux"):
+    if not sys.platform.startswith("linux"):
         return
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+    if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
         return
-    if os.getppid() != int(parent):  # the parent died before the line above: nobody waits for us
+    if expected_parent is not None and os.getppid() != expected_parent:
         os._exit(1)
 
 

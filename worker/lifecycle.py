@@ -11,11 +11,8 @@
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
-import signal
-import sys
 import threading
 
 from celery import signals
@@ -23,25 +20,12 @@ from sqlalchemy import create_engine
 from sqlalchemy.orm import sessionmaker
 from sqlalchemy.pool import NullPool
 
+from job_process.sandbox import die_with_parent
 from service import workers
 from service.db.session import _normalise
 from service.embedded_worker import DIE_WITH_PARENT_ENV  # the pid of the process the worker must not outlive
 
 log = logging.getLogger(__name__)
-PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-
-
-def die_with_parent(expected_parent: int | None = None) -> None:
-    """Linux: SIGKILL this process when its parent dies; exit now if `expected_parent` is already gone.
-
-    (No "parent is pid 1" test: in a container the worker itself may be pid 1.)
-    """
-    if not sys.platform.startswith("linux"):
-        return
-    if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-        return
-    if expected_parent is not None and os.getppid() != expected_parent:
-        os._exit(1)  # it died before the prctl above: nobody would ever stop us
 
 
 def die_with_the_server() -> None:
