@@ -7,6 +7,8 @@ import os
 import subprocess
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -136,3 +138,25 @@ def open_api(settings: Settings, scopes: tuple[str, ...] = ("admin",)):
             return client
 
     return KeyedClient(create_app(settings), raise_server_exceptions=False)
+
+
+TERMINAL = ("succeeded", "failed", "cancelled")
+
+
+def wait_terminal(api: Api, job_id: str, timeout: float = 240) -> dict:
+    """The job once it has ended (succeeded, failed or cancelled)."""
+    return wait_until(lambda: (j := api.client.get(f"/v1/jobs/{job_id}").json())["status"] in TERMINAL and j,
+                      timeout, interval=0.25, what=f"job {job_id} finished")
+
+
+@contextmanager
+def worker_stack(data_dir: Path, pg_url: str, redis_url: str) -> Iterator[tuple[Api, Worker]]:
+    """The API on PostgreSQL and Redis (a fresh queue prefix) and a real Celery worker process."""
+    settings = make_settings(data_dir, database_url=pg_url, broker_url=redis_url)
+    with open_api(settings) as client:
+        api = Api(client, settings)
+        worker = Worker(settings, data_dir / "worker.log")
+        try:
+            yield api, worker
+        finally:
+            worker.stop()

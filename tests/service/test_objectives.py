@@ -13,7 +13,12 @@ import torch
 import torch.nn.functional as F
 
 from tests.minilm import SentenceEncoder, load_minilm, make_sentences, minilm_available
-from tests.service.support import QUANT_CFG, Api, Worker, make_settings, open_api, wait_until
+from tests.service.support import (
+    QUANT_CFG,
+    Api,
+    wait_terminal,
+    worker_stack,
+)
 from tests.service.test_worker import COMPRESSED_CFG
 from tests.signature_models import TwoHeadCnn
 
@@ -22,20 +27,8 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory, pg_url, redis_url, assets):
-    data_dir = tmp_path_factory.mktemp("objectives")
-    settings = make_settings(data_dir, database_url=pg_url, broker_url=redis_url)
-    with open_api(settings) as client:
-        api = Api(client, settings)
-        worker = Worker(settings, data_dir / "worker.log")
-        try:
-            yield api, worker
-        finally:
-            worker.stop()
-
-
-def _wait(api: Api, job_id: str, timeout: float = 300) -> dict:
-    return wait_until(lambda: (j := api.client.get(f"/v1/jobs/{job_id}").json())["status"]
-                      in ("succeeded", "failed", "cancelled") and j, timeout, interval=0.25, what=f"job {job_id}")
+    with worker_stack(tmp_path_factory.mktemp("objectives"), pg_url, redis_url) as stack:
+        yield stack
 
 
 def _artifacts(api: Api, job_id: str) -> dict:
@@ -57,7 +50,7 @@ def test_a_two_head_model_gets_a_report_row_per_output(stack, assets, tmp_path):
     job = api.submit(kind="compressed_retrain", model_id=model["id"], config_id=config, dataset_id=dataset,
                      epochs=1, batch_size=32, lr=1e-3, eval_fraction=0.25)
     assert job.status_code == 202, job.text
-    job = _wait(api, job.json()["id"])
+    job = wait_terminal(api, job.json()["id"], timeout=300)
     assert job["status"] == "succeeded", job["error"]
     report = _report(api, job["id"])
     assert list(report["outputs"]) == ["output_0", "output_1"]
@@ -77,7 +70,7 @@ def test_a_job_that_trains_into_a_useless_model_fails_the_quality_gate_with_arti
     dataset = api.upload_dataset((assets / "fmnist.npz").read_bytes()).json()["id"]
     job = api.submit(kind="quant_retrain", model_id=model, config_id=config, dataset_id=dataset, epochs=1,
                      batch_size=64, lr=10, eval_fraction=0.25, max_accuracy_drop=0.05).json()
-    job = _wait(api, job["id"])
+    job = wait_terminal(api, job["id"], timeout=300)
     assert job["status"] == "failed" and job["error"]["type"] == "quality_gate", job
     artifacts = _artifacts(api, job["id"])
     detail = job["error"]["detail"]
@@ -127,7 +120,7 @@ def test_minilm_two_int64_inputs_quant_retrain_with_distill_outputs(stack, tmp_p
                      epochs=1, batch_size=16, lr=2e-5, eval_fraction=0.2, distill_loss="cosine",
                      min_output_cosine=0.99).json()
     assert job["params"]["objective"] == "distill_outputs", job
-    job = _wait(api, job["id"], timeout=600)
+    job = wait_terminal(api, job["id"], timeout=600)
     assert job["status"] == "succeeded", job["error"]
     report = _report(api, job["id"])
     assert report["training"]["distill_loss"] == {"output": "cosine"}

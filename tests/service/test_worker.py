@@ -14,7 +14,14 @@ import onnxruntime as ort
 import pytest
 
 from amct_engine.export.ascend import ascend_to_standard_onnx
-from tests.service.support import QUANT_CFG, ROOT, Api, Worker, make_settings, open_api, wait_until
+from tests.service.support import (
+    QUANT_CFG,
+    ROOT,
+    Api,
+    wait_terminal,
+    wait_until,
+    worker_stack,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -22,28 +29,16 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory, pg_url, redis_url, assets):
     """API + worker on PostgreSQL and Redis (a fresh queue prefix), with the assets uploaded."""
-    data_dir = tmp_path_factory.mktemp("stack")
-    settings = make_settings(data_dir, database_url=pg_url, broker_url=redis_url)
-    with open_api(settings) as client:
-        api = Api(client, settings)
-        worker = Worker(settings, data_dir / "worker.log")
-        try:
-            ids = {"model_id": api.upload_model(assets / "cnn.pt").json()["id"],
-                   "config_id": api.upload_config(QUANT_CFG).json()["id"],
-                   "dataset_id": api.upload_dataset((assets / "fmnist.npz").read_bytes()).json()["id"],
-                   "small_id": api.upload_dataset((assets / "small.npz").read_bytes()).json()["id"]}
-            yield api, worker, ids
-        finally:
-            worker.stop()
+    with worker_stack(tmp_path_factory.mktemp("stack"), pg_url, redis_url) as (api, worker):
+        ids = {"model_id": api.upload_model(assets / "cnn.pt").json()["id"],
+               "config_id": api.upload_config(QUANT_CFG).json()["id"],
+               "dataset_id": api.upload_dataset((assets / "fmnist.npz").read_bytes()).json()["id"],
+               "small_id": api.upload_dataset((assets / "small.npz").read_bytes()).json()["id"]}
+        yield api, worker, ids
 
 
 def _job(api: Api, job_id: str) -> dict:
     return api.client.get(f"/v1/jobs/{job_id}").json()
-
-
-def _wait_terminal(api: Api, job_id: str, timeout: float = 240) -> dict:
-    return wait_until(lambda: (j := _job(api, job_id))["status"] in ("succeeded", "failed", "cancelled") and j,
-                      timeout, interval=0.25, what=f"job {job_id} finished")
 
 
 def _events(api: Api, job_id: str) -> list[dict]:
@@ -57,7 +52,7 @@ def test_quant_retrain_job_end_to_end(stack, assets):
     submit = api.submit(kind="quant_retrain", model_id=ids["model_id"], config_id=ids["config_id"],
                         dataset_id=ids["dataset_id"], epochs=1, batch_size=64, lr=5e-4, eval_fraction=0.25)
     assert submit.status_code == 202, submit.text
-    job = _wait_terminal(api, submit.json()["id"])
+    job = wait_terminal(api, submit.json()["id"])
     assert job["status"] == "succeeded", job["error"]
     assert job["attempt"] == 1 and job["progress"] == 1.0
 
@@ -96,7 +91,7 @@ def test_a_message_delivered_twice_runs_once(stack):
     job_id = submit.json()["id"]
     # The broker hands the same task out again (a visibility-timeout redelivery, docs/spec/service.md §2b).
     api.client.app.state.dispatcher.enqueue(job_id, api.settings.queue_for("cpu"))
-    job = _wait_terminal(api, job_id)
+    job = wait_terminal(api, job_id)
     assert job["status"] == "succeeded" and job["attempt"] == 1
     worker.wait_for(f"job {job_id}: delivery ignored", timeout=60)
     states = [e["status"] for e in _events(api, job_id) if e["type"] == "state"]
@@ -111,7 +106,7 @@ def test_cancel_stops_a_running_job(stack):
     job_id = submit.json()["id"]
     wait_until(lambda: _job(api, job_id)["phase"] == "training", 120, interval=0.2, what="training started")
     assert api.client.post(f"/v1/jobs/{job_id}/cancel").status_code == 202
-    job = _wait_terminal(api, job_id, timeout=30)
+    job = wait_terminal(api, job_id, timeout=30)
     assert job["status"] == "cancelled" and job["cancel_requested"]
     assert 0.1 <= job["progress"] < 0.8
 
@@ -135,7 +130,7 @@ def test_distill_and_compressed_jobs_end_to_end(stack, kind, cfg_kind, cfg, depl
                         dataset_id=ids["dataset_id"], epochs=1, batch_size=64, lr=5e-4, eval_fraction=0.25,
                         deploy_format=deploy_format)
     assert submit.status_code == 202, submit.text
-    job = _wait_terminal(api, submit.json()["id"])
+    job = wait_terminal(api, submit.json()["id"])
     assert job["status"] == "succeeded", job["error"]
     artifacts = {a["kind"]: a for a in api.client.get(f"/v1/jobs/{job['id']}/artifacts").json()["items"]}
     report = api.client.get(artifacts["report"]["content_url"]).json()

@@ -12,7 +12,7 @@ import onnxruntime as ort
 import pytest
 
 from amct_engine.config.calibration_cfg import parse_calibration_cfg
-from tests.service.support import Api, Worker, make_settings, open_api, wait_until
+from tests.service.support import Api, wait_terminal, worker_stack
 
 pytestmark = pytest.mark.slow
 
@@ -28,17 +28,10 @@ search_config { max_top1_drop: 3.0 }
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory, pg_url, redis_url, assets):
-    data_dir = tmp_path_factory.mktemp("search_stack")
-    settings = make_settings(data_dir, database_url=pg_url, broker_url=redis_url)
-    with open_api(settings) as client:
-        api = Api(client, settings)
-        worker = Worker(settings, data_dir / "worker.log")
-        try:
-            ids = {"model_id": api.upload_model(assets / "cnn.pt").json()["id"],
-                   "dataset_id": api.upload_dataset((assets / "fmnist.npz").read_bytes()).json()["id"]}
-            yield api, worker, ids
-        finally:
-            worker.stop()
+    with worker_stack(tmp_path_factory.mktemp("search_stack"), pg_url, redis_url) as (api, worker):
+        ids = {"model_id": api.upload_model(assets / "cnn.pt").json()["id"],
+               "dataset_id": api.upload_dataset((assets / "fmnist.npz").read_bytes()).json()["id"]}
+        yield api, worker, ids
 
 
 def _run(api: Api, ids: dict, kind: str, cfg: bytes) -> tuple[dict, dict, list[dict]]:
@@ -48,8 +41,7 @@ def _run(api: Api, ids: dict, kind: str, cfg: bytes) -> tuple[dict, dict, list[d
     submit = api.submit(kind=kind, model_id=ids["model_id"], config_id=config.json()["id"],
                         dataset_id=ids["dataset_id"], batch_size=64, eval_fraction=0.25)
     assert submit.status_code == 202, submit.text
-    job = wait_until(lambda: (j := api.client.get(f"/v1/jobs/{submit.json()['id']}").json())["status"]
-                     in ("succeeded", "failed", "cancelled") and j, 240, interval=0.25, what="job finished")
+    job = wait_terminal(api, submit.json()["id"])
     assert job["status"] == "succeeded", job["error"]
     artifacts = {a["kind"]: a for a in api.client.get(f"/v1/jobs/{job['id']}/artifacts").json()["items"]}
     text = api.client.get(f"/v1/jobs/{job['id']}/events").text
