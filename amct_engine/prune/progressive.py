@@ -96,6 +96,8 @@ class ProgressivePruning:
     batches: int = 0
     history: list[dict] = field(default_factory=list)  # (step, group, masked count) as they happened
     _written: int = -1  # the batch count the state file holds
+    # (group id, member, kind, device) -> the masked channel indices: built when a mask changes, not per forward
+    _indices: dict = field(default_factory=dict, repr=False)
 
     # ------------------------------------------------------------------ masks
 
@@ -126,6 +128,7 @@ class ProgressivePruning:
         count = _masked_count(entry, entry.ratio(step))
         entry.masked = self._select(entry, entry.ratio(step)) if count else ()
         entry.step = step
+        self._indices = {k: v for k, v in self._indices.items() if k[0] != entry.group.id}
         self.history.append({"group": entry.group.id, "step": step, "masked": len(entry.masked)})
 
     def _select(self, entry: ScheduledGroup, ratio: float) -> tuple[int, ...]:
@@ -150,10 +153,13 @@ class ProgressivePruning:
             if member.kind == OP:
                 continue
             module = self.modules[member.name]
-            index = torch.tensor(member.indices(list(entry.masked)), dtype=torch.long)
             for name, axis in channel_tensors(module, member.kind):
                 param = getattr(module, name)
-                yield param.data, axis, index.to(param.device)
+                key = (entry.group.id, member.name, member.kind, param.device)
+                if key not in self._indices:
+                    self._indices[key] = torch.tensor(member.indices(list(entry.masked)), dtype=torch.long,
+                                                      device=param.device)
+                yield param.data, axis, self._indices[key]
 
     # ------------------------------------------------------------------ save
 
