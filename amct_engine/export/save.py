@@ -170,12 +170,14 @@ def write_quantized_onnx(
     export_model = build_export_model(model, records, onnx_format, deploy_target)
     export_onnx(export_model, path, input_data, input_names, output_names, dynamic_axes,
                 dict(onnx_format.custom_opsets) or None)
+    written = None  # the file is loaded, finalised and saved once, and checked from memory
     if onnx_format.finalize is not None:
-        onnx.save(onnx_format.finalize(onnx.load(path)), path)
+        written = onnx_format.finalize(onnx.load(path))
     if onnx_format.finalize_with_inputs is not None:
-        written = onnx.load(path)
+        written = written if written is not None else onnx.load(path)
         names = [i.name for i in written.graph.input]
         feeds = {n: t.numpy() for n, t in zip(names, input_data, strict=False)}
-        onnx.save(onnx_format.finalize_with_inputs(written, feeds, deploy_target), path)
-        os.chmod(path, FILE_MODE)
-    check_onnx(path, input_data, onnx_format)
+        written = onnx_format.finalize_with_inputs(written, feeds, deploy_target)
+    if written is not None:
+        onnx.save(written, path)  # over the exported file: it keeps that file's mode
+    check_onnx(path if written is None else written, input_data, onnx_format)
