@@ -63,7 +63,9 @@ def _search_data(ctx: JobContext, used: int):
 
 
 def _settings(ctx: JobContext) -> dict:
-    return search_settings(load_calibration_cfg(ctx.cfg_path).message, ctx.labelled)
+    """The cfg's search settings, with its batch_num (the cfg read once per job)."""
+    message = load_calibration_cfg(ctx.cfg_path).message
+    return {**search_settings(message, ctx.labelled), "batch_num": message.batch_num}
 
 
 def ptq(ctx: JobContext) -> nn.Module:
@@ -108,7 +110,7 @@ def sensitivity(ctx: JobContext) -> nn.Module:
 
 def auto_mixed_precision(ctx: JobContext) -> nn.Module:
     settings = _settings(ctx)
-    batch_num = load_calibration_cfg(ctx.cfg_path).message.batch_num
+    batch_num = settings["batch_num"]
     batches = _batches(ctx, batch_num)
     x_eval, y_eval = _search_data(ctx, batch_num * ctx.params["batch_size"])
     candidates = settings["precisions"] or ["INT4", "INT8", "INT16"]
@@ -131,7 +133,7 @@ def auto_mixed_precision(ctx: JobContext) -> nn.Module:
 def prune_search(ctx: JobContext) -> nn.Module:
     """The prune search (docs/spec/engine.md §4.13), then `epochs` of prune retraining on its cfg."""
     settings = _settings(ctx)
-    batch_num = load_calibration_cfg(ctx.cfg_path).message.batch_num
+    batch_num = settings["batch_num"]
     batches = _batches(ctx, batch_num)
     x_eval, y_eval = _search_data(ctx, batch_num * ctx.params["batch_size"])
     ctx.phase("searching")

@@ -71,14 +71,15 @@ def output_rows(report: dict) -> list[tuple[str, str, str, str]]:
 
 
 def summary_table(report: dict, title: str | None = None) -> Table:
-    notes = NONZERO_NOTE if any(row[0] == NONZERO_LABEL for row in report_rows(report)) else None
+    rows = report_rows(report)
+    notes = NONZERO_NOTE if any(row[0] == NONZERO_LABEL for row in rows) else None
     table = Table(title=title or f"{report.get('kind', 'compression')}: FP32 → deploy", title_justify="left",
                   caption=notes, caption_justify="left")
     table.add_column("")
     table.add_column("before (FP32)", justify="right")
     table.add_column("after (deploy)", justify="right")
     table.add_column("change", justify="right")
-    for row in report_rows(report):
+    for row in rows:
         table.add_row(*row)
     return table
 
