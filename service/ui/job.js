@@ -169,7 +169,7 @@ export function jobView(id) {
       el.log.querySelector(".empty")?.remove();
       el.log.append(h("li", { class: ev.level || "info" }, h("time", {}, when(ev.ts)), ev.message));
     } else if (ev.type === "checkpoint") {
-      listArtifacts(); // a new train_state
+      refreshArtifactsSoon(); // a new train_state
     }
     if (job) {
       applyEvent(job, ev);
@@ -189,6 +189,16 @@ export function jobView(id) {
     const items = await listArtifacts();
     await showResults(items);
     if (job.status === "failed") await showLogTail(items);
+  }
+
+  // One refresh for a burst of checkpoints: the stream replays a job's whole history when the page opens.
+  let artifactsTimer = null;
+  function refreshArtifactsSoon() {
+    if (artifactsTimer) return;
+    artifactsTimer = setTimeout(() => {
+      artifactsTimer = null;
+      listArtifacts().catch(() => {});
+    }, 300);
   }
 
   // The artifacts table: at load, at each checkpoint (train_state) and at the end.
