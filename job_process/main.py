@@ -1,5 +1,7 @@
 """The job process: run one compression job on files in its folder; `python -m job_process.main DIR`.
 
+With `--warm` it is started before its job exists, warms up and waits for it on stdin (warm.py).
+
 DIR/spec.json says what to run; its `kind` picks the runner from the job-kind table (kinds.py).
 Progress goes to stdout as JSON lines (protocol.py); outputs go to DIR/out and are listed in
 DIR/result.json, or the failure in DIR/error.json. The process holds no credentials: whoever
@@ -18,6 +20,7 @@ from pathlib import Path
 from job_process.errors import describe
 from job_process.protocol import CANCELLED_EXIT, ERROR_FILE, RESULT_FILE, SPEC_FILE, emit
 from job_process.sandbox import limit_self
+from job_process.warm import WARM_FLAG
 
 # Share of overall progress each stage ends at; training fills the span between.
 TRAIN_START, TRAIN_END = 0.1, 0.8
@@ -225,10 +228,28 @@ def _relay_engine_warnings() -> None:
     warnings.showwarning = relay
 
 
+def _wait_warm() -> bool:
+    """Started ahead of its job (job_process/warm.py): warm up, say so, wait for the job; False: none came."""
+    from job_process import warm
+
+    started = time.monotonic()
+    warm.warm_up()
+    ready = time.monotonic()
+    sys.stdout.write(warm.READY_LINE + "\n")
+    sys.stdout.flush()
+    if not warm.wait_for_start():
+        return False
+    emit("log", level="info", message=f"warm engine process: warmed up in {ready - started:.1f} s, then waited "
+                                      f"{time.monotonic() - ready:.1f} s for this job")
+    return True
+
+
 def main(argv: list[str]) -> int:
     limit_self()
-    _relay_engine_warnings()
     workdir = Path(argv[0]).resolve()
+    if WARM_FLAG in argv[1:] and not _wait_warm():
+        return 0  # the worker stopped before it had a job for us
+    _relay_engine_warnings()
     spec = json.loads((workdir / SPEC_FILE).read_text())
     from job_process.checkpoints import Cancelled
     from job_process.quality_gate import QualityGateFailed

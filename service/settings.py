@@ -80,6 +80,9 @@ class Settings(BaseSettings):
     worker_heartbeat_s: float = Field(default=10.0, gt=0)
     worker_stale_s: float = Field(default=30.0, gt=0)
     unserved_wait_s: float = Field(default=20.0, ge=0)
+    # Each worker process keeps one sandboxed job process started ahead of its job, torch and the engine
+    # imported (worker/warm.py); off: every job's child starts when the job is claimed.
+    warm_start: bool = True
     broker_poll_s: float = 0.1
     sse_poll_s: float = 0.25
 

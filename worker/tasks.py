@@ -9,6 +9,7 @@ from celery import shared_task
 
 from service.queue import REAP_TASK, RUN_JOB_TASK, Dispatcher
 from service.reaper import reap_once
+from worker import warm
 from worker.runner import JobRunner
 
 log = logging.getLogger(__name__)
@@ -17,7 +18,7 @@ log = logging.getLogger(__name__)
 @shared_task(bind=True, name=RUN_JOB_TASK, acks_late=True, reject_on_worker_lost=True)
 def run_job(self, job_id: str) -> str:
     owner = f"{self.request.hostname}:{os.getpid()}:{(self.request.id or '')[:8]}"
-    return JobRunner(self.app.amct_settings, owner=owner).run(job_id)
+    return JobRunner(self.app.amct_settings, owner=owner, warm=warm.current()).run(job_id)
 
 
 @shared_task(bind=True, name=REAP_TASK, acks_late=False)
