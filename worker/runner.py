@@ -43,7 +43,7 @@ class JobRunner:
                  warm: WarmPool | None = None) -> None:
         self.settings, self.warm = settings, warm
         self.store = store or open_store(settings.resolved_artifact_store, settings.s3_endpoint_url)
-        self.sessions = session_factory(settings.resolved_database_url)
+        self.sessions = session_factory(settings.resolved_database_url, settings.db_pool)
         self.owner = owner or f"{os.uname().nodename}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         bubblewrap.log_state("worker")  # jobs fail with SandboxUnavailable without one (no opt-out)
 

@@ -8,7 +8,7 @@ import json
 from datetime import UTC, datetime
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Query, Response
+from fastapi import APIRouter, Header, Query, Request, Response
 from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -21,6 +21,7 @@ from service.datasets import DatasetError, check_against_model
 from service.db import jobstate
 from service.db.models import Artifact, Config, Dataset, Job, Model, Project
 from service.deps import DispatcherDep, SessionDep, SettingsDep
+from service.etag import NOT_MODIFIED, conditional_json
 from service.problems import Problem
 from service.routes.common import get_or_404, refuse_control_characters
 from service.schemas import (
@@ -206,13 +207,14 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
         raise Problem(422, "cursor is not one this API returned", field="cursor") from None
 
 
-@router.get("", response_model=JobPage)
-def list_jobs(session: SessionDep, caller: ReadCaller,
+@router.get("", response_model=JobPage, responses=NOT_MODIFIED)
+def list_jobs(request: Request, session: SessionDep, caller: ReadCaller,
               status: Annotated[list[JobStatus] | None, Query()] = None,
               kind: Annotated[list[JobKind] | None, Query()] = None,
               limit: Annotated[int, Query(ge=1, le=200)] = 50,
-              cursor: str | None = None) -> JobPage:
-    """Newest first. Filters repeat (`?status=queued&status=running`); `next_cursor` pages on."""
+              cursor: str | None = None) -> Response:
+    """Newest first. Filters repeat (`?status=queued&status=running`); `next_cursor` pages on. The response
+    has an ETag; send it back as `If-None-Match` and an unchanged page is a 304 without a body."""
     query = select(Job).where(Job.project_id == caller.project)
     if status:
         query = query.where(Job.status.in_(status))
@@ -224,13 +226,14 @@ def list_jobs(session: SessionDep, caller: ReadCaller,
         query = query.where(or_(Job.created_at < created, and_(Job.created_at == created, Job.id < id_)))
     rows = session.scalars(query.order_by(Job.created_at.desc(), Job.id.desc()).limit(limit + 1)).all()
     page = rows[:limit]
-    return JobPage(items=[job_out(j) for j in page],
-                   next_cursor=encode_cursor(page[-1]) if len(rows) > limit else None)
+    return conditional_json(request, JobPage(items=[job_out(j) for j in page],
+                                             next_cursor=encode_cursor(page[-1]) if len(rows) > limit else None))
 
 
-@router.get("/{job_id}", response_model=JobOut)
-def get_job(job_id: CleanStr, session: SessionDep, caller: ReadCaller) -> JobOut:
-    return job_out(get_or_404(session, Job, job_id, caller.project, "job"))
+@router.get("/{job_id}", response_model=JobOut, responses=NOT_MODIFIED)
+def get_job(request: Request, job_id: CleanStr, session: SessionDep, caller: ReadCaller) -> Response:
+    """One row read by its key (nothing else is loaded); with an ETag, and 304 for a matching `If-None-Match`."""
+    return conditional_json(request, job_out(get_or_404(session, Job, job_id, caller.project, "job")))
 
 
 @router.post("/{job_id}/cancel", status_code=202, response_model=JobOut,
