@@ -32,6 +32,7 @@ import io
 import json
 import multiprocessing as mp
 import os
+import queue
 import socket
 import statistics
 import subprocess
@@ -300,15 +301,21 @@ class ReadLoad:
         paths = {"GET /v1/jobs/{id}": [f"/v1/jobs/{j}" for j in job_ids], "GET /v1/jobs": ["/v1/jobs?limit=50"]}
         ctx = mp.get_context("spawn")
         self.queue: mp.Queue = ctx.Queue()
+        # A daemon: a load that outlives its measurement (a server too slow to answer) dies with the bench.
         self.proc = ctx.Process(target=_load_process, args=(server.url, server.headers, paths, rate, seconds,
-                                                            self.queue))
+                                                            self.queue), daemon=True)
 
     def start(self) -> ReadLoad:
         self.proc.start()
         return self
 
     def result(self) -> dict[str, Any]:
-        raw = self.queue.get(timeout=self.seconds + 120)
+        try:
+            raw = self.queue.get(timeout=self.seconds + 300)
+        except queue.Empty:  # the server answered too slowly for the load to finish: say so, keep the rest
+            self.proc.terminate()
+            return {"rate_per_endpoint": self.rate, "seconds": self.seconds, "endpoints": {},
+                    "errors": {"the load did not finish within its time": 1}}
         self.proc.join()
         endpoints = {name: _percentiles(s) for name, s in raw["samples"].items()}
         return {"rate_per_endpoint": self.rate, "seconds": self.seconds, "endpoints": endpoints,

@@ -40,8 +40,9 @@ class ChildProcess:
     """One run of the job process on the spec in `workdir`; a context manager that never leaves it running."""
 
     def __init__(self, workdir: Path, module: str = JOB_MODULE, read_only: Iterable[Path] = (),
-                 warm: bool = False) -> None:
+                 warm: bool = False, share_net: bool = False) -> None:
         self.workdir, self.module, self.read_only, self.is_warm = workdir, module, list(read_only), warm
+        self.share_net = share_net  # a node of a multi-node job (job_process/distributed.py)
         self.sandbox_dir = workdir  # the folder's path inside the sandbox: workdir's name when the child started
         self.log_path = workdir / LOG_FILE
         self.stdout_closed = False  # the child closed its stdout: it exited, or is about to
@@ -64,7 +65,8 @@ class ChildProcess:
         try:
             self._proc = sandbox.popen(self.module, args, cwd=self.workdir, stdout=subprocess.PIPE,
                                        stderr=self._log, text=True, bufsize=1, read_only=self.read_only,
-                                       **({"stdin": subprocess.PIPE} if self.is_warm else {}))
+                                       **({"stdin": subprocess.PIPE} if self.is_warm else {}),
+                                       **({"share_net": True} if self.share_net else {}))
         except BaseException:
             self._log.close()
             raise

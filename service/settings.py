@@ -85,6 +85,12 @@ class Settings(BaseSettings):
     # Each worker process keeps one sandboxed job process started ahead of its job, torch and the engine
     # imported (worker/warm.py); off: every job's child starts when the job is claimed.
     warm_start: bool = True
+    # Jobs across several nodes (docs/scaling.md, "Distributed jobs"): off unless the operator accepts that
+    # such a job's sandboxes share the host's network. `node_address`: where this worker's node 0 is reached
+    # by the others (default: the address of this host's name); how long the ranks wait for the other nodes.
+    multinode: bool = False
+    node_address: str | None = None
+    node_join_timeout_s: float = Field(default=600.0, gt=0)
     # The API (docs/scaling.md, "The API"): uvicorn worker processes of `amct serve`, and each process's
     # PostgreSQL pool. processes x (pool + overflow) + the workers' connections must stay under the
     # server's max_connections (100 by default).

@@ -28,6 +28,7 @@ from service.reaper import job_folders
 from service.settings import Settings
 from service.storage import BlobStore, open_store
 from worker.inputs import stage_inputs
+from worker.nodes import Leader, node_spec, nodes_of
 from worker.records import JobRecords
 from worker.supervisor import supervise
 from worker.warm import WarmPool
@@ -71,18 +72,22 @@ class JobRunner:
         # went to the store as they were announced, and this attempt fetches the last one from there).
         for folder in job_folders(self._scratch(), job_id):
             shutil.rmtree(folder, ignore_errors=True)
-        child = self.warm.take(job_id) if self.warm is not None else None
+        several = nodes_of(job) > 1  # node 0 of a job across several nodes (worker/nodes.py): cold, with network
+        child = self.warm.take(job_id) if self.warm is not None and not several else None
         if child is None:
-            child = ChildProcess(Path(tempfile.mkdtemp(prefix=f"job-{job_id}-", dir=self._scratch())))
+            child = ChildProcess(Path(tempfile.mkdtemp(prefix=f"job-{job_id}-", dir=self._scratch())),
+                                 share_net=several)
         workdir = child.workdir
         try:
             # A warm child sees its folder under the name it started with: the spec's paths use that name.
-            stage_inputs(self.sessions, self.store, self.settings, job, workdir, visible_as=child.sandbox_dir)
+            stage_inputs(self.sessions, self.store, self.settings, job, workdir, visible_as=child.sandbox_dir,
+                         extra=node_spec(self.settings, 0) if several else None)
             with child:
                 if child.is_warm:
                     child.begin()
                     self.warm.fill()  # the next job's child warms up while this one runs
-                return supervise(child, records, self.settings)
+                leader = Leader(self.settings, self.sessions, job, self.owner) if several else None
+                return supervise(child, records, self.settings, on_rendezvous=leader)
         except Exception as e:
             log.exception("job %s: runner error", job_id)
             records.fail("internal", f"{type(e).__name__}: {e}", workdir)

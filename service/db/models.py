@@ -184,6 +184,20 @@ class Artifact(BlobMixin, Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
+class JobNode(Base):
+    """One node of an attempt of a job across several nodes (worker/nodes.py): which worker runs its ranks.
+    Node 0's row, written by the worker that claimed the job, holds the rendezvous the others connect to."""
+
+    __tablename__ = "job_nodes"
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    attempt: Mapped[int] = mapped_column(Integer, primary_key=True)
+    node_rank: Mapped[int] = mapped_column(Integer, primary_key=True)
+    owner: Mapped[str] = mapped_column(String(200))
+    address: Mapped[str | None] = mapped_column(String(200), default=None)
+    port: Mapped[int | None] = mapped_column(Integer, default=None)
+    joined_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
 class Worker(Base):
     """A Celery worker and the queues it consumes, kept fresh by its heartbeat (service/workers.py)."""
 
