@@ -29,7 +29,7 @@ from pathlib import Path
 from job_process import bubblewrap, protocol, sandbox
 from job_process.errors import scrub
 from job_process.protocol import CANCEL_FILE, ERROR_FILE, LOG_FILE, RESULT_FILE, parse_line
-from job_process.warm import READY_LINE, START_LINE, WARM_FLAG
+from job_process.warm import READY_LINE, START_LINE, STARTED_LINE, WARM_FLAG
 
 JOB_MODULE = "job_process.main"
 LOG_TAIL_BYTES = 4000
@@ -46,6 +46,7 @@ class ChildProcess:
         self.sandbox_dir = workdir  # the folder's path inside the sandbox: workdir's name when the child started
         self.log_path = workdir / LOG_FILE
         self.stdout_closed = False  # the child closed its stdout: it exited, or is about to
+        self.sandboxed = threading.Event()  # a warm child runs inside its sandbox: its folder is mounted
         self.ready = threading.Event()  # a warm child finished its warm-up
         self.started_at = self.ready_at = 0.0  # time.monotonic() of the start and of the warm-up's end
         self._lines: queue.Queue[str | None] = queue.Queue()
@@ -80,7 +81,9 @@ class ChildProcess:
     def hand_over(self, job_folder: Path) -> None:
         """Make the warm child's folder the job's: renamed on the host, the same folder inside the sandbox.
 
-        `job_folder` must not exist. The child cannot tell: its bind mount follows the directory.
+        `job_folder` must not exist. The child cannot tell: its bind mount follows the directory. Only once
+        the child said it runs in its sandbox (`sandboxed`): before, bwrap may not have mounted the folder yet,
+        and would find no folder under the old name.
         """
         os.rename(self.workdir, job_folder)
         self.workdir, self.log_path = job_folder, job_folder / LOG_FILE
@@ -126,6 +129,9 @@ class ChildProcess:
     # -- what it says --------------------------------------------------------------------------------
     def _pump(self, stream) -> None:
         for line in stream:
+            if self.is_warm and not self.sandboxed.is_set() and line.strip() == STARTED_LINE:
+                self.sandboxed.set()
+                continue
             if self.is_warm and not self.ready.is_set() and line.strip() == READY_LINE:
                 self.ready_at = time.monotonic()
                 self.ready.set()

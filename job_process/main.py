@@ -238,6 +238,8 @@ def _wait_warm() -> bool:
     from job_process import warm
 
     started = time.monotonic()
+    sys.stdout.write(warm.STARTED_LINE + "\n")  # bwrap has set up the sandbox: the folder may be renamed now
+    sys.stdout.flush()
     warm.warm_up()
     ready = time.monotonic()
     sys.stdout.write(warm.READY_LINE + "\n")

@@ -24,8 +24,10 @@ import warnings
 from pathlib import Path
 
 WARM_FLAG = "--warm"
-# The one line on stdout that says the warm-up is done (read by job_process/launcher.py, never relayed),
+# The lines on stdout that say the child runs inside its sandbox (bwrap has mounted its folder: from then on
+# the worker may rename it) and that the warm-up is done (read by job_process/launcher.py, never relayed),
 # and the one line on stdin that says the job's spec and files are in the folder.
+STARTED_LINE = '{"type": "warm_started"}'
 READY_LINE = '{"type": "warm_ready"}'
 START_LINE = "start"
 _CFG = "retrain_weight_quant_config { arq_retrain { channel_wise: true dst_type: INT8 } }\n"

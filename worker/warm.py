@@ -26,12 +26,14 @@ import os
 import secrets
 import shutil
 import threading
+import time
 from pathlib import Path
 
 from job_process.launcher import JOB_MODULE, ChildProcess
 
 log = logging.getLogger(__name__)
 PREFIX = "warm-"
+SANDBOX_START_S = 30.0  # how long a job waits for a just-started warm child to be inside its sandbox
 
 
 class WarmPool:
@@ -64,8 +66,14 @@ class WarmPool:
         child, self._child = self._child, None
         if child is None:
             return None
-        if not child.alive():
-            log.warning("the warm job process had exited (%s); starting this job cold", child.wait())
+        # Its folder is renamed only once the child runs in its sandbox (bwrap has mounted it): usually long
+        # before a job comes, else within a fraction of a second of its start.
+        deadline = time.monotonic() + SANDBOX_START_S
+        while not child.sandboxed.wait(timeout=0.05) and child.alive() and time.monotonic() < deadline:
+            pass
+        if not child.sandboxed.is_set() or not child.alive():
+            log.warning("the warm job process %s; starting this job cold",
+                        f"had exited ({child.wait()})" if not child.alive() else "did not start in its sandbox")
             _discard(child)
             return None
         child.hand_over(self.scratch / f"job-{job_id}-{self._token}")

@@ -69,6 +69,21 @@ def test_a_warm_process_sees_an_empty_folder_of_its_own_until_its_job_is_handed_
     pool.close()
 
 
+def test_a_job_taken_as_the_warm_process_starts_waits_for_its_sandbox(sandboxed, tmp_path):
+    """Taken at once, before bwrap has mounted the folder: renaming it then would leave bwrap nothing to mount
+    (seen: "bwrap: Can't find source path"). The pool waits for the child's word that it runs inside."""
+    scratch = tmp_path / "tmp"
+    pool = WarmPool(scratch, module=PROBE)
+    pool.fill()
+    child = pool.take("job3")
+    assert child is not None and child.sandboxed.is_set()
+    (child.workdir / "spec.json").write_text("{}")
+    with child:
+        child.begin()
+        assert child.wait() == 0, (child.workdir / "child.log").read_text()
+    assert child.result()["metrics"]["folder_after"] == ["child.log", "spec.json"]
+
+
 def test_a_warm_process_that_died_is_not_handed_a_job(sandboxed, tmp_path):
     scratch = tmp_path / "tmp"
     pool = WarmPool(scratch, module=PROBE)
@@ -128,12 +143,14 @@ def test_a_job_run_warm_gives_what_the_same_job_run_cold_gives(sandboxed, runner
     body = dict(kind="quant_retrain", epochs=1, batch_size=32, lr=5e-4, seed=3, **ids)
     cold = api.submit(**body).json()["id"]
     warm = api.submit(**body, headers={"Idempotency-Key": "warm"}).json()["id"]
-    assert JobRunner(api.settings, owner="cold").run(cold) == "succeeded"
+    outcome = JobRunner(api.settings, owner="cold").run(cold)
+    assert outcome == "succeeded", api.client.get(f"/v1/jobs/{cold}").json()["error"]
     pool = WarmPool(api.settings.tmp_dir)
     pool.fill()
     first = pool._child
     try:
-        assert JobRunner(api.settings, owner="warm", warm=pool).run(warm) == "succeeded"
+        outcome = JobRunner(api.settings, owner="warm", warm=pool).run(warm)
+        assert outcome == "succeeded", api.client.get(f"/v1/jobs/{warm}").json()["error"]
         # A replacement was started as the job began; the used one is gone with its folder.
         assert pool._child is not None and pool._child is not first and pool._child.alive()
         assert not first.alive()

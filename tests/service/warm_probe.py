@@ -13,7 +13,7 @@ from pathlib import Path
 
 from job_process.protocol import RESULT_FILE
 from job_process.sandbox import limit_self
-from job_process.warm import READY_LINE, wait_for_start
+from job_process.warm import READY_LINE, STARTED_LINE, wait_for_start
 
 
 def listing(path: Path) -> list[str] | str:
@@ -25,6 +25,7 @@ def listing(path: Path) -> list[str] | str:
 
 def main(argv: list[str]) -> int:
     limit_self()
+    print(STARTED_LINE, flush=True)
     folder = Path(argv[0])
     seen = {"cwd": os.getcwd(), "folder_before": listing(folder), "scratch_before": listing(folder.parent),
             "other_job_before": listing(folder.parent / "job-secret-0000")}
