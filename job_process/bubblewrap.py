@@ -132,10 +132,14 @@ def log_state(who: str) -> State:
 
 
 def wrap(inner: Sequence[str], workdir: Path, read_only: Iterable[Path] = (), *, bwrap: str,
-         writable: bool = True, packages: Iterable[str] = ()) -> Command:
-    """bwrap argv running `inner` with `workdir` as its only writable folder and `read_only` files visible."""
+         writable: bool = True, packages: Iterable[str] = (), share_net: bool = False) -> Command:
+    """bwrap argv running `inner` with `workdir` as its only writable folder and `read_only` files visible.
+
+    `share_net`: the host's network instead of an empty namespace, for the ranks of a job across several
+    nodes only, which the operator enables (docs/security.md, "Distributed jobs")."""
     fds: list[int] = []
-    argv = [bwrap, "--unshare-all", "--unshare-user", *_if_supported(bwrap, "--disable-userns"),
+    argv = [bwrap, "--unshare-all", *(["--share-net"] if share_net else []), "--unshare-user",
+            *_if_supported(bwrap, "--disable-userns"),
             "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--uid", str(SANDBOX_UID),
             "--gid", str(SANDBOX_GID), "--hostname", "sandbox"]
     argv += _system_mounts()

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from job_process.distributed import SINGLE, Rank, any_rank
 from job_process.protocol import CANCEL_FILE, CHECKPOINT_DIR, RESUME_FILE, emit
 
 FORMAT = 1
@@ -35,9 +36,10 @@ class Checkpoints:
     """`every_steps`: None writes no checkpoints (a local run, nobody to resume it); 0 only at epoch
     ends (distillation: group ends); N also every N steps."""
 
-    def __init__(self, workdir: Path, kind: str, every_steps: int | None = None) -> None:
-        self.workdir, self.kind = workdir, kind
-        self.enabled = every_steps is not None
+    def __init__(self, workdir: Path, kind: str, every_steps: int | None = None, rank: Rank = SINGLE) -> None:
+        self.workdir, self.kind, self.rank = workdir, kind, rank
+        # Every rank of a distributed job reads the last checkpoint; rank 0 alone writes them.
+        self.enabled = every_steps is not None and rank.leader
         self.every_steps = max(0, int(every_steps or 0))
         self.resumed_from: dict | None = None  # what this attempt resumed from (for the job's metrics)
         self._state = self._load()
@@ -46,6 +48,12 @@ class Checkpoints:
     def check_cancel(self) -> None:
         """Raise Cancelled when the worker asked the job to stop (one stat() call: cheap per step)."""
         if (self.workdir / CANCEL_FILE).exists():
+            raise Cancelled("cancel requested")
+
+    def check_cancel_together(self) -> None:
+        """check_cancel, decided by all ranks of a distributed job at once (one rank alone would leave the
+        others waiting in the next step's all-reduce)."""
+        if any_rank((self.workdir / CANCEL_FILE).exists(), self.rank):
             raise Cancelled("cancel requested")
 
     # -- reading and writing -----------------------------------------------------------------------
@@ -92,6 +100,9 @@ class Checkpoints:
         if "optimizer" not in state or state.get("steps_per_epoch") != len(loader):
             self._ignore(f"it was taken with {state.get('steps_per_epoch')} steps per epoch, not {len(loader)}")
             return 0
+        if state.get("world_size", 1) != self.rank.world_size:  # each rank's slice of a batch would differ
+            self._ignore(f"it was taken with {state.get('world_size', 1)} ranks, not {self.rank.world_size}")
+            return 0
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         loader.shuffle.restore(state.get("loader_rng"), int(state["step"]))
@@ -104,13 +115,13 @@ class Checkpoints:
         steps_per_epoch = len(loader)
 
         def after_step(event: dict) -> None:
-            self.check_cancel()
+            self.check_cancel_together()
             step = event["step"]
             epoch_end = step % steps_per_epoch == 0
             if not self.enabled or not (epoch_end or (self.every_steps and step % self.every_steps == 0)):
                 return
             self.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                       "loader_rng": loader.shuffle.state(), **_rng_state()},
+                       "loader_rng": loader.shuffle.state(), "world_size": self.rank.world_size, **_rng_state()},
                       epoch=step // steps_per_epoch, step=step, steps_per_epoch=steps_per_epoch)
 
         return after_step

@@ -43,6 +43,8 @@ class JobKind:
     needs_labels: bool  # trained on the dataset's `labels` (refused at submit without them)
     description: str  # one line for `GET /v1/meta`, the dashboard and `--help`
     runner: str  # "package.module:function" taking a JobContext (job_process/runners.py)
+    # Runs data-parallel with `world_size` > 1 (its training goes through runners.train: job_process/distributed.py)
+    distributed: bool = False
 
     def __post_init__(self) -> None:
         if self.cfg_kind not in CFG_KINDS:
@@ -73,15 +75,15 @@ def kinds_for_cfg(cfg_kind: str) -> list[JobKind]:
 register_job_kind(JobKind(
     "compressed_retrain", "retrain", "compressed", True,
     "prune channels and quantise in one retraining (create/save_compressed_retrain_model)",
-    "job_process.runners:compressed_retrain"))
+    "job_process.runners:compressed_retrain", distributed=True))
 register_job_kind(JobKind(
     "quant_retrain", "retrain", "quant", True,
     "quantisation-aware training (create_quant_retrain_config/model, save_quant_retrain_model)",
-    "job_process.runners:quant_retrain"))
+    "job_process.runners:quant_retrain", distributed=True))
 register_job_kind(JobKind(
     "prune_retrain", "retrain", "prune", True,
     "structured channel pruning with retraining (create/save_prune_retrain_model)",
-    "job_process.runners:prune_retrain"))
+    "job_process.runners:prune_retrain", distributed=True))
 register_job_kind(JobKind(
     "distill", "distill", None, False,
     "block-wise distillation of a quantised student from the original model, no labels needed "

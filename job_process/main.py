@@ -1,5 +1,7 @@
 """The job process: run one compression job on files in its folder; `python -m job_process.main DIR`.
 
+With `--warm` it is started before its job exists, warms up and waits for it on stdin (warm.py).
+
 DIR/spec.json says what to run; its `kind` picks the runner from the job-kind table (kinds.py).
 Progress goes to stdout as JSON lines (protocol.py); outputs go to DIR/out and are listed in
 DIR/result.json, or the failure in DIR/error.json. The process holds no credentials: whoever
@@ -15,9 +17,12 @@ import traceback
 import warnings
 from pathlib import Path
 
+from job_process import distributed
+from job_process.distributed import SINGLE, Rank
 from job_process.errors import describe
 from job_process.protocol import CANCELLED_EXIT, ERROR_FILE, RESULT_FILE, SPEC_FILE, emit
 from job_process.sandbox import limit_self
+from job_process.warm import WARM_FLAG
 
 # Share of overall progress each stage ends at; training fills the span between.
 TRAIN_START, TRAIN_END = 0.1, 0.8
@@ -102,7 +107,9 @@ def _progress_fn(epochs: int):
     return on_step
 
 
-def run(workdir: Path, spec: dict) -> dict:
+def run(workdir: Path, spec: dict, rank: Rank = SINGLE) -> dict:
+    """The job; `rank`: this process's place in a distributed job (job_process/distributed.py), whose ranks
+    other than 0 leave after training (RankDone)."""
     import torch
 
     from amct_engine.export.save import export_onnx
@@ -117,7 +124,7 @@ def run(workdir: Path, spec: dict) -> dict:
     from job_process.training import evaluate_accuracy, samples, take
 
     run_kind = JOB_KINDS[spec["kind"]].load_runner()
-    checkpoints = Checkpoints(workdir, spec["kind"], spec.get("checkpoint_every_steps"))
+    checkpoints = Checkpoints(workdir, spec["kind"], spec.get("checkpoint_every_steps"), rank)
 
     def phase(name: str, **extra) -> None:
         checkpoints.check_cancel()  # every stage boundary is a cheap place to stop
@@ -142,20 +149,21 @@ def run(workdir: Path, spec: dict) -> dict:
         eval_x, eval_labels, split = take(train_x, first), take(train_labels, first), "train"
     batch = spec["input_shape"][0]
     example = take(train_x, slice(0, max(1, min(batch, samples(train_x)))))
-    (workdir / "out").mkdir(exist_ok=True)
+    rank.out_dir(workdir).mkdir(parents=True, exist_ok=True)
     io = io_names(spec["inputs"], spec.get("outputs"), batch)
 
     phase("baseline", progress=0.05)
     original = torch.jit.load(spec["model"], map_location="cpu").eval()
     fp32_onnx = str(workdir / "out" / "fp32.onnx")
-    export_onnx(original, fp32_onnx, example, **io)
+    if rank.leader:
+        export_onnx(original, fp32_onnx, example, **io)
     original_parameters = sum(p.numel() for p in original.parameters())
 
     ctx = runners.JobContext(
         workdir=workdir, model_path=spec["model"], cfg_path=spec["cfg"], example=example, train_x=train_x,
         train_y=train_y, params=params, device=device, on_step=_progress_fn(params["epochs"]),
         phase=phase, checkpoints=checkpoints, io=io, labelled=labels is not None,
-        loss_fn=build_loss(params, original, spec.get("outputs"), labels is not None, device),
+        loss_fn=build_loss(params, original, spec.get("outputs"), labels is not None, device), rank=rank,
     )
     model = run_kind(ctx)
 
@@ -225,32 +233,68 @@ def _relay_engine_warnings() -> None:
     warnings.showwarning = relay
 
 
+def _wait_warm() -> bool:
+    """Started ahead of its job (job_process/warm.py): warm up, say so, wait for the job; False: none came."""
+    from job_process import warm
+
+    started = time.monotonic()
+    sys.stdout.write(warm.STARTED_LINE + "\n")  # bwrap has set up the sandbox: the folder may be renamed now
+    sys.stdout.flush()
+    warm.warm_up()
+    ready = time.monotonic()
+    sys.stdout.write(warm.READY_LINE + "\n")
+    sys.stdout.flush()
+    if not warm.wait_for_start():
+        return False
+    emit("log", level="info", message=f"warm engine process: warmed up in {ready - started:.1f} s, then waited "
+                                      f"{time.monotonic() - ready:.1f} s for this job")
+    return True
+
+
 def main(argv: list[str]) -> int:
     limit_self()
-    _relay_engine_warnings()
     workdir = Path(argv[0]).resolve()
+    if WARM_FLAG in argv[1:] and not _wait_warm():
+        return 0  # the worker stopped before it had a job for us
+    _relay_engine_warnings()
     spec = json.loads((workdir / SPEC_FILE).read_text())
+    if distributed.world_size(spec) > 1:
+        return distributed.launch(workdir, spec, run_rank)
+    return run_rank(workdir, spec, SINGLE)
+
+
+def run_rank(workdir: Path, spec: dict, rank: Rank) -> int:
+    """Run the job as `rank` and say how it ended: result.json / error.json (rank 0; another rank's failure
+    only when none was written before it) and the exit status."""
     from job_process.checkpoints import Cancelled
     from job_process.quality_gate import QualityGateFailed
 
+    def error(body: dict) -> None:
+        if rank.leader:
+            (workdir / ERROR_FILE).write_text(json.dumps(body))
+        else:
+            distributed.first_error(workdir, json.dumps(body))
+
     try:
-        result = run(workdir, spec)
+        result = run(workdir, spec, rank)
+    except distributed.RankDone:
+        return 0
     except Cancelled:
         emit("log", level="info", message="the engine stopped on a cancel request")
         return CANCELLED_EXIT
     except GateMissed as e:
         # Failed, but everything it made is kept for inspection: result.json lists it as for a success.
         (workdir / RESULT_FILE).write_text(json.dumps(e.result))
-        (workdir / ERROR_FILE).write_text(json.dumps({"type": "quality_gate", "detail": str(e)}))
+        error({"type": "quality_gate", "detail": str(e)})
         return 1
     except QualityGateFailed as e:
-        (workdir / ERROR_FILE).write_text(json.dumps({"type": "quality_gate", "detail": str(e)}))
+        error({"type": "quality_gate", "detail": str(e)})
         return 1
     except Exception as e:
         traceback.print_exc()
         error_type = "unsupported" if isinstance(e, DeviceUnavailable) else "engine_error"
         # The traceback went to child.log; the answer gets the type and a scrubbed line (errors.py).
-        (workdir / ERROR_FILE).write_text(json.dumps({"type": error_type, "detail": describe(e, "the job")}))
+        error({"type": error_type, "detail": describe(e, "the job")})
         return 1
     (workdir / RESULT_FILE).write_text(json.dumps(result))
     return 0

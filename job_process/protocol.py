@@ -9,6 +9,8 @@ Recovery and cancel (docs/service.md, "Crashes, resume and cancel"):
   worker uploads it and records it against the job. `epoch`/`step` count what is finished.
 - `resumed` {epoch, step[, group]}: this attempt started from `resume.pt` (the job's last checkpoint)
   instead of from the start.
+- `rendezvous` {port, nodes, world_size}: node 0 of a job across several nodes opened the ranks' store on
+  that port (job_process/distributed.py); its worker publishes it for the other nodes (worker/nodes.py).
 - The worker asks the child to stop by creating the file `cancel` in the job folder; the child
   checks it every training step and at every phase change, and exits with CANCELLED_EXIT.
 """
@@ -30,7 +32,7 @@ CHECKPOINT_DIR = "ckpt"
 RESUME_FILE = "resume.pt"
 LOG_FILE = "child.log"  # the job process's stderr (tracebacks, the user model's prints)
 CANCELLED_EXIT = 3  # the child stopped itself on a cancel request (not a crash)
-TYPES = ("progress", "phase", "metric", "log", "checkpoint", "resumed")
+TYPES = ("progress", "phase", "metric", "log", "checkpoint", "resumed", "rendezvous")
 
 
 def emit(type_: str, **payload: Any) -> None:

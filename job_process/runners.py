@@ -16,7 +16,9 @@ import torch
 from torch import nn
 
 import amct_engine as amct
+from job_process import distributed
 from job_process.checkpoints import Checkpoints
+from job_process.distributed import SINGLE, Rank, shard
 from job_process.quality_gate import check_step_loss
 from job_process.training import Inputs, ResumableLoader, Targets, make_loader, make_optimizer, train_epochs
 
@@ -45,9 +47,10 @@ class JobContext:
     io: dict = field(default_factory=lambda: dict(IO_NAMES))  # input/output names and dynamic axes
     loss_fn: Callable | None = None  # the job's objective (job_process/objectives.py); None: cross-entropy
     losses: list[float] = field(default_factory=list)  # every training step's loss, for the quality gate
+    rank: Rank = SINGLE  # this process's rank of a distributed job (job_process/distributed.py)
 
     def path(self, name: str) -> str:
-        return str(self.workdir / "out" / name)
+        return str(self.rank.out_dir(self.workdir) / name)
 
 
 class DeviceLoader:
@@ -56,15 +59,16 @@ class DeviceLoader:
     `shuffle` replays the data order from a checkpoint (ResumableLoader).
     """
 
-    def __init__(self, loader, device: torch.device) -> None:
-        self.shuffle, self.device = ResumableLoader(loader), device
+    def __init__(self, loader, device: torch.device, rank: Rank = SINGLE) -> None:
+        self.shuffle, self.device, self.rank = ResumableLoader(loader), device, rank
 
     def __len__(self) -> int:
         return len(self.shuffle)
 
     def __iter__(self):
+        # Every rank draws the same global batch (same seed) and trains on its slice of it.
         for xb, yb in self.shuffle:
-            yield _to(xb, self.device), _to(yb, self.device)
+            yield _to(shard(xb, self.rank), self.device), _to(shard(yb, self.rank), self.device)
 
 
 def _to(value, device: torch.device):
@@ -82,9 +86,12 @@ def _loader(ctx: JobContext):
 
 
 def train(ctx: JobContext, model: nn.Module) -> nn.Module:
+    """Train with progress, checkpoints, resume and cancel; in a distributed job, data-parallel over the ranks
+    (job_process/distributed.py), after which only rank 0 returns (the others raise RankDone)."""
     ctx.phase("training")
     model.to(ctx.device)
-    loader = DeviceLoader(_loader(ctx), ctx.device)
+    loader = DeviceLoader(_loader(ctx), ctx.device, ctx.rank)
+    trained = distributed.wrap(model, ctx.rank, ctx.device)  # DDP: rank 0's weights broadcast to all
     optimizer = make_optimizer("adam", [p for p in model.parameters() if p.requires_grad], ctx.params["lr"])
     start_step = ctx.checkpoints.restore_training(model, optimizer, loader)
     after_step = ctx.checkpoints.training_hook(model, optimizer, loader)
@@ -95,8 +102,9 @@ def train(ctx: JobContext, model: nn.Module) -> nn.Module:
         ctx.on_step(event)
         after_step(event)
 
-    train_epochs(model, loader, ctx.params["epochs"], ctx.params["lr"], optimizer=optimizer, progress=on_step,
+    train_epochs(trained, loader, ctx.params["epochs"], ctx.params["lr"], optimizer=optimizer, progress=on_step,
                  start_step=start_step, loss_fn=ctx.loss_fn)
+    distributed.sync_buffers(model, ctx.rank)  # the model's BatchNorm statistics are rank 0's
     model.cpu()
     torch.save(model.state_dict(), ctx.path("checkpoint.pt"))
     ctx.files["checkpoint"] = ctx.path("checkpoint.pt")
@@ -105,6 +113,9 @@ def train(ctx: JobContext, model: nn.Module) -> nn.Module:
     model.eval()
     with torch.no_grad():
         model(*ctx.example)
+    if ctx.rank.distributed:
+        ctx.report["distributed"] = distributed.compare_ranks(ctx.rank, model, Path(ctx.path("record.txt")),
+                                                              ctx.device)
     return model
 
 

@@ -28,6 +28,7 @@ ROOT = bubblewrap.ROOT
 _PASS_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
              "CUDA_VISIBLE_DEVICES", "ASCEND_RT_VISIBLE_DEVICES", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE",
              "AMCT_FASHION_MNIST_DIR",
+             "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME",  # the interface the ranks of a multi-node job meet on
              MODULES_ENV)  # so the job process loads the same extra job kinds as its parent
 
 
@@ -98,7 +99,7 @@ def python_command(module: str, args: Sequence[str]) -> list[str]:
 
 def popen(module: str, args: Sequence[str], cwd: str | os.PathLike, memory_bytes: int | None = None,
           env: dict[str, str] | None = None, read_only: Iterable[str | os.PathLike] = (),
-          cpu_seconds: int | None = None, **kwargs) -> subprocess.Popen:
+          cpu_seconds: int | None = None, share_net: bool = False, **kwargs) -> subprocess.Popen:
     """Start `python -m module args` in the sandbox with `cwd` as its folder, the only one it may write.
 
     `read_only`: files outside that folder it may read (a local `amct compress`'s inputs). Raises
@@ -118,7 +119,7 @@ def popen(module: str, args: Sequence[str], cwd: str | os.PathLike, memory_bytes
                                 start_new_session=True, **kwargs)
     extra.update(HOME=bubblewrap.SANDBOX_HOME, TMPDIR=bubblewrap.SANDBOX_HOME)
     command = bubblewrap.wrap(python_command(module, args), workdir, [Path(p).resolve() for p in read_only],
-                              bwrap=state.bwrap, packages=[module])
+                              bwrap=state.bwrap, packages=[module], share_net=share_net)
     try:
         # A new session: its own process group, so a cancel or time-out kills it and all it started.
         return subprocess.Popen(command.argv, cwd=workdir, env=child_env(extra), start_new_session=True,

@@ -70,7 +70,7 @@ def create_app(settings: Settings | None = None, run_migrations: bool = True) ->
                   description="Upload a TorchScript model, a .cfg and a dataset; submit a compression job; "
                               "watch it; download the ONNX models and the report.")
     app.state.settings = settings
-    app.state.sessions = session_factory(settings.resolved_database_url)
+    app.state.sessions = session_factory(settings.resolved_database_url, settings.db_pool)
     app.state.store = open_store(settings.resolved_artifact_store, settings.s3_endpoint_url)
     app.state.dispatcher = Dispatcher(make_celery(settings))
     app.state.metrics, latency = metrics.make_registry(app.state.sessions, settings)
@@ -81,3 +81,10 @@ def create_app(settings: Settings | None = None, run_migrations: bool = True) ->
     app.include_router(docs.router)  # /docs and /redoc with their assets from this server (offline)
     ui.mount(app)  # the dashboard at /ui, and / redirects there
     return app
+
+
+def app_from_env() -> FastAPI:
+    """The app of each API process in production: `uvicorn service.app:app_from_env --factory --workers N`
+    (docker-compose.yml, docs/scaling.md). Settings from the environment; each process runs the migrations
+    at start-up, one at a time (an advisory lock on PostgreSQL, migrations/env.py)."""
+    return create_app(Settings())

@@ -125,10 +125,13 @@ def authenticate(session: Session, secret: str) -> Caller | None:
     if key is None or key.revoked_at is not None:
         return None
     now = utcnow()
-    # One conditional UPDATE: concurrent requests do not pile up writes on the same row.
-    session.execute(update(ApiKey).where(ApiKey.id == key.id, or_(
-        ApiKey.last_used_at.is_(None), and_(ApiKey.last_used_at < now - _TOUCH_EVERY))).values(last_used_at=now))
-    session.commit()
+    # A read-only request stays read-only: the row just read says whether the hint is due (once a minute), and
+    # only then one conditional UPDATE, so concurrent requests do not pile up writes on the same row. Before,
+    # every request ran the UPDATE and a commit (a write round trip per GET, docs/scaling.md).
+    if key.last_used_at is None or key.last_used_at < now - _TOUCH_EVERY:
+        session.execute(update(ApiKey).where(ApiKey.id == key.id, or_(
+            ApiKey.last_used_at.is_(None), and_(ApiKey.last_used_at < now - _TOUCH_EVERY))).values(last_used_at=now))
+        session.commit()
     return Caller(project=key.project_id, scopes=expand_scopes(key.scopes), key_id=key.id)
 
 

@@ -23,6 +23,7 @@ log = logging.getLogger(__name__)
 # The tasks by name: the API sends them without importing the module that defines them (worker/tasks.py).
 RUN_JOB_TASK = "worker.tasks.run_job"
 REAP_TASK = "worker.tasks.reap"
+JOIN_TASK = "worker.tasks.join_job"  # a node of a job across several nodes (worker/nodes.py)
 
 
 def _transport_options(settings: Settings) -> dict:
@@ -97,6 +98,17 @@ class Dispatcher:
                                   retry=True, retry_policy={"max_retries": 3, "interval_start": 0.2})
         except Exception:
             log.exception("could not enqueue job %s on %s", job_id, queue)
+            return False
+        return True
+
+    def enqueue_join(self, job_id: str, attempt: int, node_rank: int, queue: str) -> bool:
+        """Ask a worker of `queue` to run node `node_rank` of the job's attempt (worker/nodes.py)."""
+        try:
+            self.celery.send_task(JOIN_TASK, args=[job_id, attempt, node_rank], queue=queue,
+                                  task_id=f"{job_id}:{attempt}:{node_rank}", retry=True,
+                                  retry_policy={"max_retries": 3, "interval_start": 0.2})
+        except Exception:
+            log.exception("could not enqueue node %d of job %s on %s", node_rank, job_id, queue)
             return False
         return True
 

@@ -28,7 +28,7 @@ from service.settings import DEVICES, Settings
 
 
 def reap_once(settings: Settings, dispatcher: Dispatcher) -> dict:
-    sessions = session_factory(settings.resolved_database_url)
+    sessions = session_factory(settings.resolved_database_url, settings.db_pool)
     requeued, failed, cancelled = [], [], []
     with sessions.begin() as session:
         for job_id in jobstate.expired_running_jobs(session):

@@ -171,6 +171,11 @@ class JobCreate(BaseModel):
         None, ge=-1, le=1, description="quality gate: fail the job when the mean cosine of the deploy model's "
                                        "outputs to the FP32 model's, on the held-out split, is below this (the "
                                        "lowest output). Default: off")
+    world_size: int = Field(
+        1, ge=1, le=64, description="data-parallel ranks (torch.distributed: gloo on cpu, nccl on cuda, hccl on "
+                                    "npu), each training on its slice of every `batch_size` batch; the retrain "
+                                    "kinds only. 1: one process")
+    nodes: int = Field(1, ge=1, le=16, description="machines the ranks run on; world_size must be a multiple of it")
 
 
 class JobError(BaseModel):

@@ -14,6 +14,8 @@ from typing import Literal
 from pydantic import AliasChoices, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from service.db.session import PoolSize
+
 DEVICES = ("cpu", "cuda", "npu")
 MiB = 1024 * 1024
 
@@ -80,6 +82,22 @@ class Settings(BaseSettings):
     worker_heartbeat_s: float = Field(default=10.0, gt=0)
     worker_stale_s: float = Field(default=30.0, gt=0)
     unserved_wait_s: float = Field(default=20.0, ge=0)
+    # Each worker process keeps one sandboxed job process started ahead of its job, torch and the engine
+    # imported (worker/warm.py); off: every job's child starts when the job is claimed.
+    warm_start: bool = True
+    # Jobs across several nodes (docs/scaling.md, "Distributed jobs"): off unless the operator accepts that
+    # such a job's sandboxes share the host's network. `node_address`: where this worker's node 0 is reached
+    # by the others (default: the address of this host's name); how long the ranks wait for the other nodes.
+    multinode: bool = False
+    node_address: str | None = None
+    node_join_timeout_s: float = Field(default=600.0, gt=0)
+    # The API (docs/scaling.md, "The API"): uvicorn worker processes of `amct serve`, and each process's
+    # PostgreSQL pool. processes x (pool + overflow) + the workers' connections must stay under the
+    # server's max_connections (100 by default).
+    api_workers: int = Field(default=1, ge=1)
+    db_pool_size: int = Field(default=10, ge=1)
+    db_max_overflow: int = Field(default=10, ge=0)
+    db_pool_timeout_s: float = Field(default=10.0, gt=0)
     broker_poll_s: float = 0.1
     sse_poll_s: float = 0.25
 
@@ -106,6 +124,10 @@ class Settings(BaseSettings):
     @cached_property
     def resolved_artifact_store(self) -> str:
         return self.artifact_store or f"file://{(self.data_dir / 'artifacts').resolve()}"
+
+    @property
+    def db_pool(self) -> PoolSize:
+        return PoolSize(self.db_pool_size, self.db_max_overflow, self.db_pool_timeout_s)
 
     @property
     def broker_folder(self) -> Path:

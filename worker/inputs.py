@@ -22,7 +22,11 @@ from worker.records import last_checkpoint
 log = logging.getLogger(__name__)
 
 
-def stage_inputs(sessions: sessionmaker, store: BlobStore, settings: Settings, job: Job, workdir: Path) -> None:
+def stage_inputs(sessions: sessionmaker, store: BlobStore, settings: Settings, job: Job, workdir: Path,
+                 visible_as: Path | None = None, extra: dict | None = None) -> None:
+    """Fetch the inputs into `workdir` and write spec.json; its paths name the folder `visible_as` (the name the
+    job process sees it under, worker/warm.py), `workdir` by default. `extra`: more spec fields (a node of a job
+    across several nodes, worker/nodes.py)."""
     with sessions() as session:
         model = session.get(Model, job.model_id)
         config = session.get(Config, job.config_id)
@@ -35,7 +39,7 @@ def stage_inputs(sessions: sessionmaker, store: BlobStore, settings: Settings, j
             "input_shape": model.input_shape, "input_dtype": model.input_dtype,
             "inputs": model.signature, "outputs": model.outputs,
             "dataset_format": dataset.format, "checkpoint_every_steps": settings.checkpoint_every_steps,
-            **{k: str(workdir / name) for k, (_, name) in files.items()}}
+            **{k: str((visible_as or workdir) / name) for k, (_, name) in files.items()}, **(extra or {})}
     if checkpoint := last_checkpoint(sessions, job.id):
         # A previous attempt got this far: the job process resumes from here instead of from the start.
         store.fetch(checkpoint, workdir / RESUME_FILE)

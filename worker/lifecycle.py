@@ -7,6 +7,8 @@
   worker's main process dies. Before, a kill -9 of the worker left its beat running, and a restarted
   worker then ran a second one (two reapers, two schedules). `amct serve` also starts its worker with
   DIE_WITH_PARENT_ENV set, so the worker itself ends with the server.
+- Warm job processes: each pool process starts one when it starts, and kills it when it stops
+  (worker/warm.py).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from job_process.sandbox import die_with_parent
 from service import workers
 from service.db.session import _normalise
 from service.embedded_worker import DIE_WITH_PARENT_ENV  # the pid of the process the worker must not outlive
+from worker import warm
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +93,22 @@ def _unregister(**_) -> None:
 @signals.worker_process_init.connect
 def _pool_process_dies_with_worker(**_) -> None:
     die_with_parent()
+
+
+@signals.worker_process_init.connect
+def _start_warm_job_process(sender=None, **_) -> None:
+    """The pool process that runs the tasks starts its first warm job process now (worker/warm.py), from its
+    main thread: bwrap's --die-with-parent follows the thread that started it."""
+    from celery import current_app
+
+    settings = current_app.amct_settings
+    if settings.warm_start:
+        warm.start_pool(settings.tmp_dir)
+
+
+@signals.worker_process_shutdown.connect
+def _stop_warm_job_process(**_) -> None:
+    warm.stop_pool()
 
 
 @signals.beat_embedded_init.connect

@@ -5,7 +5,8 @@ itself never imports torch or loads the user's model: the job process does (job_
 started through job_process/launcher.py in the sandbox).
 
 The pieces: worker/inputs.py (the job folder and its spec), worker/supervisor.py (heartbeats,
-cancel, the time limit), worker/records.py (what gets written: events, artifacts, the outcome).
+cancel, the time limit), worker/records.py (what gets written: events, artifacts, the outcome),
+worker/warm.py (the job process started ahead of its job, when the worker keeps one).
 Recovery: a later attempt (after a crash, a lost worker, a broker restart) finds the last training
 checkpoint of the earlier one and resumes from it.
 """
@@ -27,17 +28,23 @@ from service.reaper import job_folders
 from service.settings import Settings
 from service.storage import BlobStore, open_store
 from worker.inputs import stage_inputs
+from worker.nodes import Leader, node_spec, nodes_of
 from worker.records import JobRecords
 from worker.supervisor import supervise
+from worker.warm import WarmPool
 
 log = logging.getLogger(__name__)
 
 
 class JobRunner:
-    def __init__(self, settings: Settings, store: BlobStore | None = None, owner: str | None = None) -> None:
-        self.settings = settings
+    """`warm`: the worker process's pool of job processes started ahead (worker/warm.py); None starts each
+    job's child when the job is claimed."""
+
+    def __init__(self, settings: Settings, store: BlobStore | None = None, owner: str | None = None,
+                 warm: WarmPool | None = None) -> None:
+        self.settings, self.warm = settings, warm
         self.store = store or open_store(settings.resolved_artifact_store, settings.s3_endpoint_url)
-        self.sessions = session_factory(settings.resolved_database_url)
+        self.sessions = session_factory(settings.resolved_database_url, settings.db_pool)
         self.owner = owner or f"{os.uname().nodename}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         bubblewrap.log_state("worker")  # jobs fail with SandboxUnavailable without one (no opt-out)
 
@@ -65,16 +72,28 @@ class JobRunner:
         # went to the store as they were announced, and this attempt fetches the last one from there).
         for folder in job_folders(self._scratch(), job_id):
             shutil.rmtree(folder, ignore_errors=True)
-        workdir = Path(tempfile.mkdtemp(prefix=f"job-{job_id}-", dir=self._scratch()))
+        several = nodes_of(job) > 1  # node 0 of a job across several nodes (worker/nodes.py): cold, with network
+        child = self.warm.take(job_id) if self.warm is not None and not several else None
+        if child is None:
+            child = ChildProcess(Path(tempfile.mkdtemp(prefix=f"job-{job_id}-", dir=self._scratch())),
+                                 share_net=several)
+        workdir = child.workdir
         try:
-            stage_inputs(self.sessions, self.store, self.settings, job, workdir)
-            with ChildProcess(workdir) as child:
-                return supervise(child, records, self.settings)
+            # A warm child sees its folder under the name it started with: the spec's paths use that name.
+            stage_inputs(self.sessions, self.store, self.settings, job, workdir, visible_as=child.sandbox_dir,
+                         extra=node_spec(self.settings, 0) if several else None)
+            with child:
+                if child.is_warm:
+                    child.begin()
+                    self.warm.fill()  # the next job's child warms up while this one runs
+                leader = Leader(self.settings, self.sessions, job, self.owner) if several else None
+                return supervise(child, records, self.settings, on_rendezvous=leader)
         except Exception as e:
             log.exception("job %s: runner error", job_id)
             records.fail("internal", f"{type(e).__name__}: {e}", workdir)
             return jobstate.FAILED
         finally:
+            child.close()
             shutil.rmtree(workdir, ignore_errors=True)
 
     def _scratch(self) -> Path:

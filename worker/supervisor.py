@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import signal
 import time
+from collections.abc import Callable
 
 from job_process.launcher import ChildProcess
 from job_process.protocol import CANCELLED_EXIT
@@ -22,14 +23,20 @@ log = logging.getLogger(__name__)
 LOST = "lost"  # the outcome when the job is no longer ours: someone else records it
 
 
-def supervise(child: ChildProcess, records: JobRecords, settings: Settings) -> str:
-    """Run `child` (started) to its end and record how the job ended; returns that outcome."""
+def supervise(child: ChildProcess, records: JobRecords, settings: Settings,
+              on_rendezvous: Callable[[dict], None] | None = None) -> str:
+    """Run `child` (started) to its end and record how the job ended; returns that outcome.
+
+    `on_rendezvous`: called with a `rendezvous` line (node 0 of a job across several nodes, worker/nodes.py)."""
     job_id = records.job_id
     deadline = time.monotonic() + settings.job_time_limit_s
     last_beat, cancel_at = 0.0, None
     while not child.stdout_closed:
         batch = child.messages(timeout=min(0.5, settings.heartbeat_s))
         now = time.monotonic()
+        for message in batch:
+            if message["type"] == "rendezvous" and on_rendezvous is not None:
+                on_rendezvous(message)
         if batch or child.stdout_closed or now - last_beat >= settings.heartbeat_s:
             last_beat = now
             lease = records.heartbeat(child.workdir, batch)

@@ -125,6 +125,9 @@ class Job(Base):
     __table_args__ = (
         UniqueConstraint("project_id", "idempotency_key", name="uq_jobs_idempotency"),
         Index("ix_jobs_list", "project_id", "created_at", "id"),
+        # GET /v1/jobs?status=… / ?kind=…, and the quota's count of a project's active jobs (migration 0005).
+        Index("ix_jobs_list_status", "project_id", "status", "created_at", "id"),
+        Index("ix_jobs_list_kind", "project_id", "kind", "created_at", "id"),
     )
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
@@ -171,12 +174,28 @@ class JobEvent(Base):
 
 class Artifact(BlobMixin, Base):
     __tablename__ = "artifacts"
+    # A job's artifacts by kind: their listing, and the last checkpoint a new attempt resumes from.
+    __table_args__ = (Index("ix_artifacts_job_kind", "job_id", "kind"),)
     id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
     kind: Mapped[str] = mapped_column(String(32))  # config | record | checkpoint | fake_quant | deploy | ...
     filename: Mapped[str] = mapped_column(String(255))
     media_type: Mapped[str] = mapped_column(String(100))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class JobNode(Base):
+    """One node of an attempt of a job across several nodes (worker/nodes.py): which worker runs its ranks.
+    Node 0's row, written by the worker that claimed the job, holds the rendezvous the others connect to."""
+
+    __tablename__ = "job_nodes"
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    attempt: Mapped[int] = mapped_column(Integer, primary_key=True)
+    node_rank: Mapped[int] = mapped_column(Integer, primary_key=True)
+    owner: Mapped[str] = mapped_column(String(200))
+    address: Mapped[str | None] = mapped_column(String(200), default=None)
+    port: Mapped[int | None] = mapped_column(Integer, default=None)
+    joined_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
 class Worker(Base):

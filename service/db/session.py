@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from functools import lru_cache
 
 from sqlalchemy import Engine, create_engine, event
@@ -26,23 +27,34 @@ def _normalise(url: str) -> str:
     return url
 
 
-def make_engine(url: str) -> Engine:
+@dataclass(frozen=True)
+class PoolSize:
+    """A PostgreSQL connection pool per process: `size` kept open, `overflow` more under a burst, and how long
+    a request waits for one before it fails (sized in docs/scaling.md, "The API")."""
+
+    size: int = 10
+    overflow: int = 10
+    timeout_s: float = 10.0
+
+
+def make_engine(url: str, pool: PoolSize = PoolSize()) -> Engine:
     url = _normalise(url)
     if url.startswith("sqlite"):
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
-    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+    return create_engine(url, pool_pre_ping=True, pool_size=pool.size, max_overflow=pool.overflow,
+                         pool_timeout=pool.timeout_s)
 
 
 @lru_cache(maxsize=8)
-def engine_for(url: str) -> Engine:
-    """One engine (and pool) per URL per process."""
-    return make_engine(url)
+def engine_for(url: str, pool: PoolSize = PoolSize()) -> Engine:
+    """One engine (and pool) per URL and pool size per process."""
+    return make_engine(url, pool)
 
 
-def session_factory(url: str) -> sessionmaker[Session]:
-    return sessionmaker(engine_for(url), expire_on_commit=False)
+def session_factory(url: str, pool: PoolSize = PoolSize()) -> sessionmaker[Session]:
+    return sessionmaker(engine_for(url, pool), expire_on_commit=False)
 
 
 @contextmanager

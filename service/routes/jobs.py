@@ -8,7 +8,7 @@ import json
 from datetime import UTC, datetime
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Query, Response
+from fastapi import APIRouter, Header, Query, Request, Response
 from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -21,6 +21,7 @@ from service.datasets import DatasetError, check_against_model
 from service.db import jobstate
 from service.db.models import Artifact, Config, Dataset, Job, Model, Project
 from service.deps import DispatcherDep, SessionDep, SettingsDep
+from service.etag import NOT_MODIFIED, conditional_json
 from service.problems import Problem
 from service.routes.common import get_or_404, refuse_control_characters
 from service.schemas import (
@@ -59,9 +60,10 @@ def artifact_out(a: Artifact) -> ArtifactOut:
         size_bytes=a.size_bytes, created_at=a.created_at, content_url=f"/v1/artifacts/{a.id}/content")
 
 
-def check_inputs(session: Session, body: JobCreate, project: str) -> str | None:
+def check_inputs(session: Session, body: JobCreate, project: str, settings: Settings) -> str | None:
     """Refuse at submit what could only fail later in the worker, naming the field; returns the objective
     a retrain kind trains with (None for the kinds that take none)."""
+    check_world(body, settings)
     model = get_or_404(session, Model, body.model_id, project, "model")
     config = get_or_404(session, Config, body.config_id, project, "config")
     dataset = get_or_404(session, Dataset, body.dataset_id, project, "dataset")
@@ -91,12 +93,29 @@ def check_inputs(session: Session, body: JobCreate, project: str) -> str | None:
     return objective
 
 
+def check_world(body: JobCreate, settings: Settings) -> None:
+    """A distributed job (docs/scaling.md, "Distributed jobs"): a kind that trains data-parallel; across several
+    nodes only where the operator enabled it."""
+    if body.world_size > 1 and not JOB_KINDS[body.kind].distributed:
+        able = ", ".join(k.name for k in JOB_KINDS.values() if k.distributed)
+        raise Problem(422, f"{body.kind} jobs run in one process; world_size > 1 suits {able}", field="world_size")
+    if body.world_size % body.nodes:
+        raise Problem(422, f"world_size {body.world_size} is not a multiple of nodes {body.nodes}", field="nodes")
+    if body.nodes > 1 and not settings.multinode:
+        raise Problem(422, "this server runs every job on one node (jobs across several nodes share the host "
+                           "network in their sandboxes: AMCT_MULTINODE, docs/security.md)", field="nodes")
+
+
 def job_objective(body: JobCreate, dataset: Dataset) -> str:
     return body.objective or default_objective(dataset.description["has_labels"])
 
 
 def request_hash(body: JobCreate) -> str:
-    return hashlib.sha256(json.dumps(body.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()
+    data = body.model_dump(mode="json")
+    for name in ("world_size", "nodes"):  # fields added later: at their default, the hash a replay had before
+        if data[name] == 1:
+            del data[name]
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 
 def _replay(session: Session, project: str, key: str, digest: str) -> Job | None:
@@ -151,7 +170,7 @@ def submit_job(body: JobCreate, response: Response, session: SessionDep, setting
         response.headers["Location"] = f"/v1/jobs/{job.id}"
         response.headers["Idempotent-Replayed"] = "true"
         return job_out(job)
-    objective = check_inputs(session, body, caller.project)
+    objective = check_inputs(session, body, caller.project, settings)
     if (served := workers.unserved(session, body.device, settings)) is not None:
         raise Problem(409, workers.unserved_message(body.device, served), type_="/problems/device-not-served",
                       field="device", served_devices=served)
@@ -159,6 +178,8 @@ def submit_job(body: JobCreate, response: Response, session: SessionDep, setting
     check_quota(session, caller.project, settings)
     params = body.model_dump(include={"epochs", "batch_size", "lr", "eval_fraction", "seed", "deploy_format",
                                       "deploy_target", "max_accuracy_drop", "min_output_cosine"}, exclude_none=True)
+    if body.world_size > 1:
+        params.update(world_size=body.world_size, nodes=body.nodes)
     if objective is not None:
         params.update(objective=objective, distill_loss=body.distill_loss, temperature=body.temperature)
     job = Job(project_id=caller.project, kind=body.kind, status=jobstate.QUEUED, model_id=body.model_id,
@@ -206,13 +227,14 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
         raise Problem(422, "cursor is not one this API returned", field="cursor") from None
 
 
-@router.get("", response_model=JobPage)
-def list_jobs(session: SessionDep, caller: ReadCaller,
+@router.get("", response_model=JobPage, responses=NOT_MODIFIED)
+def list_jobs(request: Request, session: SessionDep, caller: ReadCaller,
               status: Annotated[list[JobStatus] | None, Query()] = None,
               kind: Annotated[list[JobKind] | None, Query()] = None,
               limit: Annotated[int, Query(ge=1, le=200)] = 50,
-              cursor: str | None = None) -> JobPage:
-    """Newest first. Filters repeat (`?status=queued&status=running`); `next_cursor` pages on."""
+              cursor: str | None = None) -> Response:
+    """Newest first. Filters repeat (`?status=queued&status=running`); `next_cursor` pages on. The response
+    has an ETag; send it back as `If-None-Match` and an unchanged page is a 304 without a body."""
     query = select(Job).where(Job.project_id == caller.project)
     if status:
         query = query.where(Job.status.in_(status))
@@ -224,13 +246,14 @@ def list_jobs(session: SessionDep, caller: ReadCaller,
         query = query.where(or_(Job.created_at < created, and_(Job.created_at == created, Job.id < id_)))
     rows = session.scalars(query.order_by(Job.created_at.desc(), Job.id.desc()).limit(limit + 1)).all()
     page = rows[:limit]
-    return JobPage(items=[job_out(j) for j in page],
-                   next_cursor=encode_cursor(page[-1]) if len(rows) > limit else None)
+    return conditional_json(request, JobPage(items=[job_out(j) for j in page],
+                                             next_cursor=encode_cursor(page[-1]) if len(rows) > limit else None))
 
 
-@router.get("/{job_id}", response_model=JobOut)
-def get_job(job_id: CleanStr, session: SessionDep, caller: ReadCaller) -> JobOut:
-    return job_out(get_or_404(session, Job, job_id, caller.project, "job"))
+@router.get("/{job_id}", response_model=JobOut, responses=NOT_MODIFIED)
+def get_job(request: Request, job_id: CleanStr, session: SessionDep, caller: ReadCaller) -> Response:
+    """One row read by its key (nothing else is loaded); with an ETag, and 304 for a matching `If-None-Match`."""
+    return conditional_json(request, job_out(get_or_404(session, Job, job_id, caller.project, "job")))
 
 
 @router.post("/{job_id}/cancel", status_code=202, response_model=JobOut,

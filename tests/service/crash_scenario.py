@@ -98,7 +98,8 @@ def wait_terminal(api: Api, job_id: str, timeout: float) -> dict:
 
 
 def engine_processes(job_id: str) -> list[int]:
-    """Pids of engine children still working on the job (their folder is named after it)."""
+    """Pids of engine children still working on the job: their folder is named after it, or they were started
+    warm in `<scratch>/warm-<pid>-<token>`, which became the job's `<scratch>/job-<id>-<token>` (worker/warm.py)."""
     pids = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -106,9 +107,20 @@ def engine_processes(job_id: str) -> list[int]:
                 cmdline = (entry / "cmdline").read_bytes()
             except OSError:
                 continue
-            if f"job-{job_id}-".encode() in cmdline and b"job_process.main" in cmdline:
+            if b"job_process.main" in cmdline and (f"job-{job_id}-".encode() in cmdline
+                                                   or _warm_folder_of(cmdline, job_id)):
                 pids.append(int(entry.name))
     return pids
+
+
+def _warm_folder_of(cmdline: bytes, job_id: str) -> bool:
+    for arg in cmdline.decode(errors="replace").split("\0"):
+        folder = Path(arg)
+        if folder.name.startswith("warm-") and folder.name.count("-") >= 2:
+            token = folder.name.rsplit("-", 1)[1]
+            if (folder.parent / f"job-{job_id}-{token}").exists():
+                return True
+    return False
 
 
 def verify_artifacts(api: Api, job_id: str) -> dict[str, bool]:

@@ -1,0 +1,113 @@
+"""Queue → running → first training step, cold vs warm job processes (worker/warm.py), through the real service.
+
+For each mode, `python -m service serve` (PostgreSQL + Redis, its embedded Celery worker, `AMCT_WARM_START`
+0 or 1) runs small jobs one at a time on an idle worker: the tiny TorchScript model of
+bench/service_load.py (conv 1→4, linear 256→10), 64 samples, 1 epoch of INT8 QAT. Every time comes from
+the database, stamped by the API and the worker: `created_at` (submit), `started_at` (claimed), and the
+first recorded `progress` event (the worker records a progress line when it reads it; with several lines
+in one read only the newest is kept, so this is an upper bound on the first step). Before each warm
+sample the bench waits until the worker says its warm job process is ready (its log line), so the number
+is for an idle warm worker; cold samples wait the same idle time.
+
+    .venv/bin/python bench/warm_start.py [--samples 5] [--idle 5]
+
+Prints JSON: per mode the samples and their medians, and warm / cold ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.service_load import TERMINAL, _backend_env, _job_body, _log, running_server, upload_inputs  # noqa: E402
+
+READY = "warm job process ready"
+
+
+def _times(database_url: str, job_id: str) -> dict[str, float | None]:
+    from sqlalchemy import select
+
+    from service.db.models import Job, JobEvent
+    from service.db.session import session_factory
+
+    with session_factory(database_url)() as session:
+        job = session.get(Job, job_id)
+        events = session.execute(select(JobEvent.ts, JobEvent.type, JobEvent.payload).where(
+            JobEvent.job_id == job_id).order_by(JobEvent.seq)).all()
+    step = next((ts for ts, type_, payload in events if type_ == "progress" and payload.get("step")), None)
+    training = next((ts for ts, type_, payload in events if type_ == "phase" and payload.get("phase") == "training"),
+                    None)
+    warm = next((p["message"] for _, t, p in events if t == "log" and str(p.get("message", "")).startswith("warm")),
+                None)
+
+    def since(a, b):
+        return (b - a).total_seconds() if a is not None and b is not None else None
+
+    return {"submit_to_running_s": since(job.created_at, job.started_at),
+            "running_to_training_s": since(job.started_at, training),
+            "running_to_first_step_s": since(job.started_at, step),
+            "submit_to_first_step_s": since(job.created_at, step), "status": job.status, "warm_log": warm}
+
+
+def _wait_ready(log: Path, count: int, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while log.read_text(errors="replace").count(READY) < count:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the warm job process was not ready after {timeout:.0f} s")
+        time.sleep(0.2)
+
+
+def run_mode(warm: bool, samples: int, idle_s: float) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="amct-warm-bench-", ignore_cleanup_errors=True) as tmp, \
+            _backend_env("postgres") as env:
+        env = {**env, "AMCT_WARM_START": "1" if warm else "0"}
+        with running_server(Path(tmp), env, max_jobs=samples) as server, \
+                httpx.Client(base_url=server.url, headers=server.headers, timeout=60) as client:
+            ids = upload_inputs(client)
+            rows = []
+            for i in range(samples):
+                time.sleep(idle_s)
+                if warm:
+                    _wait_ready(server.data_dir / "serve.log", i + 1)
+                job = client.post("/v1/jobs", json=_job_body(ids, seed=i)).json()
+                deadline = time.monotonic() + 300
+                while client.get(f"/v1/jobs/{job['id']}").json()["status"] not in TERMINAL:
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"job {job['id']} did not finish")
+                    time.sleep(0.2)
+                rows.append(_times(server.database_url, job["id"]))
+                _log(f"{'warm' if warm else 'cold'} {i + 1}/{samples}: {rows[-1]}")
+    keys = ("submit_to_running_s", "running_to_training_s", "running_to_first_step_s", "submit_to_first_step_s")
+    medians = {k: statistics.median(r[k] for r in rows if r[k] is not None) for k in keys}
+    return {"samples": rows, "median": medians}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--samples", type=int, default=5)
+    parser.add_argument("--idle", type=float, default=5.0, help="seconds the worker idles before each submit")
+    args = parser.parse_args(argv)
+    load_before = os.getloadavg()
+    results = {"cold": run_mode(False, args.samples, args.idle), "warm": run_mode(True, args.samples, args.idle)}
+    results["warm_over_cold"] = {k: results["warm"]["median"][k] / results["cold"]["median"][k]
+                                 for k in results["cold"]["median"] if results["cold"]["median"][k]}
+    results["load_average"] = {"before": load_before, "after": os.getloadavg()}
+    print(json.dumps(results, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
