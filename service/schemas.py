@@ -282,7 +282,11 @@ class Meta(BaseModel):
     deploy_formats: list[DeployFormatInfo]
     deploy_targets: list[str] = Field(description="the `deploy_target` values, `auto` first")
     devices: list[Device]
+    objectives: list[Objective] = Field(description="the `objective` values of a retraining job (JobCreate)")
+    distill_losses: list[DistillLoss] = Field(description="the `distill_loss` values of distill_outputs, `auto` "
+                                                          "first")
     job_states: list[JobStatus]
     terminal_states: list[JobStatus]
-    defaults: dict[str, str] = Field(description="what a form offers first: `kind`, `device`, `deploy_format`")
+    defaults: dict[str, str] = Field(description="what a form offers first: `kind`, `device`, `deploy_format`, "
+                                                 "`deploy_target`, `distill_loss`")
     sandbox: SandboxInfo = Field(description="the isolation user models run in (docs/security.md)")
