@@ -25,6 +25,7 @@ from service.cli_common import (
     DEFAULT_DEPLOY_TARGET,
     DEFAULT_DEVICE,
     DEFAULT_KIND,
+    BnRecalibrationOpt,
     DeployFormat,
     DeployTarget,
     Device,
@@ -37,6 +38,7 @@ from service.cli_common import (
     TemperatureOpt,
     check_job_params,
     check_not_raw_images,
+    check_prunes,
     console,
     fail,
     model_signature,
@@ -174,6 +176,7 @@ def compress(model: Annotated[Path, typer.Option(exists=True, dir_okay=False, he
              objective: ObjectiveOpt = None,
              distill_loss: DistillLossOpt = "auto",
              temperature: TemperatureOpt = 4.0,
+             bn_recalibration_batches: BnRecalibrationOpt = 0,
              max_accuracy_drop: MaxAccuracyDropOpt = None,
              min_output_cosine: MinOutputCosineOpt = None,
              accept_uint8: Annotated[bool, typer.Option("--accept-uint8", help="use uint8 inputs as they are (for "
@@ -188,9 +191,11 @@ def compress(model: Annotated[Path, typer.Option(exists=True, dir_okay=False, he
     params = {"epochs": epochs, "batch_size": batch_size, "lr": lr, "eval_fraction": eval_fraction, "seed": seed,
               "deploy_format": deploy_format.value, "deploy_target": deploy_target.value,
               "objective": objective, "distill_loss": distill_loss, "temperature": temperature,
+              "bn_recalibration_batches": bn_recalibration_batches or None,
               "max_accuracy_drop": max_accuracy_drop, "min_output_cosine": min_output_cosine}
     params = {k: v for k, v in params.items() if v is not None}
     check_job_params({**params, "device": device.value})  # the bounds POST /v1/jobs has, before the engine starts
+    check_prunes(kind.value, bn_recalibration_batches)
     if not inputs:  # a signature names its arrays and their dtypes; `inputs` of the shorthand may be raw pixels
         check_not_raw_images(data, accept_uint8)
     try:  # what the API would refuse at upload and submit, refused before the engine starts

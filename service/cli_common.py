@@ -50,6 +50,9 @@ ObjectiveOpt = Annotated[str | None, typer.Option(help="cross_entropy | mse | l1
                                                        "cross_entropy with labels, else distill_outputs")]
 DistillLossOpt = Annotated[str, typer.Option(help="distill_outputs per output: auto | kl | mse | cosine")]
 TemperatureOpt = Annotated[float, typer.Option(help="the kl temperature of distill_outputs")]
+BnRecalibrationOpt = Annotated[int, typer.Option(
+    help="compressed_retrain / prune_retrain: re-estimate the BatchNorms of the pruned model on this many "
+         "training batches before training (0: off)")]
 MaxAccuracyDropOpt = Annotated[float | None, typer.Option(help="quality gate on held-out top-1")]
 MinOutputCosineOpt = Annotated[float | None, typer.Option(help="quality gate on output cosine")]
 
@@ -151,6 +154,13 @@ def check_job_params(params: dict) -> None:
             TypeAdapter(Annotated[field.annotation, field]).validate_python(value)
         except ValidationError as e:
             raise fail(f"--{name.replace('_', '-')} {value}: {e.errors()[0]['msg']}") from None
+
+
+def check_prunes(kind: str, bn_recalibration_batches: int) -> None:
+    """POST /v1/jobs refuses bn_recalibration_batches for a kind that does not prune; so do the commands."""
+    if bn_recalibration_batches and not JOB_KINDS[kind].prunes:
+        raise fail(f"--bn-recalibration-batches recalibrates a pruned model's BatchNorms; a {kind} job does not "
+                   "prune (compressed_retrain and prune_retrain do)")
 
 
 def inputs_header(dataset: Path) -> tuple[list[int], str]:

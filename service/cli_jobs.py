@@ -25,6 +25,7 @@ from service.cli_common import (
     DEFAULT_KIND,
     DEFAULT_SERVER,
     ApiKeyOpt,
+    BnRecalibrationOpt,
     DataDirOpt,
     DeployFormat,
     DeployTarget,
@@ -39,6 +40,7 @@ from service.cli_common import (
     TemperatureOpt,
     check_job_params,
     check_not_raw_images,
+    check_prunes,
     console,
     err_console,
     fail,
@@ -114,6 +116,7 @@ def submit(model: Annotated[Path, typer.Option(exists=True, dir_okay=False, help
            objective: ObjectiveOpt = None,
            distill_loss: DistillLossOpt = "auto",
            temperature: TemperatureOpt = 4.0,
+           bn_recalibration_batches: BnRecalibrationOpt = 0,
            max_accuracy_drop: MaxAccuracyDropOpt = None,
            min_output_cosine: MinOutputCosineOpt = None,
            idempotency_key: Annotated[str | None, typer.Option(help="default: a fresh one per run")] = None,
@@ -130,8 +133,9 @@ def submit(model: Annotated[Path, typer.Option(exists=True, dir_okay=False, help
               "device": device.value, "deploy_format": deploy_format.value, "deploy_target": deploy_target.value,
               "objective": objective,
               "distill_loss": distill_loss, "temperature": temperature, "max_accuracy_drop": max_accuracy_drop,
-              "min_output_cosine": min_output_cosine}
+              "min_output_cosine": min_output_cosine, "bn_recalibration_batches": bn_recalibration_batches or None}
     check_job_params({k: v for k, v in params.items() if v is not None})
+    check_prunes(kind.value, bn_recalibration_batches)
     if not inputs:
         check_not_raw_images(data, accept_uint8)
     with service_client(server, api_key, data_dir) as client:

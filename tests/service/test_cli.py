@@ -402,6 +402,9 @@ def test_compress_refuses_what_the_api_refuses_before_the_engine_starts(assets, 
     zero = amct("compress", "--model", assets / "cnn.pt", "--cfg", assets / "quant.cfg", "--data",
                 assets / "small.npz", "--out", out, "--epochs", 0)
     assert zero.exit_code == 1 and "--epochs 0: Input should be greater than or equal to 1" in _one_line(zero)
+    unpruned = amct("compress", "--model", assets / "cnn.pt", "--cfg", assets / "quant.cfg", "--data",
+                    assets / "small.npz", "--out", out, "--kind", "quant_retrain", "--bn-recalibration-batches", 8)
+    assert unpruned.exit_code == 1 and "a quant_retrain job does not prune" in _one_line(unpruned)
     assert not out.exists()  # refused before anything ran
 
 
