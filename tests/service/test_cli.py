@@ -6,6 +6,7 @@ import json
 import re
 import uuid
 
+import httpx
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -360,6 +361,28 @@ def test_jobs_list_fits_80_columns_with_short_ids_the_other_commands_take(app_se
     assert cancelled.exit_code == 0 and f"job {first}: cancelled" in cancelled.stdout
     watched = amct("jobs", "watch", first[:6], *server)
     assert watched.exit_code == 1 and "cancelled" in watched.stderr  # it did not succeed
+
+
+def test_jobs_submit_sends_the_signature_the_objective_and_the_recalibration(app_server, encoder):
+    folder, _ = encoder
+    server = ["--server", app_server.base_url, "--api-key", app_server.api_key]
+    submitted = amct("jobs", "submit", "--model", folder / "encoder.pt", "--cfg", folder / "quant.cfg", "--data",
+                     folder / "tokens.npz", "--inputs", json.dumps(TOKENS), "--objective", "distill_outputs",
+                     "--distill-loss", "cosine", "--bn-recalibration-batches", 4, "--min-output-cosine", 0.98, *server)
+    assert submitted.exit_code == 0, submitted.output
+    with httpx.Client(base_url=app_server.base_url, headers={"Authorization": f"Bearer {app_server.api_key}"}) as api:
+        job = api.get(f"/v1/jobs/{submitted.stdout.strip()}").json()
+        model = api.get(f"/v1/models/{job['model_id']}").json()
+    assert job["kind"] == "compressed_retrain"
+    assert {k: job["params"][k] for k in ("objective", "distill_loss", "bn_recalibration_batches",
+                                          "min_output_cosine")} == {
+        "objective": "distill_outputs", "distill_loss": "cosine", "bn_recalibration_batches": 4,
+        "min_output_cosine": 0.98}
+    assert model["inputs"] == TOKENS
+    # A bad signature is refused before anything uploads.
+    bad = amct("jobs", "submit", "--model", folder / "encoder.pt", "--cfg", folder / "quant.cfg", "--data",
+               folder / "tokens.npz", "--inputs", '[{"name": "labels", "shape": [3]}]', *server)
+    assert bad.exit_code == 1 and "--inputs: inputs[0].name 'labels' must be a unique identifier" in _one_line(bad)
 
 
 def test_a_prefix_of_several_jobs_is_refused():
