@@ -228,7 +228,6 @@ def test_the_form_sends_a_signature_an_objective_and_gate_limits_and_a_missed_ga
     shown = page.locator("#report-table tr", has_text="output cosine with FP32").locator("td").nth(1)
     assert shown.inner_text() == cosine
     page.locator("#frozen-config", has_text="distill_outputs").wait_for()
-    _save(page, tmp_path, "job_gate.png")
     assert page.errors == []
 
 
