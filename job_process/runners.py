@@ -85,6 +85,20 @@ def _loader(ctx: JobContext):
     return make_loader(ctx.train_x, ctx.train_y, ctx.params["batch_size"], seed=ctx.params["seed"])
 
 
+def create_pruned(ctx: JobContext, create: Callable, record: str) -> nn.Module:
+    """`create` (create_compressed_retrain_model or create_prune_retrain_model) on the job's files. With
+    `bn_recalibration_batches`, that many training batches (the job's batch size and shuffle) re-estimate
+    the pruned model's BatchNorms before it trains; report.json says how many BatchNorms."""
+    batches = ctx.params.get("bn_recalibration_batches", 0)
+    extra = {"calibration_data": _loader(ctx), "calibration_batches": batches} if batches else {}
+    model = create(ctx.model_path, ctx.example, ctx.cfg_path, record, **extra)
+    if batches:
+        prune_report = getattr(model, "amct_prune_report", None)
+        ctx.report["bn_recalibration"] = {"batches": batches,
+                                          "batch_norms": prune_report.bn_recalibrated if prune_report else 0}
+    return model
+
+
 def train(ctx: JobContext, model: nn.Module) -> nn.Module:
     """Train with progress, checkpoints, resume and cancel; in a distributed job, data-parallel over the ranks
     (job_process/distributed.py), after which only rank 0 returns (the others raise RankDone)."""
@@ -149,7 +163,7 @@ def quant_retrain(ctx: JobContext) -> nn.Module:
 def compressed_retrain(ctx: JobContext) -> nn.Module:
     record = ctx.path("record.txt")
     ctx.phase("creating")
-    model = amct.create_compressed_retrain_model(ctx.model_path, ctx.example, ctx.cfg_path, record)
+    model = create_pruned(ctx, amct.create_compressed_retrain_model, record)
     model = train(ctx, model)
     ctx.phase("exporting_onnx")
     add_saved_models(ctx, amct.save_compressed_retrain_model(model, record, ctx.path("model"), ctx.example,
@@ -161,7 +175,7 @@ def compressed_retrain(ctx: JobContext) -> nn.Module:
 def prune_retrain(ctx: JobContext) -> nn.Module:
     record = ctx.path("record.txt")
     ctx.phase("creating")
-    model = amct.create_prune_retrain_model(ctx.model_path, ctx.example, ctx.cfg_path, record)
+    model = create_pruned(ctx, amct.create_prune_retrain_model, record)
     model = train(ctx, model)
     ctx.phase("exporting_onnx")
     add_saved_models(ctx, amct.save_prune_retrain_model(model, ctx.path("model"), ctx.example, **export_options(ctx)))

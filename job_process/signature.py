@@ -25,6 +25,9 @@ NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]{0,63}$")
 # Sizes the example tensors give dynamic axes: the batch 2 (a batch of one hides batch-axis bugs), the
 # others distinct odd sizes, so an output's axis can be told dynamic by its size (dynamic_axes()).
 EXAMPLE_BATCH, EXAMPLE_DYNAMIC = 2, (7, 11, 13, 17, 19, 23)
+# What an error about a signature shows as a good one (the API's 422 and the CLI's --inputs).
+INPUTS_EXAMPLE = ('[{"name": "input_ids", "shape": ["batch", 128], "dtype": "int64"}, '
+                  '{"name": "attention_mask", "shape": ["batch", 128], "dtype": "int64"}]')
 
 
 class SignatureError(ValueError):
@@ -96,6 +99,11 @@ def example_shape(shape: list, sizes: dict[str, int] | None = None) -> list[int]
             for axis, d in enumerate(shape)]
 
 
+def first_example_shape(inputs: list[dict], batch: int = EXAMPLE_BATCH) -> list[int]:
+    """The shape of the first input's example tensor: what a model's `input_shape` records for a signature."""
+    return example_shape(inputs[0]["shape"], dynamic_sizes(inputs, batch))
+
+
 def example_inputs(inputs: list[dict], batch: int = EXAMPLE_BATCH) -> tuple:
     """One tensor per input, in input order, with values every model of that signature accepts.
 
@@ -128,6 +136,15 @@ def describe_output(out) -> dict:
         return {"type": "dict", "items": {k: describe_output(v) for k, v in out.items()}}
     raise SignatureError(f"the model returned a {type(out).__name__}; outputs must be tensors, or tuples, "
                          "lists or dicts of them", "file")
+
+
+def output_structure(model, inputs: list[dict], batch: int = EXAMPLE_BATCH) -> dict:
+    """What the upload check records (job_process/validate_model.py): the model run once on the example
+    tensors of its signature, its output structure described with the shapes those sizes give."""
+    import torch
+
+    with torch.no_grad():
+        return describe_output(model(*example_inputs(inputs, batch)))
 
 
 def output_leaves(structure: dict, prefix: str = "") -> list[tuple[str, dict]]:

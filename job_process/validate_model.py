@@ -13,7 +13,7 @@ import sys
 
 from job_process.errors import describe
 from job_process.sandbox import limit_self
-from job_process.signature import SignatureError, describe_output, example_inputs, output_leaves
+from job_process.signature import SignatureError, example_inputs, output_leaves, output_structure
 
 
 def validate(path: str, inputs: list[dict], batch: int) -> dict:
@@ -27,11 +27,9 @@ def validate(path: str, inputs: list[dict], batch: int) -> dict:
         model = torch.jit.load(path, map_location="cpu")
         model.eval()
         stage = "forward"
-        x = example_inputs(inputs, batch)
-        with torch.no_grad():
-            out = model(*x)
-        outputs = describe_output(out)
+        outputs = output_structure(model, inputs, batch)
         stage = "capture"
+        x = example_inputs(inputs, batch)
         cm = capture_model(path, x)
     except SignatureError as e:  # our own words about the outputs' types
         return {"ok": False, "stage": "outputs", "error": str(e)}

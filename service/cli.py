@@ -25,19 +25,23 @@ from service.cli_common import (
     DEFAULT_DEPLOY_TARGET,
     DEFAULT_DEVICE,
     DEFAULT_KIND,
+    BnRecalibrationOpt,
     DeployFormat,
     DeployTarget,
     Device,
     DistillLossOpt,
+    InputsOpt,
     Kind,
     MaxAccuracyDropOpt,
     MinOutputCosineOpt,
     ObjectiveOpt,
+    TemperatureOpt,
     check_job_params,
     check_not_raw_images,
+    check_prunes,
     console,
     fail,
-    parse_shape,
+    model_signature,
     progress_view,
 )
 from service.cli_jobs import jobs_app
@@ -162,6 +166,7 @@ def compress(model: Annotated[Path, typer.Option(exists=True, dir_okay=False, he
              out: Annotated[Path, typer.Option(help="folder for the ONNX models, record, report.json")],
              kind: Annotated[Kind, typer.Option()] = DEFAULT_KIND,
              input_shape: Annotated[str | None, typer.Option(help="e.g. 1,1,28,28; default: from the data")] = None,
+             inputs: InputsOpt = None,
              epochs: int = 1, batch_size: int = 64, lr: float = 1e-3,
              eval_fraction: Annotated[float, typer.Option(help="held-out share for the report")] = 0.1,
              seed: int = 0, device: Annotated[Device, typer.Option()] = DEFAULT_DEVICE,
@@ -170,27 +175,39 @@ def compress(model: Annotated[Path, typer.Option(exists=True, dir_okay=False, he
                                                                  "machine's")] = DEFAULT_DEPLOY_TARGET,
              objective: ObjectiveOpt = None,
              distill_loss: DistillLossOpt = "auto",
+             temperature: TemperatureOpt = 4.0,
+             bn_recalibration_batches: BnRecalibrationOpt = 0,
              max_accuracy_drop: MaxAccuracyDropOpt = None,
              min_output_cosine: MinOutputCosineOpt = None,
              accept_uint8: Annotated[bool, typer.Option("--accept-uint8", help="use uint8 inputs as they are (for "
                                                         "a model that scales its input itself)")] = False) -> None:
     """Compress a model here, no server: the engine a worker runs, with a progress bar and a summary table."""
     from job_process.bubblewrap import SandboxUnavailable
-    from service.local_compress import LocalJobError
+    from service.local_compress import LocalJobError, check_dataset
     from service.local_compress import compress as run_local
     from service.report_view import layer_tables, summary_table
 
-    shape = [int(d) for d in parse_shape(input_shape, data).split(",")]
+    signature, shape = model_signature(inputs, input_shape, data)
     params = {"epochs": epochs, "batch_size": batch_size, "lr": lr, "eval_fraction": eval_fraction, "seed": seed,
               "deploy_format": deploy_format.value, "deploy_target": deploy_target.value,
-              "objective": objective, "distill_loss": distill_loss,
+              "objective": objective, "distill_loss": distill_loss, "temperature": temperature,
+              "bn_recalibration_batches": bn_recalibration_batches or None,
               "max_accuracy_drop": max_accuracy_drop, "min_output_cosine": min_output_cosine}
     params = {k: v for k, v in params.items() if v is not None}
     check_job_params({**params, "device": device.value})  # the bounds POST /v1/jobs has, before the engine starts
-    check_not_raw_images(data, accept_uint8)
+    check_prunes(kind.value, bn_recalibration_batches)
+    if not inputs:  # a signature names its arrays and their dtypes; `inputs` of the shorthand may be raw pixels
+        check_not_raw_images(data, accept_uint8)
+    try:  # what the API would refuse at upload and submit, refused before the engine starts
+        objective = check_dataset(data, kind.value, signature, params)
+    except LocalJobError as e:
+        raise fail(f"{e.type}: {e.detail}") from None
+    if objective:
+        params["objective"] = objective
     with progress_view() as (bar, show):
         try:
-            result = run_local(model, cfg, data, kind.value, out, shape, params, device.value, on_message=show)
+            result = run_local(model, cfg, data, kind.value, out, signature, shape, params, device.value,
+                               on_message=show)
         except LocalJobError as e:
             raise fail(f"{e.type}: {e.detail}") from None
         except SandboxUnavailable as e:  # the engine runs the model in bubblewrap here too (docs/security.md)
@@ -211,6 +228,7 @@ def distill_config(model: Annotated[Path, typer.Option(exists=True, dir_okay=Fal
                    cfg: Annotated[Path | None, typer.Option(exists=True, dir_okay=False,
                                                             help="AMCT distill .cfg (optional)")] = None,
                    input_shape: Annotated[str | None, typer.Option(help="e.g. 1,1,28,28")] = None,
+                   inputs: InputsOpt = None,
                    data: Annotated[Path | None, typer.Option(exists=True, dir_okay=False,
                                                              help="read the input shape from this dataset")] = None,
                    ) -> None:
@@ -218,9 +236,9 @@ def distill_config(model: Annotated[Path, typer.Option(exists=True, dir_okay=Fal
     from amct_engine.config.errors import ConfigError
     from service.local_compress import distill_config as make_config
 
-    shape = [int(d) for d in parse_shape(input_shape, data).split(",")]
+    signature, shape = model_signature(inputs, input_shape, data)
     try:
-        config = make_config(model, out, shape, cfg)
+        config = make_config(model, out, signature, shape, cfg)
     except ConfigError as e:
         raise fail(str(e)) from None
     console.print(f"wrote {out}: {len(config['distill_group'])} distill groups")

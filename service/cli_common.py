@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import zipfile
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -21,6 +22,7 @@ from amct_engine.export.deploy_target import DEPLOY_TARGETS
 from amct_engine.export.formats import DEPLOY_FORMATS
 from job_process.arrays import array_headers, sniff_format
 from job_process.kinds import DEFAULT_JOB_KIND, JOB_KINDS
+from job_process.signature import INPUTS_EXAMPLE, SignatureError, first_example_shape, from_input_shape, parse_inputs
 from service.local_servers import KEY_FILE, key_file_for, registry_path
 from service.settings import DEVICES
 
@@ -37,10 +39,20 @@ DataDirOpt = Annotated[Path | None, typer.Option(
     "--data-dir", envvar="AMCT_DATA_DIR", show_default=False,
     help="read the key from this local server's data folder instead")]
 
+# The model's signature: `amct compress`, `amct distill-config` and `amct jobs submit` (the upload's `inputs`).
+InputsOpt = Annotated[str | None, typer.Option(
+    help="the signature, JSON: [{name, shape, dtype}, …] in forward's order, axis names for dynamic dimensions, "
+         "e.g. '[{\"name\":\"input_ids\",\"shape\":[\"batch\",128],\"dtype\":\"int64\"}]' (instead of "
+         "--input-shape)")]
+
 # The training objective and quality-gate options `amct compress` and `amct jobs submit` share (JobCreate's fields).
 ObjectiveOpt = Annotated[str | None, typer.Option(help="cross_entropy | mse | l1 | distill_outputs; default: "
                                                        "cross_entropy with labels, else distill_outputs")]
 DistillLossOpt = Annotated[str, typer.Option(help="distill_outputs per output: auto | kl | mse | cosine")]
+TemperatureOpt = Annotated[float, typer.Option(help="the kl temperature of distill_outputs")]
+BnRecalibrationOpt = Annotated[int, typer.Option(
+    help="compressed_retrain / prune_retrain: re-estimate the BatchNorms of the pruned model on this many "
+         "training batches before training (0: off)")]
 MaxAccuracyDropOpt = Annotated[float | None, typer.Option(help="quality gate on held-out top-1")]
 MinOutputCosineOpt = Annotated[float | None, typer.Option(help="quality gate on output cosine")]
 
@@ -144,6 +156,13 @@ def check_job_params(params: dict) -> None:
             raise fail(f"--{name.replace('_', '-')} {value}: {e.errors()[0]['msg']}") from None
 
 
+def check_prunes(kind: str, bn_recalibration_batches: int) -> None:
+    """POST /v1/jobs refuses bn_recalibration_batches for a kind that does not prune; so do the commands."""
+    if bn_recalibration_batches and not JOB_KINDS[kind].prunes:
+        raise fail(f"--bn-recalibration-batches recalibrates a pruned model's BatchNorms; a {kind} job does not "
+                   "prune (compressed_retrain and prune_retrain do)")
+
+
 def inputs_header(dataset: Path) -> tuple[list[int], str]:
     """Shape and numpy dtype name of `inputs`, from the file's header, without reading the array itself
     (the header reader the API describes uploads with, so both accept the same dtypes)."""
@@ -181,7 +200,38 @@ def parse_shape(text: str | None, dataset: Path | None) -> str:
     try:
         return ",".join(map(str, guess_input_shape(dataset)))
     except (KeyError, ValueError, OSError, zipfile.BadZipFile) as e:
-        raise fail(f"cannot read the input shape from {dataset} ({e}); pass --input-shape") from None
+        raise fail(f"cannot read the input shape from {dataset} ({e}); pass --input-shape, or --inputs for a model "
+                   "with named inputs") from None
+
+
+def parse_inputs_option(text: str) -> list[dict]:
+    """`--inputs` checked as the API checks an upload's `inputs` (job_process/signature.py): one line naming
+    what is wrong, exit status 1."""
+    try:
+        raw = json.loads(text)
+    except ValueError as e:
+        raise fail(f"--inputs is not valid JSON ({e}); e.g. {INPUTS_EXAMPLE}") from None
+    try:
+        return parse_inputs(raw)
+    except SignatureError as e:
+        raise fail(f"--inputs: {e}; e.g. {INPUTS_EXAMPLE}") from None
+
+
+def model_signature(inputs: str | None, input_shape: str | None, dataset: Path | None) -> tuple[list[dict], list[int]]:
+    """The signature of a model run here and its first input's example shape, as the API records them for an
+    upload: from --inputs (batch 2, the upload check's), else the one-input --input-shape shorthand (float32;
+    by default `[1, *sample shape]` of the dataset's `inputs`)."""
+    if inputs:
+        if input_shape:
+            raise fail("give --inputs or --input-shape, not both")
+        signature = parse_inputs_option(inputs)
+        return signature, first_example_shape(signature)
+    text = parse_shape(input_shape, dataset)
+    try:
+        shape = [int(d) for d in text.replace("x", ",").split(",")]
+    except ValueError:
+        raise fail(f"--input-shape {text!r} is not a comma-separated list of integers (e.g. 1,1,28,28)") from None
+    return from_input_shape(shape, "float32"), shape
 
 
 @contextmanager

@@ -25,21 +25,26 @@ from service.cli_common import (
     DEFAULT_KIND,
     DEFAULT_SERVER,
     ApiKeyOpt,
+    BnRecalibrationOpt,
     DataDirOpt,
     DeployFormat,
     DeployTarget,
     Device,
     DistillLossOpt,
+    InputsOpt,
     Kind,
     MaxAccuracyDropOpt,
     MinOutputCosineOpt,
     ObjectiveOpt,
     ServerOpt,
+    TemperatureOpt,
     check_job_params,
     check_not_raw_images,
+    check_prunes,
     console,
     err_console,
     fail,
+    parse_inputs_option,
     parse_shape,
     progress_view,
     service_client,
@@ -102,9 +107,7 @@ def submit(model: Annotated[Path, typer.Option(exists=True, dir_okay=False, help
            data: Annotated[Path, typer.Option(exists=True, dir_okay=False, help=".npz or .safetensors")],
            kind: Annotated[Kind, typer.Option()] = DEFAULT_KIND,
            input_shape: Annotated[str | None, typer.Option(help="e.g. 1,1,28,28; default: from the dataset")] = None,
-           inputs: Annotated[str | None, typer.Option(help="the signature, JSON: [{name, shape, dtype}, …] with "
-                                                      "axis names for dynamic dimensions (instead of --input-shape)")]
-           = None,
+           inputs: InputsOpt = None,
            epochs: int = 1, batch_size: int = 64, lr: float = 1e-3, eval_fraction: float = 0.1, seed: int = 0,
            device: Annotated[Device, typer.Option()] = DEFAULT_DEVICE,
            deploy_format: Annotated[DeployFormat, typer.Option()] = DEFAULT_DEPLOY_FORMAT,
@@ -112,7 +115,8 @@ def submit(model: Annotated[Path, typer.Option(exists=True, dir_okay=False, help
                                                                "worker's")] = DEFAULT_DEPLOY_TARGET,
            objective: ObjectiveOpt = None,
            distill_loss: DistillLossOpt = "auto",
-           temperature: float = 4.0,
+           temperature: TemperatureOpt = 4.0,
+           bn_recalibration_batches: BnRecalibrationOpt = 0,
            max_accuracy_drop: MaxAccuracyDropOpt = None,
            min_output_cosine: MinOutputCosineOpt = None,
            idempotency_key: Annotated[str | None, typer.Option(help="default: a fresh one per run")] = None,
@@ -121,18 +125,22 @@ def submit(model: Annotated[Path, typer.Option(exists=True, dir_okay=False, help
            watch_job: Annotated[bool, typer.Option("--watch", help="follow the job until it ends")] = False,
            server: ServerOpt = DEFAULT_SERVER, api_key: ApiKeyOpt = None, data_dir: DataDirOpt = None) -> None:
     """Upload the model, cfg and dataset, submit a job; prints the job id (alone on stdout)."""
-    shape = None if inputs else parse_shape(input_shape, data)
+    if inputs and input_shape:
+        raise fail("give --inputs or --input-shape, not both")
+    signature = parse_inputs_option(inputs) if inputs else None  # checked as the API checks it, before any upload
+    shape = None if signature else parse_shape(input_shape, data)
     params = {"epochs": epochs, "batch_size": batch_size, "lr": lr, "eval_fraction": eval_fraction, "seed": seed,
               "device": device.value, "deploy_format": deploy_format.value, "deploy_target": deploy_target.value,
               "objective": objective,
               "distill_loss": distill_loss, "temperature": temperature, "max_accuracy_drop": max_accuracy_drop,
-              "min_output_cosine": min_output_cosine}
+              "min_output_cosine": min_output_cosine, "bn_recalibration_batches": bn_recalibration_batches or None}
     check_job_params({k: v for k, v in params.items() if v is not None})
+    check_prunes(kind.value, bn_recalibration_batches)
     if not inputs:
         check_not_raw_images(data, accept_uint8)
     with service_client(server, api_key, data_dir) as client:
         with err_console.status("uploading the model (the server loads and checks it)…"):
-            model_row = client.upload_model(model, shape, inputs=inputs)
+            model_row = client.upload_model(model, shape, inputs=signature)
         cfg_row = client.upload_config(cfg, JOB_KINDS[kind.value].cfg_kind)
         data_row = client.upload_dataset(data)
         job = client.submit(kind.value, model_row["id"], cfg_row["id"], data_row["id"],

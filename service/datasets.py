@@ -50,9 +50,17 @@ def _stats(header) -> dict:
 
 
 def describe_dataset(path: str, settings: Settings) -> tuple[str, dict]:
+    """An upload's format and description; the archive is checked against the settings' zip limits first."""
     fmt = sniff_format(path)
     if fmt == "npz":
         check_zip(path, settings.max_zip_entries, settings.max_unpacked_bytes, "the .npz file")
+    return fmt, describe_arrays(path, fmt)
+
+
+def describe_arrays(path: str, fmt: str) -> dict:
+    """Shapes, dtypes, finiteness and integer ranges of every array, checked as one dataset (DatasetError).
+
+    Also what `amct compress` checks a local file with, before its engine starts (service/local_compress.py)."""
     try:
         headers = array_headers(path, fmt)
     except DatasetError:
@@ -70,7 +78,7 @@ def describe_dataset(path: str, settings: Settings) -> tuple[str, dict]:
     description = {"samples": samples, "has_labels": "labels" in arrays, "arrays": arrays}
     if "labels" in arrays:
         description["num_classes"] = arrays["labels"]["max"] + 1
-    return fmt, description
+    return description
 
 
 def _check_header(h) -> None:

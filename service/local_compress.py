@@ -15,11 +15,13 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from job_process.arrays import load_arrays, sniff_format
+from job_process.arrays import sniff_format
 from job_process.kinds import JOB_KINDS
 from job_process.launcher import ChildProcess
 from job_process.objective_names import default_objective
 from job_process.protocol import LOG_FILE, SPEC_FILE
+from job_process.signature import example_inputs
+from service.datasets import DatasetError, check_against_model, describe_arrays
 
 
 class LocalJobError(RuntimeError):
@@ -28,41 +30,44 @@ class LocalJobError(RuntimeError):
         self.type, self.detail = type_, detail
 
 
-def check_dataset(data: Path, kind: str, input_shape: list[int]) -> tuple[str, bool]:
-    """What the API refuses at upload and submit, refused here before the engine starts."""
+def check_dataset(data: Path, kind: str, inputs: list[dict], params: dict) -> str:
+    """What the API refuses at upload and submit (the checks of service/datasets.py), refused here before the
+    engine starts. Returns the objective a retraining kind trains with, as POST /v1/jobs resolves it ("" for
+    the other kinds)."""
     try:
         fmt = sniff_format(str(data))
-        arrays = load_arrays(str(data), fmt)
+        description = describe_arrays(str(data), fmt)
+        objective = ""
+        if JOB_KINDS[kind].needs_labels:
+            objective = params.get("objective") or default_objective(description["has_labels"])
+        # No output structure yet (the API records it at upload): the label-width check runs in the engine.
+        check_against_model(description, inputs, None, objective)
+    except DatasetError as e:
+        raise LocalJobError("bad_dataset", f"{data}: {e}") from None
     except Exception as e:  # the user's file, in their terms
         raise LocalJobError("bad_dataset", f"cannot read {data}: {e}") from None
-    if "inputs" not in arrays:
-        raise LocalJobError("bad_dataset", f"{data} has no 'inputs' array (it has: {', '.join(sorted(arrays))})")
-    if list(arrays["inputs"].shape[1:]) != input_shape[1:]:
-        raise LocalJobError("bad_dataset", f"samples have shape {list(arrays['inputs'].shape[1:])} but the input "
-                                           f"shape is {input_shape} (without the batch dimension: {input_shape[1:]})")
-    return fmt, "labels" in arrays
+    if params.get("max_accuracy_drop") is not None and not description["has_labels"]:
+        raise LocalJobError("bad_dataset", f"{data} has no 'labels': --max-accuracy-drop compares top-1 on them; "
+                                           "use --min-output-cosine")
+    return objective
 
 
-def compress(model: Path, cfg: Path, data: Path, kind: str, out: Path, input_shape: list[int], params: dict,
-             device: str = "cpu", input_dtype: str = "float32",
-             on_message: Callable[[dict], None] = lambda m: None) -> dict:
+def compress(model: Path, cfg: Path, data: Path, kind: str, out: Path, inputs: list[dict], input_shape: list[int],
+             params: dict, device: str = "cpu", on_message: Callable[[dict], None] = lambda m: None) -> dict:
     """Run one job here; returns `{metrics, report, files: {artifact kind: path in out}}`.
 
-    Raises LocalJobError with the engine's error type and detail when the job fails.
+    `inputs` is the model's signature (job_process/signature.py) and `input_shape` the first input's
+    example shape, as the API records them for an upload; `params` hold the objective check_dataset
+    resolved. Raises LocalJobError with the engine's error type and detail when the job fails.
     """
-    fmt, has_labels = check_dataset(data, kind, input_shape)
-    if JOB_KINDS[kind].needs_labels:  # a retraining kind: its objective, as POST /v1/jobs resolves it
-        params = {**params, "objective": params.get("objective") or default_objective(has_labels)}
-        if params["objective"] == "cross_entropy" and not has_labels:
-            raise LocalJobError("bad_dataset", f"{data} has no 'labels'; the cross_entropy objective trains on "
-                                               "them (use --objective distill_outputs)")
+    fmt = sniff_format(str(data))
     out.mkdir(parents=True, exist_ok=True)
     # Absolute: the child starts in the work folder, where a path relative to ours would point elsewhere.
     workdir = Path(tempfile.mkdtemp(prefix=".amct-work-", dir=out.resolve()))
     try:
         spec = {"kind": kind, "device": device, "params": params, "input_shape": input_shape,
-                "input_dtype": input_dtype, "dataset_format": fmt, "model": str(model.resolve()),
-                "cfg": str(cfg.resolve()), "dataset": str(data.resolve())}
+                "input_dtype": inputs[0]["dtype"], "inputs": inputs, "dataset_format": fmt,
+                "model": str(model.resolve()), "cfg": str(cfg.resolve()), "dataset": str(data.resolve())}
         (workdir / SPEC_FILE).write_text(json.dumps(spec))
         # Leaving the block kills it if it still runs: Ctrl-C or a failing callback takes the engine down with us.
         with ChildProcess(workdir, read_only=[model, cfg, data]) as child:
@@ -90,13 +95,12 @@ def _collect(result: dict, out: Path) -> dict:
     return {"metrics": result["metrics"], "report": json.loads(files["report"].read_text()), "files": files}
 
 
-def distill_config(model: Path, out: Path, input_shape: list[int], cfg: Path | None = None) -> dict:
-    """AMCT's create_distill_config on a TorchScript file: writes the JSON config, returns it."""
-    import torch
-
+def distill_config(model: Path, out: Path, inputs: list[dict], input_shape: list[int], cfg: Path | None = None) -> dict:
+    """AMCT's create_distill_config on a TorchScript file, traced on example tensors of its signature
+    (one per input, as the job process makes them): writes the JSON config, returns it."""
     from amct_engine import create_distill_config
 
-    example = torch.zeros(input_shape)
+    example = example_inputs(inputs, input_shape[0])
     out.parent.mkdir(parents=True, exist_ok=True)
     create_distill_config(str(out), str(model), example, str(cfg) if cfg else None)
     return json.loads(out.read_text())

@@ -163,6 +163,12 @@ class JobCreate(BaseModel):
         "auto", description="distill_outputs per output: kl (temperature-softened class distributions), mse, "
                             "cosine; auto: kl for a classifier's logits (a dataset with labels), mse otherwise")
     temperature: float = Field(4.0, gt=0, le=100, description="the kl temperature of distill_outputs")
+    bn_recalibration_batches: int = Field(
+        0, ge=0, le=1000, description="the kinds that prune (compressed_retrain, prune_retrain): re-estimate every "
+                                      "BatchNorm's statistics on this many training batches right after the channels "
+                                      "go, before training (no labels needed; the engine's calibration_data). These "
+                                      "batches also feed a data-driven importance criterion (importance: \"taylor\" "
+                                      "in the cfg). Default 0: off")
     max_accuracy_drop: float | None = Field(
         None, ge=0, le=1, description="quality gate: fail the job (error.type quality_gate, artifacts kept) when "
                                       "the deploy model's held-out top-1 is more than this below the FP32 model's "
@@ -287,7 +293,11 @@ class Meta(BaseModel):
     deploy_formats: list[DeployFormatInfo]
     deploy_targets: list[str] = Field(description="the `deploy_target` values, `auto` first")
     devices: list[Device]
+    objectives: list[Objective] = Field(description="the `objective` values of a retraining job (JobCreate)")
+    distill_losses: list[DistillLoss] = Field(description="the `distill_loss` values of distill_outputs, `auto` "
+                                                          "first")
     job_states: list[JobStatus]
     terminal_states: list[JobStatus]
-    defaults: dict[str, str] = Field(description="what a form offers first: `kind`, `device`, `deploy_format`")
+    defaults: dict[str, str] = Field(description="what a form offers first: `kind`, `device`, `deploy_format`, "
+                                                 "`deploy_target`, `distill_loss`")
     sandbox: SandboxInfo = Field(description="the isolation user models run in (docs/security.md)")

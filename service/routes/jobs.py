@@ -81,6 +81,9 @@ def check_inputs(session: Session, body: JobCreate, project: str, settings: Sett
     if not verdict["ok"]:
         raise Problem(422, f"config {config.id} does not suit {body.kind}: {verdict['detail']}", field="config_id",
                       line=verdict.get("line"), column=verdict.get("column"))
+    if body.bn_recalibration_batches and not kind.prunes:
+        raise Problem(422, f"bn_recalibration_batches recalibrates a pruned model's BatchNorms; a {body.kind} job "
+                      "does not prune (compressed_retrain and prune_retrain do)", field="bn_recalibration_batches")
     objective = job_objective(body, dataset) if kind.needs_labels else None
     try:
         check_against_model(dataset.description, model.signature, model.outputs, objective or "")
@@ -180,6 +183,8 @@ def submit_job(body: JobCreate, response: Response, session: SessionDep, setting
                                       "deploy_target", "max_accuracy_drop", "min_output_cosine"}, exclude_none=True)
     if body.world_size > 1:
         params.update(world_size=body.world_size, nodes=body.nodes)
+    if body.bn_recalibration_batches:
+        params["bn_recalibration_batches"] = body.bn_recalibration_batches
     if objective is not None:
         params.update(objective=objective, distill_loss=body.distill_loss, temperature=body.temperature)
     job = Job(project_id=caller.project, kind=body.kind, status=jobstate.QUEUED, model_id=body.model_id,

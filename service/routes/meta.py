@@ -1,7 +1,8 @@
-"""GET /v1/meta: the job kinds, deploy formats, devices and job states this server accepts.
+"""GET /v1/meta: the job kinds, deploy formats, devices, objectives and job states this server accepts.
 
 Read from the tables that define them (job_process/kinds.py, amct_engine/export/formats.py,
-service/settings.py, service/db/jobstate.py), so the dashboard's choices are never a copy.
+service/settings.py, job_process/objective_names.py, service/db/jobstate.py), so the dashboard's
+choices are never a copy.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from amct_engine.export.deploy_target import DEPLOY_TARGETS
 from amct_engine.export.formats import DEPLOY_FORMATS
 from job_process import bubblewrap
 from job_process.kinds import DEFAULT_JOB_KIND, JOB_KINDS
+from job_process.objective_names import DISTILL_LOSSES, OBJECTIVES
 from service.auth import ReadCaller
 from service.db.jobstate import STATES, TERMINAL
 from service.schemas import DeployFormatInfo, JobCreate, JobKindInfo, Meta, SandboxInfo
@@ -28,9 +30,11 @@ def get_meta(caller: ReadCaller) -> Meta:
         deploy_formats=[DeployFormatInfo(name=f.name, summary=f.summary) for f in DEPLOY_FORMATS.values()],
         deploy_targets=list(DEPLOY_TARGETS),
         devices=list(DEVICES),
+        objectives=list(OBJECTIVES),
+        distill_losses=list(DISTILL_LOSSES),
         job_states=list(STATES),
         terminal_states=[s for s in STATES if s in TERMINAL],
-        defaults={"kind": DEFAULT_JOB_KIND, **{name: JobCreate.model_fields[name].default
-                                               for name in ("device", "deploy_format", "deploy_target")}},
+        defaults={"kind": DEFAULT_JOB_KIND, **{name: JobCreate.model_fields[name].default for name in
+                                               ("device", "deploy_format", "deploy_target", "distill_loss")}},
         sandbox=SandboxInfo(**bubblewrap.state().as_dict()),
     )

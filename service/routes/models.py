@@ -18,10 +18,10 @@ from job_process.bubblewrap import SandboxUnavailable
 from job_process.errors import scrub
 from job_process.signature import (
     EXAMPLE_BATCH,
+    INPUTS_EXAMPLE,
     SHORTHAND_DTYPES,
     SignatureError,
-    dynamic_sizes,
-    example_shape,
+    first_example_shape,
     from_input_shape,
     parse_inputs,
 )
@@ -39,8 +39,6 @@ from service.zipcheck import check_zip
 router = APIRouter(prefix="/v1/models", tags=["models"])
 DTYPES = SHORTHAND_DTYPES
 MAX_ELEMENTS = 10**8
-INPUTS_EXAMPLE = ('[{"name": "input_ids", "shape": ["batch", 128], "dtype": "int64"}, '
-                  '{"name": "attention_mask", "shape": ["batch", 128], "dtype": "int64"}]')
 
 
 def parse_input_shape(text: str | None) -> list[int]:
@@ -76,8 +74,7 @@ def parse_signature(fields: dict[str, str]) -> tuple[list[dict], list[int], int]
             inputs = parse_inputs(raw)
         except SignatureError as e:
             raise Problem(422, f"inputs: {e}; e.g. {INPUTS_EXAMPLE}", field=e.field) from None
-        sizes = dynamic_sizes(inputs, EXAMPLE_BATCH)
-        return inputs, example_shape(inputs[0]["shape"], sizes), EXAMPLE_BATCH
+        return inputs, first_example_shape(inputs), EXAMPLE_BATCH
     shape = parse_input_shape(fields.get("input_shape"))
     dtype = fields.get("input_dtype") or "float32"
     if dtype not in DTYPES:

@@ -12,6 +12,7 @@ const LOG_TAIL_LINES = 40;
 // service/report_view.py's label and note, word for word.
 const NONZERO_LABEL = "nonzero weights¹";
 const NONZERO_NOTE = "¹ of the weight tensors only; an integer code counts when ≠ its zero point";
+const GATE_LABEL = "quality gate"; // its row is red: the figures the job missed its limits by
 
 // The rows service/report_view.py prints in the CLI: FP32 model against the deploy model.
 export function reportRows(r) {
@@ -92,8 +93,14 @@ function outputRows(r) {
     }
   }
   const gate = r.quality_gate;
-  if (gate && !gate.passed) rows.push(["quality gate", "", "FAILED", gate.failures.join("; ")]);
+  if (gate && !gate.passed) rows.push([GATE_LABEL, "", "FAILED", gate.failures.join("; ")]);
   return rows;
+}
+
+// The model's inputs as its signature names them; a model uploaded before signatures has its example shape only.
+function signatureText(model) {
+  if (!model.inputs?.length) return `input ${model.input_shape.join("×")} ${model.input_dtype}`;
+  return model.inputs.map((i) => `${i.name} [${i.shape.join(", ")}] ${i.dtype}`).join(", ");
 }
 
 function card(title, ...children) {
@@ -242,7 +249,8 @@ export function jobView(id) {
     const rows = reportRows(r);
     el.report.replaceChildren(h("table", { id: "report-table", class: "report" },
       h("thead", {}, h("tr", {}, ["", "before (FP32)", "after (deploy)", "change"].map((t) => h("th", {}, t)))),
-      h("tbody", {}, rows.map((row) => h("tr", {}, row.map((c, i) => h(i ? "td" : "th", { class: i ? "num" : "" }, c)))))),
+      h("tbody", {}, rows.map((row) => h("tr", { class: row[0] === GATE_LABEL ? "gate-failed" : null },
+        row.map((c, i) => h(i ? "td" : "th", { class: i ? "num" : "" }, c)))))),
       rows.some((row) => row[0] === NONZERO_LABEL) ? h("p", { class: "muted note" }, NONZERO_NOTE) : "");
     if (r.sensitivity) el.report.append(h("h3", {}, "Per-layer sensitivity"), sensitivityTable(r.sensitivity));
     if (r.mixed_precision) el.report.append(h("h3", {}, "Mixed precision"), mixedPrecisionTable(r.mixed_precision));
@@ -254,7 +262,7 @@ export function jobView(id) {
     const model = await getJson(`/v1/models/${job.model_id}`).catch(() => null);
     el.config.prepend(
       keyValues([
-        ["model", model && `${model.name} · input ${model.input_shape.join("×")} ${model.input_dtype}`],
+        ["model", model && `${model.name} · ${signatureText(model)}`],
         ["cfg", config && `${config.name} (${config.kind}) · sha256 ${config.sha256.slice(0, 12)}`],
         ["dataset", dataset && `${dataset.name} · ${dataset.description.samples} samples`],
         ...Object.entries(job.params).map(([k, v]) => [k, String(v)]),

@@ -169,9 +169,21 @@ function multipart(fields) {
   return fd;
 }
 
-// Which input to mark when a step's problem names a field.
+// Which input to mark when a step's problem names a field (a signature's problem names `inputs[0].dtype`, …).
 const FIELD_INPUTS = { model: { file: "model" }, cfg: { file: "cfg" }, dataset: { file: "dataset" },
                        job: { model_id: "model", config_id: "cfg", dataset_id: "dataset" } };
+function inputFor(step, field) {
+  if (field && field.startsWith("inputs")) return "inputs";
+  return FIELD_INPUTS[step]?.[field] || field || (step === "job" ? "" : step);
+}
+
+const SIGNATURE_EXAMPLE = '[{"name": "input_ids", "shape": ["batch", 128], "dtype": "int64"}, …]';
+
+// The job's optional numbers: an empty field is left out of the request, so the server's default holds.
+function optionalNumber(values, name) {
+  const text = values.get(name);
+  return text === null || text === "" ? undefined : Number(text);
+}
 
 function submitForm(onSubmitted) {
   const status = h("p", { class: "form-status", id: "submit-status", role: "status" });
@@ -180,16 +192,29 @@ function submitForm(onSubmitted) {
   const form = h("form", { id: "submit-form", class: "card submit" },
     h("h2", {}, "New job"),
     field("Model (TorchScript)", h("input", { type: "file", name: "model", required: true })),
-    field("Input shape", h("input", { name: "input_shape", required: true, placeholder: "1,1,28,28",
-                                      pattern: "\\s*\\d+(\\s*[,x]\\s*\\d+)*\\s*" }), "batch first, e.g. 1,3,224,224"),
+    field("Input shape", h("input", { name: "input_shape", placeholder: "1,1,28,28",
+                                      pattern: "\\s*\\d+(\\s*[,x]\\s*\\d+)*\\s*" }),
+          "one float input, batch first, e.g. 1,3,224,224"),
+    field("or signature (inputs, JSON)", h("textarea", { name: "inputs", rows: 3, spellcheck: "false",
+                                                        placeholder: SIGNATURE_EXAMPLE }),
+          "inputs by name in forward's order: shape (axis names are dynamic), dtype float32 | int64 | …"),
     field("Config (.cfg)", h("input", { type: "file", name: "cfg", required: true })),
     field("Dataset (.npz / .safetensors)", h("input", { type: "file", name: "dataset", required: true }),
-          "arrays inputs and labels"),
+          "one array per input (or inputs), optional labels"),
     field("Kind", select("kind"), kindHint),
     h("div", { class: "row" },
       field("Epochs", num("epochs", 1, { min: 1, max: 1000 })),
       field("Batch size", num("batch_size", 64, { min: 1 })),
       field("Learning rate", num("lr", 0.001, { min: 0, step: "any" }))),
+    h("div", { class: "row" },
+      field("Objective", h("select", { name: "objective" })),
+      field("Distill loss", select("distill_loss")),
+      field("Temperature", num("temperature", 4, { min: 0, max: 100, step: "any" }))),
+    h("div", { class: "row" },
+      field("Max top-1 drop", h("input", { name: "max_accuracy_drop", type: "number", min: 0, max: 1, step: "any",
+                                           placeholder: "off" }), "quality gate, e.g. 0.02"),
+      field("Min output cosine", h("input", { name: "min_output_cosine", type: "number", min: -1, max: 1,
+                                              step: "any", placeholder: "off" }), "quality gate, e.g. 0.99")),
     h("div", { class: "row" },
       field("Device", select("device")),
       field("Held-out share", num("eval_fraction", 0.1, { min: 0, max: 0.99, step: "any" })),
@@ -210,6 +235,11 @@ function submitForm(onSubmitted) {
     const formats = new Map(meta.deploy_formats.map((f) => [f.name, f.summary]));
     fill(input("deploy_format"), [...formats.keys()], meta.defaults.deploy_format, (name) => formats.get(name));
     fill(input("deploy_target"), meta.deploy_targets, meta.defaults.deploy_target);
+    // No objective: the server picks (cross_entropy with labels, else distill_outputs).
+    fill(input("objective"), ["", ...meta.objectives], "",
+         (name) => (name ? "" : "cross_entropy when the dataset has labels, else distill_outputs"));
+    input("objective").options[0].textContent = "default";
+    fill(input("distill_loss"), meta.distill_losses, meta.defaults.distill_loss);
     describeKind();
   }).catch(() => {}); // a 401 is shown by the banner; the key form rebuilds this view
   input("kind").addEventListener("change", describeKind);
@@ -224,7 +254,8 @@ function submitForm(onSubmitted) {
     try {
       say("Uploading the model (the server loads and checks it)…");
       const model = await postForm("/v1/models", multipart({ file: values.get("model"), name: values.get("model").name,
-                                                             input_shape: values.get("input_shape") }));
+                                                             input_shape: values.get("input_shape"),
+                                                             inputs: values.get("inputs").trim() }));
       step = "cfg";
       say("Uploading the config…");
       const kind = values.get("kind");
@@ -238,13 +269,16 @@ function submitForm(onSubmitted) {
         epochs: Number(values.get("epochs")), batch_size: Number(values.get("batch_size")),
         lr: Number(values.get("lr")), device: values.get("device"),
         eval_fraction: Number(values.get("eval_fraction")), deploy_format: values.get("deploy_format"),
-        deploy_target: values.get("deploy_target"),
+        deploy_target: values.get("deploy_target"), objective: values.get("objective") || undefined,
+        distill_loss: values.get("distill_loss"), temperature: Number(values.get("temperature")),
+        max_accuracy_drop: optionalNumber(values, "max_accuracy_drop"),
+        min_output_cosine: optionalNumber(values, "min_output_cosine"),
       }, { headers: { "Idempotency-Key": randomKey() } });
       say(`Submitted job ${job.id.slice(0, 8)}: ${job.status}.`, "ok");
       onSubmitted(job);
     } catch (err) {
       say(`${step === "job" ? "Submit" : `Upload of the ${step}`} failed: ${err.message}`, "error");
-      const target = input(FIELD_INPUTS[step]?.[err.field] || err.field || (step === "job" ? "" : step));
+      const target = input(inputFor(step, err.field));
       if (target instanceof HTMLElement) {
         target.setAttribute("aria-invalid", "true");
         target.focus();

@@ -6,10 +6,13 @@ import json
 import re
 import uuid
 
+import httpx
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+import torch
+import torch.nn.functional as F
 import typer
 from typer.testing import CliRunner
 
@@ -20,6 +23,8 @@ from service.cli_jobs import resolve_job, short_ids
 from service.client import AmctClient, ApiError
 from tests.service.app_server import AppServer
 from tests.service.live_server import free_port
+from tests.service.support import QUANT_CFG
+from tests.signature_models import TinyEncoder, token_data
 
 runner = CliRunner()
 
@@ -63,7 +68,90 @@ def test_compress_refuses_a_dataset_that_does_not_fit_the_input_shape(assets, tm
     result = amct("compress", "--model", assets / "cnn.pt", "--cfg", assets / "quant.cfg", "--data",
                   assets / "small.npz", "--out", tmp_path / "out", "--input-shape", "1,3,32,32")
     assert result.exit_code == 1
-    assert "samples have shape [1, 28, 28]" in result.stderr
+    assert "array 'inputs' has per-sample shape [1, 28, 28] but input 'input' is [3, 32, 32]" in result.stderr
+
+
+# Two int64 inputs whose second axis is dynamic (`seq`), as tests/service/test_signatures.py uploads them.
+TOKENS = [{"name": "input_ids", "shape": ["batch", "seq"], "dtype": "int64"},
+          {"name": "attention_mask", "shape": ["batch", "seq"], "dtype": "int64"}]
+
+
+@pytest.fixture(scope="module")
+def encoder(tmp_path_factory):
+    """TinyEncoder (token ids + mask -> a 16-wide embedding) as TorchScript, a token dataset without labels, a
+    quant cfg; and the eager model, to check the deploy ONNX against."""
+    folder = tmp_path_factory.mktemp("encoder")
+    torch.manual_seed(0)
+    model = TinyEncoder().eval()
+    example = token_data(2)
+    torch.jit.trace(model, (torch.from_numpy(example["input_ids"]),
+                            torch.from_numpy(example["attention_mask"]))).save(str(folder / "encoder.pt"))
+    np.savez(folder / "tokens.npz", **token_data(256, seed=1))
+    (folder / "quant.cfg").write_bytes(QUANT_CFG)
+    return folder, model
+
+
+@pytest.mark.slow
+def test_compress_runs_a_two_int64_input_model_by_its_signature_with_distill_outputs(encoder, tmp_path):
+    folder, eager = encoder
+    out = tmp_path / "out"
+    result = amct("compress", "--model", folder / "encoder.pt", "--cfg", folder / "quant.cfg", "--data",
+                  folder / "tokens.npz", "--kind", "quant_retrain", "--inputs", json.dumps(TOKENS),
+                  "--objective", "distill_outputs", "--distill-loss", "cosine", "--epochs", 2, "--batch-size", 32,
+                  "--lr", 1e-3, "--eval-fraction", 0.25, "--min-output-cosine", 0.9, "--out", out)
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "report.json").read_text())
+    assert report["training"]["objective"] == "distill_outputs"
+    assert report["training"]["distill_loss"] == {"output": "cosine"}  # the engine found the one output itself
+    assert report["eval"]["samples"] == 64 and "accuracy" not in report  # no labels: agreement with FP32 only
+    assert report["quality_gate"]["passed"] and report["quality_gate"]["min_output_cosine"] == 0.9
+    cosine = report["outputs"]["output"]["deploy"]["mean_cosine"]
+    assert cosine >= 0.9 and f"{cosine:.4f}" in result.stdout
+
+    # The deploy ONNX takes the two int64 inputs by name, `seq` dynamic: tokens of another length than trained on.
+    session = ort.InferenceSession(str(out / "model_deploy_model.onnx"), providers=["CPUExecutionProvider"])
+    assert [(i.name, i.type) for i in session.get_inputs()] == [("input_ids", "tensor(int64)"),
+                                                               ("attention_mask", "tensor(int64)")]
+    held = token_data(64, seq=9, seed=2)
+    got = torch.from_numpy(session.run(None, held)[0])
+    with torch.no_grad():
+        want = eager(torch.from_numpy(held["input_ids"]), torch.from_numpy(held["attention_mask"]))
+    assert float(F.cosine_similarity(got, want, dim=1).mean()) >= 0.9
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--inputs", '[{"name": "input_ids", "shape": ["batch", 12]'], "--inputs is not valid JSON"),
+    (["--inputs", '[{"name": "input_ids", "shape": ["batch", 12], "dtype": "int8"}]'],
+     "--inputs: inputs[0].dtype must be one of float32, float16, int64, int32, bool"),
+    (["--inputs", '[{"name": "input_ids", "shape": ["batch", 0]}]'],
+     "--inputs: inputs[0].shape: each dimension is an integer >= 1 or an axis name"),
+    (["--inputs", '{"name": "input_ids"}'], "--inputs: inputs must be a JSON list"),
+    (["--inputs", json.dumps(TOKENS), "--input-shape", "1,12"], "give --inputs or --input-shape, not both"),
+    # A valid signature the dataset does not fit: refused before the engine starts, naming the array.
+    (["--inputs", json.dumps([TOKENS[0], {**TOKENS[1], "name": "token_type_ids"}])],
+     "the model's input 'token_type_ids' has no array of that name in the dataset (it has: attention_mask, "
+     "input_ids)"),
+    (["--inputs", json.dumps([TOKENS[0], {**TOKENS[1], "shape": ["batch", 8]}])],
+     "array 'attention_mask' has per-sample shape [12] but input 'attention_mask' is [8]"),
+], ids=["json", "dtype", "dimension", "not-a-list", "both", "missing-array", "shape"])
+def test_a_bad_signature_is_one_line_naming_the_problem(encoder, tmp_path, args, words):
+    folder, _ = encoder
+    out = tmp_path / "out"
+    result = amct("compress", "--model", folder / "encoder.pt", "--cfg", folder / "quant.cfg", "--data",
+                  folder / "tokens.npz", "--out", out, *args)
+    assert result.exit_code == 1
+    assert words in _one_line(result)
+    assert not out.exists()  # nothing ran
+
+
+def test_distill_config_takes_a_signature(encoder, tmp_path):
+    folder, _ = encoder
+    out = tmp_path / "distill.json"
+    result = amct("distill-config", "--model", folder / "encoder.pt", "--inputs", json.dumps(TOKENS), "--out", out)
+    assert result.exit_code == 0, result.output
+    assert json.loads(out.read_text())["distill_group"] == [["fc1"], ["fc2"]]
+    bad = amct("distill-config", "--model", folder / "encoder.pt", "--inputs", "[]", "--out", out)
+    assert bad.exit_code == 1 and "--inputs: inputs must be a JSON list of 1 to 16 objects" in _one_line(bad)
 
 
 def test_distill_config_writes_the_groups_of_the_model(assets, tmp_path):
@@ -275,6 +363,28 @@ def test_jobs_list_fits_80_columns_with_short_ids_the_other_commands_take(app_se
     assert watched.exit_code == 1 and "cancelled" in watched.stderr  # it did not succeed
 
 
+def test_jobs_submit_sends_the_signature_the_objective_and_the_recalibration(app_server, encoder):
+    folder, _ = encoder
+    server = ["--server", app_server.base_url, "--api-key", app_server.api_key]
+    submitted = amct("jobs", "submit", "--model", folder / "encoder.pt", "--cfg", folder / "quant.cfg", "--data",
+                     folder / "tokens.npz", "--inputs", json.dumps(TOKENS), "--objective", "distill_outputs",
+                     "--distill-loss", "cosine", "--bn-recalibration-batches", 4, "--min-output-cosine", 0.98, *server)
+    assert submitted.exit_code == 0, submitted.output
+    with httpx.Client(base_url=app_server.base_url, headers={"Authorization": f"Bearer {app_server.api_key}"}) as api:
+        job = api.get(f"/v1/jobs/{submitted.stdout.strip()}").json()
+        model = api.get(f"/v1/models/{job['model_id']}").json()
+    assert job["kind"] == "compressed_retrain"
+    assert {k: job["params"][k] for k in ("objective", "distill_loss", "bn_recalibration_batches",
+                                          "min_output_cosine")} == {
+        "objective": "distill_outputs", "distill_loss": "cosine", "bn_recalibration_batches": 4,
+        "min_output_cosine": 0.98}
+    assert model["inputs"] == TOKENS
+    # A bad signature is refused before anything uploads.
+    bad = amct("jobs", "submit", "--model", folder / "encoder.pt", "--cfg", folder / "quant.cfg", "--data",
+               folder / "tokens.npz", "--inputs", '[{"name": "labels", "shape": [3]}]', *server)
+    assert bad.exit_code == 1 and "--inputs: inputs[0].name 'labels' must be a unique identifier" in _one_line(bad)
+
+
 def test_a_prefix_of_several_jobs_is_refused():
     class Listing:  # the one call resolve_job makes for a prefix: a page of GET /v1/jobs
         def list(self, limit, cursor):
@@ -315,6 +425,9 @@ def test_compress_refuses_what_the_api_refuses_before_the_engine_starts(assets, 
     zero = amct("compress", "--model", assets / "cnn.pt", "--cfg", assets / "quant.cfg", "--data",
                 assets / "small.npz", "--out", out, "--epochs", 0)
     assert zero.exit_code == 1 and "--epochs 0: Input should be greater than or equal to 1" in _one_line(zero)
+    unpruned = amct("compress", "--model", assets / "cnn.pt", "--cfg", assets / "quant.cfg", "--data",
+                    assets / "small.npz", "--out", out, "--kind", "quant_retrain", "--bn-recalibration-batches", 8)
+    assert unpruned.exit_code == 1 and "a quant_retrain job does not prune" in _one_line(unpruned)
     assert not out.exists()  # refused before anything ran
 
 

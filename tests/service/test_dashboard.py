@@ -6,19 +6,23 @@ downloads a browser. `AMCT_UPDATE_SCREENSHOTS=1` also writes the screenshots the
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import httpx
+import numpy as np
 import onnx
 import pytest
+import torch
 from fastapi.testclient import TestClient
 
 from service.client import AmctClient
 from tests.service.app_server import AppServer
-from tests.service.support import ROOT, make_settings, open_api, wait_until
+from tests.service.support import QUANT_CFG, ROOT, make_settings, open_api, wait_until
+from tests.signature_models import TinyEncoder, token_data
 
 CHROMIUM = Path("/usr/bin/chromium")
 DOCS_IMAGES = ROOT / "docs" / "images"
@@ -141,6 +145,89 @@ def test_browser_submits_a_job_watches_it_and_downloads_the_deploy_onnx(live_ser
     assert saved.stat().st_size == artifacts["deploy"]["size_bytes"]
     onnx.checker.check_model(onnx.load(saved))
     _save(page, tmp_path, "job.png")
+    assert page.errors == []
+
+
+# Two int64 inputs, `seq` dynamic (tests/service/test_signatures.py uploads the same model through the API).
+TOKENS = [{"name": "input_ids", "shape": ["batch", "seq"], "dtype": "int64"},
+          {"name": "attention_mask", "shape": ["batch", "seq"], "dtype": "int64"}]
+RED = "rgb(194, 53, 43)"  # style.css --bad
+
+
+def _encoder_files(folder: Path) -> dict[str, Path]:
+    torch.manual_seed(0)
+    example = token_data(2)
+    ids, mask = torch.from_numpy(example["input_ids"]), torch.from_numpy(example["attention_mask"])
+    torch.jit.trace(TinyEncoder().eval(), (ids, mask)).save(str(folder / "encoder.pt"))
+    np.savez(folder / "tokens.npz", **token_data(96, seed=1))  # no labels
+    (folder / "quant.cfg").write_bytes(QUANT_CFG)
+    return {"model": folder / "encoder.pt", "dataset": folder / "tokens.npz", "cfg": folder / "quant.cfg"}
+
+
+def _color(locator) -> str:
+    return locator.evaluate("el => getComputedStyle(el).color")
+
+
+@pytest.mark.slow
+def test_the_form_sends_a_signature_an_objective_and_gate_limits_and_a_missed_gate_shows_red(live_server, page,
+                                                                                             tmp_path):
+    files = _encoder_files(tmp_path)
+    _open_with_key(page, live_server, "#/")
+    form = page.locator("#submit-form")
+    form.locator("[name=objective] option[value=distill_outputs]").wait_for(state="attached")  # from /v1/meta
+    for name, path in files.items():
+        form.locator(f"[name={name}]").set_input_files(str(path))
+    form.locator("[name=inputs]").fill(json.dumps(TOKENS))
+    form.locator("[name=kind]").select_option("quant_retrain")
+    form.locator("[name=batch_size]").fill("32")
+    form.locator("[name=eval_fraction]").fill("0.25")
+    form.locator("[name=objective]").select_option("distill_outputs")
+    form.locator("[name=distill_loss]").select_option("cosine")
+    form.locator("[name=temperature]").fill("2")
+    form.locator("[name=min_output_cosine]").fill("0.9999")  # INT8 cannot hold that: the gate fails
+    # Top-1 needs labels, which token data lacks: the API's 422 names the field, the form marks it.
+    form.locator("[name=max_accuracy_drop]").fill("0.05")
+    form.locator("button[type=submit]").click()
+    page.locator("#submit-status.error", has_text="max_accuracy_drop").wait_for(timeout=90_000)
+    assert form.locator("[name=max_accuracy_drop]").get_attribute("aria-invalid") == "true"
+
+    form.locator("[name=max_accuracy_drop]").fill("")
+    form.locator("button[type=submit]").click()
+    page.locator("#submit-status.ok", has_text="Submitted job").wait_for(timeout=90_000)
+    job_id = page.locator("#jobs tbody tr").first.get_attribute("data-job-id")
+    with httpx.Client(base_url=live_server.base_url, headers={"Authorization": f"Bearer {live_server.api_key}"}) as api:
+        job = api.get(f"/v1/jobs/{job_id}").json()
+        assert job["kind"] == "quant_retrain"
+        assert {k: job["params"].get(k) for k in ("objective", "distill_loss", "temperature", "min_output_cosine",
+                                                   "max_accuracy_drop", "batch_size")} == {
+            "objective": "distill_outputs", "distill_loss": "cosine", "temperature": 2.0, "min_output_cosine": 0.9999,
+            "max_accuracy_drop": None, "batch_size": 32}
+        model = api.get(f"/v1/models/{job['model_id']}").json()
+        assert model["inputs"] == TOKENS  # the two-input signature, from the form's textarea
+        assert model["outputs"] == {"type": "tensor", "shape": [2, 16], "dtype": "float32"}
+
+        row = page.locator(f'#jobs tr[data-job-id="{job_id}"]')
+        row.locator(".status-failed").wait_for(timeout=240_000)
+        job = api.get(f"/v1/jobs/{job_id}").json()
+        assert job["error"]["type"] == "quality_gate" and "min_output_cosine 0.9999" in job["error"]["detail"], job
+        artifacts = {a["kind"]: a for a in api.get(f"/v1/jobs/{job_id}/artifacts").json()["items"]}
+        report = api.get(artifacts["report"]["content_url"]).json()  # kept: the gate failed after training
+    cosine = f"{report['outputs']['output']['deploy']['mean_cosine']:.4f}"
+
+    # Its page: red, with the figures the job missed its limit by.
+    row.locator("a").click()
+    page.wait_for_url(f"**/ui/#/jobs/{job_id}")
+    gate = page.locator("#report-table tr.gate-failed")
+    gate.wait_for()  # the report comes once the replayed events have ended: the page no longer repaints
+    assert _color(page.locator(".head .status-failed")) == RED
+    error = page.locator(".head .error-box")
+    assert f"quality_gate: output 'output': mean cosine of the deploy model to FP32 is {cosine}" in error.inner_text()
+    assert _color(error) == RED
+    assert "FAILED" in gate.inner_text() and f"{cosine} < min_output_cosine 0.9999" in gate.inner_text()
+    assert _color(gate.locator("td").first) == RED
+    shown = page.locator("#report-table tr", has_text="output cosine with FP32").locator("td").nth(1)
+    assert shown.inner_text() == cosine
+    page.locator("#frozen-config", has_text="distill_outputs").wait_for()
     assert page.errors == []
 
 
