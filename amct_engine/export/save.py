@@ -147,9 +147,8 @@ def save_quantized_onnx(
     cpu_inputs = tuple(t.detach().cpu() for t in input_data)
     paths = output_paths(save_path)
     formats = {"fake_quant": FAKE_QUANT, "deploy": deploy}
-    cpu_model = copy.deepcopy(model).cpu().eval()
-    for kind, path in paths.items():
-        write_quantized_onnx(cpu_model, records, formats[kind], path, cpu_inputs, input_names, output_names,
+    for kind, path in paths.items():  # each file's build_export_model makes its own CPU copy of `model`
+        write_quantized_onnx(model, records, formats[kind], path, cpu_inputs, input_names, output_names,
                              dynamic_axes, deploy_target)
     return paths
 
@@ -165,7 +164,7 @@ def write_quantized_onnx(
     dynamic_axes=None,
     deploy_target: str = DEFAULT_DEPLOY_TARGET,
 ) -> None:
-    """One file of `model` (on the CPU, eval mode) in `onnx_format`: export, finalise, check."""
+    """One file of `model` in `onnx_format`: export, finalise, check; `model` itself is left as it was."""
     deploy_target = resolve_deploy_target(deploy_target)
     export_model = build_export_model(model, records, onnx_format, deploy_target)
     export_onnx(export_model, path, input_data, input_names, output_names, dynamic_axes,
