@@ -168,8 +168,11 @@ def test_sensitivity_job_end_to_end(stack, jobs):
     for variant in ("INT8", "INT4"):  # every quantizable layer once: the shares add up
         assert sum(r["macs_share"] for r in rows if r["variant"] == variant) == pytest.approx(1.0)
         assert sum(r["bytes_share"] for r in rows if r["variant"] == variant) == pytest.approx(1.0)
-    # Progress: the two PTQ calibration batches, then each of the 8 measurements.
-    assert _steps(events) == [(1, 2), (2, 2)] + [(k, 8) for k in range(1, 9)]
+    # Progress: the two PTQ calibration batches, then the 8 measurements (the job process sends at most
+    # ~10 progress lines a second, so a fast measurement's line may be skipped; the last one never is).
+    steps = _steps(events)
+    assert steps[:2] == [(1, 2), (2, 2)] and steps[-1] == (8, 8)
+    assert all(total == 8 for _, total in steps[2:]) and [d for d, _ in steps[2:]] == sorted({d for d, _ in steps[2:]})
     assert json.loads(_content(api, artifacts["sensitivity"])) == table
     assert report["ptq"] == {"batch_num": 2, "calibration_samples": 128}
 
@@ -185,8 +188,9 @@ def test_prune_search_job_end_to_end(stack, jobs):
     assert search["measured_macs_ratio"] == pytest.approx(search["estimated_macs_ratio"], abs=1e-6)
     assert search["ratios"] and set(search["ratios"]) <= {"conv1", "conv2"}  # fc feeds the output: never pruned
     # 2 groups x 6 ratios measured alone and the best choices measured whole, then the retraining epoch.
-    steps, measured = _steps(events), 12 + len(search["choices"])
-    assert steps[:measured] == [(k, measured) for k in range(1, measured + 1)]
+    steps, measured = _steps(events), 12 + len(search["choices"])  # (lines may be skipped: see above)
+    search_steps = [s for s in steps if s[1] == measured]
+    assert search_steps[-1] == (measured, measured) and search_steps == sorted(set(search_steps))
     assert steps[-1][0] == steps[-1][1] > 1 and steps[-1][1] != measured
     cfg = _content(api, artifacts["prune_search_cfg"]).decode()
     assert cfg == search["cfg_text"]
