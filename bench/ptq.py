@@ -281,11 +281,13 @@ def plot_mixed_precision(points: list[dict[str, Any]], references: dict[str, tup
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    xs = [p["file_bytes"]["deploy"] / 1024 for p in points]
-    ys = [p["test_accuracy"] * 100 for p in points]
-    ax.plot(xs, ys, "o-", color="tab:blue", label="amct auto mixed precision (budget in pt)")
-    for p, x, y in zip(points, xs, ys, strict=True):
-        ax.annotate(f"{p['budget']:g}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
+    budgets: dict[tuple[float, float], list[str]] = {}  # budgets that chose the same model share a point
+    for p in points:
+        budgets.setdefault((p["file_bytes"]["deploy"] / 1024, p["test_accuracy"] * 100), []).append(f"{p['budget']:g}")
+    ax.plot([x for x, _ in budgets], [y for _, y in budgets], "o", color="tab:blue",
+            label="amct auto mixed precision (top-1 budget, pt)")
+    for (x, y), names in budgets.items():
+        ax.annotate(", ".join(names), (x, y), textcoords="offset points", xytext=(5, 3), fontsize=8)
     int8 = points[0]
     ax.plot([int8["file_bytes"]["int8_deploy"] / 1024], [int8["int8_test_accuracy"] * 100], "s",
             color="tab:green", label="amct PTQ, all INT8")
