@@ -43,7 +43,9 @@ engine table ``python bench/engine_table.py --quick --only ptq``.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import io
 import os
 import sys
 import time
@@ -154,10 +156,9 @@ def nncf_flow(setup, folder: Path) -> str:
     import torch
 
     from bench.fashion import DYNAMIC_AXES, IO_NAMES
-    from bench.peers import _quiet_stdout
 
     batches = _calibration_batches(setup)
-    with _quiet_stdout():  # NNCF's progress bars
+    with contextlib.redirect_stdout(io.StringIO()):  # NNCF's progress bars: stdout is for results
         quantized = nncf.quantize(copy.deepcopy(setup.fp32_model).eval(), nncf.Dataset(batches),
                                   subset_size=len(batches))
     stripped = nncf.strip(quantized, do_copy=False, strip_format=nncf.StripFormat.NATIVE,
