@@ -108,18 +108,25 @@ def ort_outputs(path: str, inputs) -> torch.Tensor:
     return torch.from_numpy(np.concatenate(parts)).float()
 
 
-def run_cfg(model, input_data, calibration_data, cfg_file, workdir, name: str) -> tuple[dict[str, str], nn.Module]:
+def default_io(input_data) -> dict:
+    """Export names when the caller gives none: `input0`, `input1`, … and `output`, batch axes dynamic."""
+    names = [f"input{i}" for i in range(len(as_input_tuple(input_data)))]
+    return {"input_names": names, "output_names": ["output"],
+            "dynamic_axes": {n: {0: "n"} for n in names} | {"output": {0: "n"}}}
+
+
+def run_cfg(model, input_data, calibration_data, cfg_file, workdir, name: str,
+            io: dict | None = None) -> tuple[dict[str, str], nn.Module]:
     """PTQ with `cfg_file` (create_quant_config -> quantize_model -> batches -> save_model) in two deploy
-    formats; returns the files and the calibration model."""
+    formats; returns the files and the calibration model. `io`: input_names / output_names /
+    dynamic_axes of the files (default_io when None)."""
     from amct_engine.ptq import create_quant_config, quantize_model, save_model
 
     folder = Path(workdir)
     config, onnx_file, record = folder / f"{name}.json", folder / f"{name}_fused.onnx", folder / f"{name}_record.txt"
     create_quant_config(str(config), model, input_data, config_defination=str(cfg_file))
-    names = [f"input{i}" for i in range(len(as_input_tuple(input_data)))]
-    dynamic = {n: {0: "n"} for n in names} | {"output": {0: "n"}}
-    calibration = quantize_model(str(config), str(onnx_file), str(record), model, input_data, input_names=names,
-                                 output_names=["output"], dynamic_axes=dynamic)
+    calibration = quantize_model(str(config), str(onnx_file), str(record), model, input_data,
+                                 **(io or default_io(input_data)))
     with torch.no_grad():
         for batch in calibration_data:
             calibration(*as_input_tuple(batch))
@@ -139,8 +146,12 @@ def auto_mixed_precision(
     workdir: str | os.PathLike,
     candidates: Sequence[str] = ("INT4", "INT8", "INT16", "FP32"),
     progress: Callable[[int, int], None] | None = None,
+    io: dict | None = None,
 ) -> MixedPrecisionResult:
-    """Search, write `<workdir>/mixed_precision.cfg`, verify it through PTQ and the deploy ONNX."""
+    """Search, write `<workdir>/mixed_precision.cfg`, verify it through PTQ and the deploy ONNX.
+
+    `input_data`, each calibration batch and `eval_data` are a tensor or a tuple of the model's inputs;
+    `io` names the saved files' inputs and outputs (input_names / output_names / dynamic_axes)."""
     os.makedirs(workdir, exist_ok=True)
     types = layer_types(model, input_data)
     quantised = [p for p in ("INT4", "INT8", "INT16") if p in candidates or p == "INT8"]
@@ -191,11 +202,11 @@ def auto_mixed_precision(
     batch_num = len(calibration_data)
     int8_cfg = Path(workdir, "all_int8.cfg")
     int8_cfg.write_text(calibration_cfg_text({n: "INT8" for n in types}, batch_num))
-    int8_files, _ = run_cfg(model, input_data, calibration_data, int8_cfg, workdir, "int8")
+    int8_files, _ = run_cfg(model, input_data, calibration_data, int8_cfg, workdir, "int8", io)
     int8_dev = deviation(ort_outputs(int8_files["deploy"], eval_data), reference, eval_labels)
     while True:
         cfg_file.write_text(calibration_cfg_text(choice, batch_num))
-        files, calibration = run_cfg(model, input_data, calibration_data, cfg_file, workdir, "mixed")
+        files, calibration = run_cfg(model, input_data, calibration_data, cfg_file, workdir, "mixed", io)
         deployed = deviation(ort_outputs(files["deploy"], eval_data), reference, eval_labels)
         if budget.met(deployed) or not accepted:
             break

@@ -127,10 +127,27 @@ def quantize_model(
                                     num_channels=out_channels(layer))
         qmodel.set_submodule(name, qat_layer_class(layer)(name, layer, act, weight, record=record))
     qmodel.eval()  # the new layers start in training mode; calibration is an eval forward
+    # The layers that finish calibrating in one forward write the record once, at its end.
+    qmodel.register_forward_pre_hook(_RecordHook(record, hold=True))
+    qmodel.register_forward_hook(_RecordHook(record, hold=False), always_call=True)
     setattr(qmodel, PTQ_ATTR, dict(record_file=str(record_file), input_data=inputs, batch_num=config.batch_num,
                                    input_names=input_names, output_names=output_names, dynamic_axes=dynamic_axes))
     _CALIBRATION_MODELS[os.path.abspath(str(modfied_onnx_file))] = weakref.ref(qmodel)
     return qmodel
+
+
+class _RecordHook:
+    """A forward (pre-)hook that holds (releases) the record's writes (RecordFile.hold); a class, not a
+    closure, so the calibration model still deep-copies and pickles."""
+
+    def __init__(self, record: RecordFile, hold: bool) -> None:
+        self.record, self.hold = record, hold
+
+    def __call__(self, module, args, output=None) -> None:
+        if self.hold:
+            self.record.hold()
+        else:
+            self.record.release()
 
 
 def calibration_model_of(modfied_onnx_file) -> nn.Module:
@@ -140,6 +157,15 @@ def calibration_model_of(modfied_onnx_file) -> nn.Module:
         raise RuntimeError(f"no calibration model was made for {modfied_onnx_file} in this process: "
                            "call quantize_model first (or pass model=)")
     return model
+
+
+def _record_file(model: nn.Module, record_file) -> RecordFile:
+    """The calibration layers' RecordFile when it is `record_file`: it holds the record it wrote, parsed
+    (RecordFile.read parses again only if the file changed since)."""
+    for wrapper in quant_layers(model).values():
+        if wrapper.record is not None and os.path.abspath(wrapper.record.path) == os.path.abspath(str(record_file)):
+            return wrapper.record
+    return RecordFile(record_file)
 
 
 def save_model(modfied_onnx_file, record_file, save_path, model=None, deploy_format="onnx") -> dict[str, str]:
@@ -152,7 +178,7 @@ def save_model(modfied_onnx_file, record_file, save_path, model=None, deploy_for
     state = getattr(model, PTQ_ATTR, None)
     if state is None or not quant_layers(model):
         raise RuntimeError("model is not a calibration model: pass the model returned by quantize_model")
-    records = RecordFile(record_file).quant_layers()
+    records = _record_file(model, record_file).quant_layers()
     pending = [w.layer_name for w in quant_layers(model).values()
                if w._record_pending or w.layer_name not in records]
     if pending:

@@ -43,6 +43,8 @@ class RecordFile:
         # The parsed record and the (mtime, size) it was read at: the first eval forward writes one
         # entry per layer, and re-parsing a large record (prune records) each time costs seconds.
         self._cached: tuple[tuple[int, int], record_pb2.ScaleOffsetRecord] | None = None
+        # Entries written between hold() and release(): stored with one rewrite at release.
+        self._held: dict[str, LayerQuantRecord] | None = None
 
     def __deepcopy__(self, memo):
         return RecordFile(self.path)
@@ -83,8 +85,26 @@ class RecordFile:
         cached.CopyFrom(record)
         self._cached = (self._stamp(), cached)
 
+    def hold(self) -> None:
+        """Keep the entries later write_layers calls give until release() (read() does not see them).
+
+        The layers of one model write their entries during one forward; a forward hook holds and
+        releases, so the file is rewritten once per forward instead of once per layer.
+        """
+        if self._held is None:
+            self._held = {}
+
+    def release(self) -> None:
+        """Write the held entries (one rewrite) and stop holding."""
+        held, self._held = self._held, None
+        if held:
+            self.write_layers(held)
+
     def write_layers(self, layers: dict[str, LayerQuantRecord]) -> None:
-        """Insert or replace the quantisation entries of these layers."""
+        """Insert or replace the quantisation entries of these layers (held while hold() is on)."""
+        if self._held is not None:
+            self._held.update(layers)
+            return
         record = self.read()
         entries = {entry.key: entry for entry in record.record}
         for name, layer in layers.items():

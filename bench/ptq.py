@@ -1,24 +1,52 @@
-"""ONNX Runtime static post-training quantisation: the "what I would use otherwise" row without training.
+"""Post-training quantisation on the Fashion-MNIST CNN: ours (AMCT's API) against ORT's static PTQ and NNCF.
 
-``quantize`` runs ``onnxruntime.quantization``'s documented flow on a float ONNX model:
-``quant_pre_process`` (shape inference + graph optimisation), then ``quantize_static`` with QDQ format,
-per-channel INT8 weights and INT8 activations, MinMax calibration on training images. In the engine
-table it quantises the FP32 row's model (same training as everyone else) with the first
-``CALIBRATION_IMAGES`` training images; the Torch-Pruning rows reuse it for their "+ ORT PTQ" variant.
+Rows (accuracy; one run each, in the engine table too):
 
-Beside it, the rows of our PTQ (``amct_engine.ptq``: IFMR and HFMG activations, ARQ weights, BN folded; the
-same calibration images in batches of ``CALIBRATION_BATCH``) and NNCF's ``nncf.quantize`` when NNCF is
-installed; every row records its own wall time, and ``main`` prints ours / ORT's in the same run. The
-mixed-precision points (``mixed_precision_points``) are ``auto_mixed_precision`` at several top-1 budgets:
-estimated weight bytes and Ascend deploy bytes against the deploy model's top-1 (docs/spec/engine.md §4.12).
+- ``ORT static PTQ``: ``onnxruntime.quantization``'s documented flow on the FP32 row's model exported to
+  ONNX: ``quant_pre_process`` (shape inference + graph optimisation), then ``quantize_static`` with QDQ
+  format, per-channel INT8 weights and INT8 activations, MinMax calibration; the Torch-Pruning rows reuse
+  ``quantize`` for their "+ ORT PTQ" variant;
+- ours (``amct_engine.ptq``: IFMR or HFMG activations, ARQ weights, BN folded): ``create_quant_config`` ->
+  ``quantize_model`` -> the calibration batches -> ``save_model``;
+- ``nncf.quantize`` (PyTorch backend, NNCF's defaults), exported with ``torch.onnx.export``.
 
-Run on its own: ``python bench/ptq.py [--quick]`` (PTQ rows, ratios and the mixed-precision points), or in
-the engine table ``python bench/engine_table.py --quick --only ptq``.
+Every method calibrates on the first ``CALIBRATION_IMAGES`` training images in batches of
+``CALIBRATION_BATCH`` (ORT's calibration reader hands out the same batches).
+
+PTQ wall time (``time_flows``), what is compared: the user-visible calls, from the FP32 PyTorch model
+in memory and the calibration images in memory to the INT8 ONNX file on disk, nothing left out:
+
+- ours: the four AMCT calls, which write three ONNX files (the BN-folded float model AMCT's
+  ``quantize_model`` writes, the fake-quant model and the deploy model) and check the two quantised
+  ones with ``onnx.checker`` and one onnxruntime run each;
+- ORT (``ORT_FROM_TORCH``): ``torch.onnx.export`` of the FP32 model (the TorchScript exporter, as our
+  export uses; torch's default dynamo exporter takes seconds more), ``quant_pre_process`` and
+  ``quantize_static``, the calibration reader and the files they write included;
+  ``ORT_FROM_FILE`` is the same without the FP32 export (a user who already has the ONNX file);
+- NNCF: ``nncf.quantize`` and ``torch.onnx.export`` of its model.
+
+Imports, the first call of each flow (lazy imports, NNCF building its C++ extension) are one untimed
+warm-up round; then ``rounds`` rounds, each running every flow once in a rotated order, so load on a
+shared machine hits every flow alike. The ratio printed is ours / ORT's, min to min and median to
+median, measured in the same run. Threads: torch's intra-op threads are ``--threads``; onnxruntime's
+sessions inside ``quantize_static`` take onnxruntime's default (one per core). On a machine busier than
+its cores, OpenMP's spin-waiting (``OMP_WAIT_POLICY``, active by default in torch's libgomp) makes every
+multi-threaded torch op wait for a second core: the header prints the policy and the load average.
+
+Mixed precision (``mixed_precision_points``): ``auto_mixed_precision`` at several top-1 budgets,
+the deploy ONNX bytes against its test top-1 (docs/spec/engine.md §4.12), beside FP32, all-INT8 and
+ORT's model; ``--plot`` draws them.
+
+Run on its own: ``python bench/ptq.py [--quick] [--threads N] [--rounds N] [--plot PNG]``, or in the
+engine table ``python bench/engine_table.py --quick --only ptq``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import io
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -31,7 +59,7 @@ import onnx
 if __package__ in (None, ""):  # run as a script: make `bench` and `amct_engine` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import ort_accuracy  # noqa: E402
+from bench.common import file_size, ort_accuracy, summarize  # noqa: E402
 from bench.fashion import export_fp32  # noqa: E402
 
 CALIBRATION_IMAGES = 512
@@ -39,7 +67,10 @@ CALIBRATION_BATCH = 128
 NAME = "ORT static PTQ (QDQ, per-channel)"
 OURS = {"ifmr": "amct PTQ (IFMR, INT8)", "hfmg": "amct PTQ (HFMG, INT8)"}
 NNCF_NAME = "NNCF PTQ (nncf.quantize)"
-BUDGETS = (0.1, 0.25, 0.5, 1.0, 2.0)  # top-1 points, for the mixed-precision curve
+ORT_FROM_TORCH = "ORT: torch.onnx.export + quant_pre_process + quantize_static"
+ORT_FROM_FILE = "ORT: quant_pre_process + quantize_static (FP32 ONNX file given)"
+BUDGETS = (0.0, 0.1, 0.25, 0.5, 1.0, 2.0)  # top-1 points, for the mixed-precision curve
+ISA_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8", "asimddp", "i8mm")
 
 
 class ArrayReader:
@@ -59,7 +90,8 @@ class ArrayReader:
         self.offset = 0
 
 
-def quantize(fp32_onnx: str | Path, calibration: np.ndarray, out: str | Path) -> dict[str, Any]:
+def quantize(fp32_onnx: str | Path, calibration: np.ndarray, out: str | Path,
+             batch: int = CALIBRATION_BATCH) -> dict[str, Any]:
     """Pre-process + static QDQ quantisation of ``fp32_onnx`` into ``out``; returns ``{onnx, calibrate_s}``."""
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
@@ -70,22 +102,11 @@ def quantize(fp32_onnx: str | Path, calibration: np.ndarray, out: str | Path) ->
     quant_pre_process(str(fp32_onnx), str(prepared))
     input_name = onnx.load(str(prepared), load_external_data=False).graph.input[0].name
     quantize_static(
-        str(prepared), str(out), ArrayReader(input_name, np.ascontiguousarray(calibration, dtype=np.float32)),
+        str(prepared), str(out), ArrayReader(input_name, np.ascontiguousarray(calibration, dtype=np.float32), batch),
         quant_format=QuantFormat.QDQ, per_channel=True, activation_type=QuantType.QInt8,
         weight_type=QuantType.QInt8, calibrate_method=CalibrationMethod.MinMax,
     )
     return {"onnx": str(out), "calibrate_s": time.perf_counter() - start}
-
-
-def ptq_row(setup) -> dict[str, Any]:
-    """The PTQ row: quantise the FP32 row's ONNX (trained like every other method) with training images."""
-    if setup.fp32_model is None:
-        raise RuntimeError("the FP32 row did not run: nothing to quantise")
-    folder = setup.folder(NAME)
-    fp32 = export_fp32(setup.fp32_model, folder / "fp32.onnx", setup.example)
-    result = quantize(fp32, setup.x_train[:CALIBRATION_IMAGES].numpy(), folder / "ptq.onnx")
-    return {**result, "torch_accuracy": ort_accuracy(result["onnx"], setup.x_test, setup.y_test, setup.threads),
-            "deploy_kind": "QDQ ONNX (quantize_static)", "calibration_images": CALIBRATION_IMAGES}
 
 
 def _calibration_batches(setup) -> list:
@@ -93,51 +114,141 @@ def _calibration_batches(setup) -> list:
     return [images[i:i + CALIBRATION_BATCH] for i in range(0, len(images), CALIBRATION_BATCH)]
 
 
-def amct_ptq_row(setup, algo: str) -> dict[str, Any]:
-    """Our PTQ of the FP32 row's model: create_quant_config -> quantize_model -> batches -> save_model, timed."""
+# --------------------------------------------------------------------------- the flows (model -> INT8 ONNX file)
+
+
+def ort_flow(setup, folder: Path, fp32_onnx: str | None = None) -> str:
+    """FP32 export (unless ``fp32_onnx`` is given) + quant_pre_process + quantize_static: the INT8 file."""
+    if fp32_onnx is None:
+        fp32_onnx = export_fp32(setup.fp32_model, folder / "fp32.onnx", setup.example)
+    return quantize(fp32_onnx, setup.x_train[:CALIBRATION_IMAGES].numpy(), folder / "ptq.onnx")["onnx"]
+
+
+def amct_flow(setup, folder: Path, algo: str) -> str:
+    """create_quant_config -> quantize_model -> batches -> save_model: the deploy file."""
     import torch
 
     import amct_engine as amct
     from bench.fashion import DYNAMIC_AXES, IO_NAMES
 
-    if setup.fp32_model is None:
-        raise RuntimeError("the FP32 row did not run: nothing to quantise")
-    folder = setup.folder(OURS[algo])
     batches = _calibration_batches(setup)
     cfg = folder / "ptq.cfg"
     cfg.write_text(f"batch_num: {len(batches)}\ncommon_config {{ {algo}_quantize {{}} }}\n")
-    start = time.perf_counter()
     amct.create_quant_config(str(folder / "ptq.json"), setup.fp32_model, setup.example, config_defination=str(cfg))
     model = amct.quantize_model(str(folder / "ptq.json"), str(folder / "fused.onnx"), str(folder / "record.txt"),
                                 setup.fp32_model, setup.example, dynamic_axes=DYNAMIC_AXES, **IO_NAMES)
     with torch.no_grad():
         for batch in batches:
             model(batch)
-    paths = amct.save_model(str(folder / "fused.onnx"), str(folder / "record.txt"), str(folder / "ptq"))
-    calibrate_s = time.perf_counter() - start
-    return {"onnx": paths["deploy"], "calibrate_s": calibrate_s, "deploy_kind": "integer ONNX (save_model)",
-            "torch_accuracy": ort_accuracy(paths["deploy"], setup.x_test, setup.y_test, setup.threads),
-            "calibration_images": CALIBRATION_IMAGES}
+    return amct.save_model(str(folder / "fused.onnx"), str(folder / "record.txt"), str(folder / "ptq"))["deploy"]
 
 
-def nncf_ptq_row(setup) -> dict[str, Any]:
-    """nncf.quantize (PyTorch backend) on the same images, exported to QDQ ONNX; ImportError without NNCF."""
+def nncf_flow(setup, folder: Path) -> str:
+    """nncf.quantize (PyTorch backend) on the same batches, ``nncf.strip`` to torch's own quantise ops (NNCF's
+    FakeQuantize does not run in onnxruntime), exported to QDQ ONNX as bench/peers.py does; ImportError
+    without NNCF."""
+    import warnings
+
+    # NNCF builds a C++ extension on its first use in a machine's life (minutes on 2 busy cores); its
+    # default 60 s limit on that build would fail the row rather than measure anything.
+    os.environ.setdefault("NNCF_EXTENSION_LOAD_TIMEOUT", "1800")
     import nncf
     import torch
 
     from bench.fashion import DYNAMIC_AXES, IO_NAMES
 
     batches = _calibration_batches(setup)
+    with contextlib.redirect_stdout(io.StringIO()):  # NNCF's progress bars: stdout is for results
+        quantized = nncf.quantize(copy.deepcopy(setup.fp32_model).eval(), nncf.Dataset(batches),
+                                  subset_size=len(batches))
+    stripped = nncf.strip(quantized, do_copy=False, strip_format=nncf.StripFormat.NATIVE,
+                          example_input=setup.example[:1])
+    path = folder / "nncf_ptq.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(stripped, (setup.example,), str(path), dynamo=False, opset_version=17,
+                          dynamic_axes=DYNAMIC_AXES, **IO_NAMES)
+    return str(path)
+
+
+# --------------------------------------------------------------------------- accuracy rows
+
+
+def _row(setup, name: str, flow: Callable[[Path], str], deploy_kind: str) -> dict[str, Any]:
+    if setup.fp32_model is None:
+        raise RuntimeError("the FP32 row did not run: nothing to quantise")
     start = time.perf_counter()
-    quantized = nncf.quantize(copy.deepcopy(setup.fp32_model).eval(), nncf.Dataset(batches),
-                              subset_size=len(batches))
-    calibrate_s = time.perf_counter() - start
-    path = setup.folder(NNCF_NAME) / "nncf_ptq.onnx"
-    torch.onnx.export(quantized, (setup.example,), str(path), dynamo=False, opset_version=17,
-                      dynamic_axes=DYNAMIC_AXES, **IO_NAMES)
-    return {"onnx": str(path), "calibrate_s": calibrate_s, "deploy_kind": "QDQ ONNX (nncf.quantize)",
+    path = flow(setup.folder(name))
+    return {"onnx": path, "calibrate_s": time.perf_counter() - start, "deploy_kind": deploy_kind,
             "torch_accuracy": ort_accuracy(path, setup.x_test, setup.y_test, setup.threads),
             "calibration_images": CALIBRATION_IMAGES}
+
+
+def ptq_row(setup) -> dict[str, Any]:
+    """The PTQ row: quantise the FP32 row's model (trained like every other method) with training images."""
+    return _row(setup, NAME, lambda folder: ort_flow(setup, folder), "QDQ ONNX (quantize_static)")
+
+
+def amct_ptq_row(setup, algo: str) -> dict[str, Any]:
+    return _row(setup, OURS[algo], lambda folder: amct_flow(setup, folder, algo), "integer ONNX (save_model)")
+
+
+def nncf_ptq_row(setup) -> dict[str, Any]:
+    return _row(setup, NNCF_NAME, lambda folder: nncf_flow(setup, folder), "QDQ ONNX (nncf.quantize)")
+
+
+def methods(setup) -> list[tuple[str, str, Callable[[], dict[str, Any]]]]:
+    return [(NAME, "peer", lambda: ptq_row(setup)),
+            (OURS["ifmr"], "ours", lambda: amct_ptq_row(setup, "ifmr")),
+            (OURS["hfmg"], "ours", lambda: amct_ptq_row(setup, "hfmg")),
+            (NNCF_NAME, "peer", lambda: nncf_ptq_row(setup))]
+
+
+# --------------------------------------------------------------------------- wall time, interleaved
+
+
+def timing_flows(setup, fp32_onnx: str) -> dict[str, Callable[[Path], str]]:
+    return {OURS["ifmr"]: lambda folder: amct_flow(setup, folder, "ifmr"),
+            OURS["hfmg"]: lambda folder: amct_flow(setup, folder, "hfmg"),
+            ORT_FROM_TORCH: lambda folder: ort_flow(setup, folder),
+            ORT_FROM_FILE: lambda folder: ort_flow(setup, folder, fp32_onnx),
+            NNCF_NAME: lambda folder: nncf_flow(setup, folder)}
+
+
+def time_flows(setup, rounds: int) -> dict[str, dict[str, Any]]:
+    """``{flow: {min, median, max, runs}}`` (or ``{unavailable}``): one untimed warm-up, then ``rounds``
+    rounds of every flow in a rotated order."""
+    from bench.common import error_summary
+
+    fp32_onnx = export_fp32(setup.fp32_model, setup.folder("timing") / "fp32.onnx", setup.example)
+    flows, out = timing_flows(setup, fp32_onnx), {}
+    for name, flow in list(flows.items()):
+        try:
+            flow(setup.folder(f"warm-up {name}"))
+        except Exception as exc:  # NNCF missing or broken: the other flows still time
+            out[name] = {"unavailable": error_summary(exc)}
+            del flows[name]
+    samples: dict[str, list[float]] = {name: [] for name in flows}
+    order = list(flows)
+    for r in range(rounds):
+        for name in order[r % len(order):] + order[:r % len(order)]:
+            folder = setup.folder(f"round {r} {name}")
+            start = time.perf_counter()
+            flows[name](folder)
+            samples[name].append(time.perf_counter() - start)
+    out.update({name: {**summarize(runs), "runs": runs} for name, runs in samples.items()})
+    return out
+
+
+def ratios(timing: dict[str, dict[str, Any]], ours: str, peer: str) -> dict[str, float] | None:
+    """ours / peer, min to min and median to median."""
+    a, b = timing.get(ours, {}), timing.get(peer, {})
+    if "min" not in a or "min" not in b:
+        return None
+    return {"min": a["min"] / b["min"], "median": a["median"] / b["median"]}
+
+
+# --------------------------------------------------------------------------- mixed precision
 
 
 def mixed_precision_points(setup, budgets=BUDGETS) -> list[dict[str, Any]]:
@@ -148,64 +259,138 @@ def mixed_precision_points(setup, budgets=BUDGETS) -> list[dict[str, Any]]:
     points = []
     for budget in budgets:
         start = time.perf_counter()
+        folder = setup.folder(f"mixed {budget}")
         result = auto_mixed_precision(setup.fp32_model, setup.example, _calibration_batches(setup),
                                       setup.x_train[held_out], setup.y_train[held_out],
-                                      Budget(max_top1_drop=budget), setup.folder(f"mixed {budget}"))
+                                      Budget(max_top1_drop=budget), folder)
         points.append({"budget": budget, "precisions": result.precisions, "weight_bytes": result.weight_bytes,
                        "int8_weight_bytes": result.int8_weight_bytes, "file_bytes": result.file_bytes,
                        "search_top1_drop": result.deployed.top1_drop, "search_s": time.perf_counter() - start,
                        "test_accuracy": ort_accuracy(result.files["deploy"], setup.x_test, setup.y_test,
-                                                     setup.threads)})
+                                                     setup.threads),
+                       "int8_test_accuracy": ort_accuracy(str(folder / "int8_deploy_model.onnx"), setup.x_test,
+                                                          setup.y_test, setup.threads)})
     return points
 
 
-def methods(setup) -> list[tuple[str, str, Callable[[], dict[str, Any]]]]:
-    return [(NAME, "peer", lambda: ptq_row(setup)),
-            (OURS["ifmr"], "ours", lambda: amct_ptq_row(setup, "ifmr")),
-            (OURS["hfmg"], "ours", lambda: amct_ptq_row(setup, "hfmg")),
-            (NNCF_NAME, "peer", lambda: nncf_ptq_row(setup))]
+def plot_mixed_precision(points: list[dict[str, Any]], references: dict[str, tuple[int, float]], path: Path) -> None:
+    """Deploy ONNX bytes against test top-1: the budgets' choices, all-INT8 and the reference models."""
+    import matplotlib
+    import matplotlib.ticker
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    budgets: dict[tuple[float, float], list[str]] = {}  # budgets that chose the same model share a point
+    for p in points:
+        budgets.setdefault((p["file_bytes"]["deploy"] / 1024, p["test_accuracy"] * 100), []).append(f"{p['budget']:g}")
+    ax.plot([x for x, _ in budgets], [y for _, y in budgets], "o", color="tab:blue",
+            label="amct auto mixed precision (top-1 budget, pt)")
+    for (x, y), names in budgets.items():
+        ax.annotate(", ".join(names), (x, y), textcoords="offset points", xytext=(5, 3), fontsize=8)
+    int8 = points[0]
+    ax.plot([int8["file_bytes"]["int8_deploy"] / 1024], [int8["int8_test_accuracy"] * 100], "s",
+            color="tab:green", label="amct PTQ, all INT8")
+    for (label, (size, accuracy)), marker in zip(references.items(), "^Dv", strict=False):
+        ax.plot([size / 1024], [accuracy * 100], marker, label=label)
+    ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.set_xlabel("deploy ONNX file (KiB, log scale)")
+    ax.set_ylabel("test top-1 (%), onnxruntime")
+    ax.set_title("Fashion-MNIST CNN: deploy bytes vs top-1")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# --------------------------------------------------------------------------- the script
+
+
+def header(threads: int) -> str:
+    import platform
+
+    import onnxruntime
+    import torch
+
+    from amct_engine.export.deploy_target import cpu_flags
+
+    flags = [f for f in ISA_FLAGS if f in cpu_flags()]
+    policy = os.environ.get("OMP_WAIT_POLICY", "(unset)")
+    return (f"CPU: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; ISA flags: "
+            f"{', '.join(flags) or 'none of interest'}; torch {torch.__version__} ({threads} threads), onnxruntime "
+            f"{onnxruntime.__version__} (default threads); OMP_WAIT_POLICY={policy}; "
+            f"load average {' '.join(f'{v:.1f}' for v in os.getloadavg())}")
+
+
+def _print_rows(rows: dict[str, dict[str, Any]], baseline: str) -> None:
+    fp32 = rows[baseline]["torch_accuracy"]
+    print("\n| method | test top-1 (ORT) | Δ vs FP32 (pts) | deploy ONNX bytes |")
+    print("|---|---|---|---|")
+    for name, row in rows.items():
+        if row["status"] != "ok":
+            print(f"| {name} | {row['status']}: {row.get('reason', '')} | | |")
+            continue
+        print(f"| {name} | {row['torch_accuracy']:.4f} | {(row['torch_accuracy'] - fp32) * 100:+.2f} | "
+              f"{file_size(row['onnx'])} |")
+
+
+def _print_timing(timing: dict[str, dict[str, Any]], rounds: int) -> None:
+    print(f"\nPTQ wall time, model in memory -> INT8 ONNX on disk ({rounds} interleaved rounds after a warm-up):")
+    print("\n| flow | min (s) | median (s) | max (s) | ours / this, min | ours / this, median |")
+    print("|---|---|---|---|---|---|")
+    for name, t in timing.items():
+        if "unavailable" in t:
+            print(f"| {name} | unavailable: {t['unavailable']} | | | | |")
+            continue
+        r = ratios(timing, OURS["ifmr"], name) if name not in OURS.values() else None
+        cells = f"{r['min']:.2f}× | {r['median']:.2f}×" if r else " | "
+        print(f"| {name} | {t['min']:.3f} | {t['median']:.3f} | {t['max']:.3f} | {cells} |")
 
 
 def main(argv: list[str] | None = None) -> int:
     import argparse
-    import platform
     import tempfile
 
     import torch
 
     from bench.fashion import BASELINE, fp32_control, prepare, run_row
 
-    parser = argparse.ArgumentParser(description="PTQ rows (ours, ORT static, NNCF) and mixed-precision points")
+    parser = argparse.ArgumentParser(description="PTQ rows (ours, ORT static, NNCF), wall time and mixed precision")
     parser.add_argument("--quick", action="store_true", help="a few thousand images, for a smoke run")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=None, help="timed rounds (default 5; --quick 3)")
+    parser.add_argument("--plot", type=Path, default=None, help="draw the mixed-precision points into this PNG")
+    parser.add_argument("--no-mixed", action="store_true", help="skip the mixed-precision points")
     args = parser.parse_args(argv)
+    rounds = args.rounds or (3 if args.quick else 5)
     torch.set_num_threads(args.threads)
-    flags = sorted(f for f in ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8")
-                   if f in Path("/proc/cpuinfo").read_text())
-    print(f"CPU: {platform.processor() or platform.machine()}; ISA flags: {', '.join(flags) or 'none of interest'}")
+    print(header(args.threads))
     with tempfile.TemporaryDirectory(prefix="amct-ptq-bench-") as tmp:
         setup = prepare(Path(tmp), quick=args.quick, threads=args.threads)
         rows = {name: run_row(name, family, fn) for name, family, fn in
                 [(BASELINE, "baseline", lambda: fp32_control(setup)), *methods(setup)]}
-        fp32 = rows[BASELINE]["torch_accuracy"]
-        ort_s = rows[NAME].get("calibrate_s")
-        print("\n| method | test top-1 (ORT) | Δ vs FP32 (pts) | PTQ wall time (s) | time / ORT's |")
-        print("|---|---|---|---|---|")
-        for name, row in rows.items():
-            if row["status"] != "ok":
-                print(f"| {name} | {row['status']}: {row.get('reason', '')} | | | |")
-                continue
-            seconds = row.get("calibrate_s")
-            ratio = f"{seconds / ort_s:.2f}×" if seconds and ort_s else ""
-            print(f"| {name} | {row['torch_accuracy']:.4f} | {(row['torch_accuracy'] - fp32) * 100:+.2f} | "
-                  f"{seconds:.2f} | {ratio} |" if seconds else f"| {name} | {row['torch_accuracy']:.4f} | | | |")
-        print("\n| top-1 budget (pts) | choice | weight bytes (est.) | Ascend deploy bytes | test top-1 (ORT) |")
-        print("|---|---|---|---|---|")
-        for p in mixed_precision_points(setup, BUDGETS[1:4] if args.quick else BUDGETS):
-            choice = ", ".join(f"{k}:{v}" for k, v in p["precisions"].items())
-            print(f"| {p['budget']} | {choice} | {p['weight_bytes']:.0f} / {p['int8_weight_bytes']:.0f} INT8 | "
-                  f"{p['file_bytes']['ascend_deploy']} / {p['file_bytes']['int8_ascend_deploy']} INT8 | "
-                  f"{p['test_accuracy']:.4f} |")
+        _print_rows(rows, BASELINE)
+        _print_timing(time_flows(setup, rounds), rounds)
+        if not args.no_mixed:
+            points = mixed_precision_points(setup, BUDGETS[1:4] if args.quick else BUDGETS)
+            print("\n| top-1 budget (pts) | choice | weight bytes (est.) | deploy ONNX bytes | test top-1 (ORT) |")
+            print("|---|---|---|---|---|")
+            for p in points:
+                choice = ", ".join(f"{k}:{v}" for k, v in p["precisions"].items())
+                print(f"| {p['budget']:g} | {choice} | {p['weight_bytes']:.0f} / {p['int8_weight_bytes']:.0f} INT8 | "
+                      f"{p['file_bytes']['deploy']} / {p['file_bytes']['int8_deploy']} INT8 | "
+                      f"{p['test_accuracy']:.4f} (INT8 {p['int8_test_accuracy']:.4f}) |")
+            if args.plot is not None:
+                references = {f"{name}": (file_size(rows[name]["onnx"]), rows[name]["torch_accuracy"])
+                              for name in (BASELINE, NAME, NNCF_NAME) if rows[name]["status"] == "ok"}
+                plot_mixed_precision(points, references, args.plot)
+                print(f"\nplot: {args.plot}")
+    print(f"\nload average at the end: {' '.join(f'{v:.1f}' for v in os.getloadavg())}")
     return 0
 
 

@@ -112,7 +112,7 @@ register_job_kind(JobKind(
     "job_process.search_runners:auto_mixed_precision"))
 register_job_kind(JobKind(
     "prune_search", "calibration", None, True,
-    "per-group BCP prune ratios that reach search_config.target_macs_ratio of the MACs (greedy on sensitivity), "
+    "per-group BCP prune ratios that reach search_config.target_macs_ratio of the MACs (least summed damage), "
     "then prune retraining; writes the chosen .cfg",
     "job_process.search_runners:prune_search"))
 

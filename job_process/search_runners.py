@@ -1,7 +1,8 @@
 """Runners of the job kinds without training: ptq, sensitivity, auto_mixed_precision
 (docs/spec/engine.md §1.6, §4.11, §4.12).
 
-Calibration batches are the first `batch_num` x `batch_size` samples of the job's training split; the
+Calibration batches are the first `batch_num` x `batch_size` samples of the job's training split (each
+batch a tuple of the model's inputs in signature order, so a model of several inputs calibrates too); the
 sensitivity and mixed-precision measurements use the last `SEARCH_SAMPLES` of it (a fifth at most,
 never the calibration samples when the split is large enough), so the report's held-out split stays
 untouched by every decision. Progress events count calibration batches, then layers measured.
@@ -23,28 +24,19 @@ from amct_engine.mixed_precision import auto_mixed_precision as search_mixed_pre
 from amct_engine.prune_search import auto_channel_prune_search
 from amct_engine.sensitivity import analyse_sensitivity
 from job_process.runners import JobContext, add_saved_models, export_options, train
+from job_process.training import samples, take
 
 SEARCH_SAMPLES = 2000
 
 
-def _one_input(ctx: JobContext) -> tuple[torch.Tensor, torch.Tensor]:
-    """(example, training inputs) as single tensors: the calibration and search passes take a model of one
-    input (docs/spec/engine.md §1.6); a job's inputs arrive as a tuple in signature order."""
-    example, train_x = ctx.example, ctx.train_x
-    if isinstance(example, tuple):
-        if len(example) != 1:
-            raise ValueError("the calibration and search job kinds take a model with one input; "
-                             f"this model has {len(example)}: use quant_retrain with distill_outputs instead")
-        example, train_x = example[0], train_x[0]
-    return example, train_x
-
-
-def _batches(ctx: JobContext, batch_num: int) -> list[torch.Tensor]:
-    size, train_x = ctx.params["batch_size"], _one_input(ctx)[1]
-    if len(train_x) < batch_num * size:
+def _batches(ctx: JobContext, batch_num: int) -> list[tuple[torch.Tensor, ...]]:
+    """The calibration batches: the first batch_num x batch_size training samples, each batch a tuple of the
+    model's inputs in signature order (one tensor for a one-input model)."""
+    size, count = ctx.params["batch_size"], samples(ctx.train_x)
+    if count < batch_num * size:
         raise ValueError(f"PTQ needs batch_num x batch_size = {batch_num} x {size} calibration samples; the "
-                         f"training split has {len(train_x)}: lower batch_size or the cfg's batch_num")
-    return [train_x[i * size:(i + 1) * size] for i in range(batch_num)]
+                         f"training split has {count}: lower batch_size or the cfg's batch_num")
+    return [take(ctx.train_x, slice(i * size, (i + 1) * size)) for i in range(batch_num)]
 
 
 def _progress(ctx: JobContext):
@@ -55,11 +47,12 @@ def _progress(ctx: JobContext):
 
 
 def _search_data(ctx: JobContext, used: int):
-    """Held-out samples for the searches: the training split's tail, after the calibration samples."""
-    train_x = _one_input(ctx)[1]
-    count = min(SEARCH_SAMPLES, max(1, len(train_x) // 5), max(1, len(train_x) - used))
-    labels = ctx.train_y[-count:] if ctx.labelled else None
-    return train_x[-count:], labels
+    """Held-out samples for the searches: the training split's tail, after the calibration samples
+    (a tuple of the model's inputs, and their labels or None)."""
+    available = samples(ctx.train_x)
+    count = min(SEARCH_SAMPLES, max(1, available // 5), max(1, available - used))
+    tail = slice(available - count, available)
+    return take(ctx.train_x, tail), take(ctx.train_y, tail) if ctx.labelled else None
 
 
 def _settings(ctx: JobContext) -> dict:
@@ -71,16 +64,16 @@ def _settings(ctx: JobContext) -> dict:
 def ptq(ctx: JobContext) -> nn.Module:
     config, fused, record = ctx.path("ptq_config.json"), ctx.path("fused_model.onnx"), ctx.path("record.txt")
     ctx.phase("creating")
-    amct.create_quant_config(config, ctx.model_path, _one_input(ctx)[0], config_defination=ctx.cfg_path)
+    amct.create_quant_config(config, ctx.model_path, ctx.example, config_defination=ctx.cfg_path)
     with open(config) as f:
         batch_num = json.load(f)["batch_num"]
     batches = _batches(ctx, batch_num)
-    model = amct.quantize_model(config, fused, record, ctx.model_path, _one_input(ctx)[0], **ctx.io)
+    model = amct.quantize_model(config, fused, record, ctx.model_path, ctx.example, **ctx.io)
     ctx.phase("calibrating")
     progress = _progress(ctx)
     with torch.no_grad():
         for i, batch in enumerate(batches, 1):
-            model(batch)
+            model(*batch)
             progress(i, len(batches))
     ctx.phase("exporting_onnx")
     add_saved_models(ctx, amct.save_model(fused, record, ctx.path("model"), model=model,
@@ -96,11 +89,11 @@ def sensitivity(ctx: JobContext) -> nn.Module:
     batches = _batches(ctx, ctx.report["ptq"]["batch_num"])
     x_eval, y_eval = _search_data(ctx, ctx.report["ptq"]["calibration_samples"])
     ctx.phase("sensitivity")
-    table = analyse_sensitivity(ctx.model_path, _one_input(ctx)[0], batches, x_eval, y_eval,
+    table = analyse_sensitivity(ctx.model_path, ctx.example, batches, x_eval, y_eval,
                                 precisions=[p for p in settings["precisions"] if p != "INT16"] or ("INT8", "INT4"),
                                 prune_ratios=settings["prune_ratios"], progress=_progress(ctx))
     ctx.report["sensitivity"] = {**table.to_json(), "metric": "top1_drop" if y_eval is not None else "cosine",
-                                 "samples": len(x_eval)}
+                                 "samples": samples(x_eval)}
     path = ctx.path("sensitivity.json")
     with open(path, "w") as f:
         json.dump(ctx.report["sensitivity"], f, indent=2)
@@ -116,16 +109,16 @@ def auto_mixed_precision(ctx: JobContext) -> nn.Module:
     candidates = settings["precisions"] or ["INT4", "INT8", "INT16"]
     candidates = [*candidates, "FP32"] if settings["keep_float"] else candidates
     ctx.phase("searching")
-    result = search_mixed_precision(ctx.model_path, _one_input(ctx)[0], batches, x_eval, y_eval,
+    result = search_mixed_precision(ctx.model_path, ctx.example, batches, x_eval, y_eval,
                                     Budget(**settings["budget"]), ctx.path("mixed_precision"), candidates,
-                                    progress=_progress(ctx))
+                                    progress=_progress(ctx), io=ctx.io)
     deploy = result.files["ascend_deploy" if ctx.params.get("deploy_format") == "ascend" else "deploy"]
     add_saved_models(ctx, {"fake_quant": result.files["fake_quant"], "deploy": deploy})
     ctx.files["mixed_precision_cfg"] = result.cfg_file
     report = result.to_json()
     report["files"] = {k: os.path.basename(v) for k, v in report["files"].items()}
     report["cfg_file"] = os.path.basename(result.cfg_file)
-    ctx.report["mixed_precision"] = {**report, "budget": settings["budget"], "samples": len(x_eval),
+    ctx.report["mixed_precision"] = {**report, "budget": settings["budget"], "samples": samples(x_eval),
                                      "cfg_text": Path(result.cfg_file).read_text()}
     return result.model
 
@@ -137,18 +130,19 @@ def prune_search(ctx: JobContext) -> nn.Module:
     batches = _batches(ctx, batch_num)
     x_eval, y_eval = _search_data(ctx, batch_num * ctx.params["batch_size"])
     ctx.phase("searching")
-    result = auto_channel_prune_search(ctx.model_path, _one_input(ctx)[0], batches, x_eval, y_eval,
+    result = auto_channel_prune_search(ctx.model_path, ctx.example, batches, x_eval, y_eval,
                                        settings["target_macs_ratio"], ctx.path("prune_search.cfg"),
                                        progress=_progress(ctx))
     record = ctx.path("record.txt")
     ctx.phase("creating")
-    model = amct.create_prune_retrain_model(ctx.model_path, _one_input(ctx)[0], result.cfg_file, record,
-                                            calibration_data=batches)
+    # A batch (inputs,) whose inputs are the tuple: the calibration reader's (inputs, labels, ...) form.
+    model = amct.create_prune_retrain_model(ctx.model_path, ctx.example, result.cfg_file, record,
+                                            calibration_data=[(batch,) for batch in batches])
     model = train(ctx, model)
     ctx.phase("exporting_onnx")
-    add_saved_models(ctx, amct.save_prune_retrain_model(model, ctx.path("model"), _one_input(ctx)[0],
+    add_saved_models(ctx, amct.save_prune_retrain_model(model, ctx.path("model"), ctx.example,
                                                         **export_options(ctx)))
     ctx.files.update(record=record, prune_search_cfg=result.cfg_file)
     report = {k: v for k, v in vars(result).items() if k != "cfg_file"}
-    ctx.report["prune_search"] = {**report, "cfg_text": Path(result.cfg_file).read_text(), "samples": len(x_eval)}
+    ctx.report["prune_search"] = {**report, "cfg_text": Path(result.cfg_file).read_text(), "samples": samples(x_eval)}
     return model

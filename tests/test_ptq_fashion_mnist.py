@@ -119,6 +119,31 @@ def test_cfg_naming_a_missing_layer_is_a_positioned_error(tmp_path):
                                  config_defination=str(cfg))
 
 
+def test_calibration_writes_the_record_once_per_forward_and_the_model_still_copies(tmp_path, monkeypatch):
+    """Every layer that finishes calibrating in one forward lands in one rewrite of the record."""
+    import copy
+    import io
+
+    from examples.models import SmallFashionCnn
+
+    model, example = SmallFashionCnn().eval(), torch.randn(4, 1, 28, 28)
+    amct.create_quant_config(str(tmp_path / "c.json"), model, example, batch_num=2)
+    calibration = amct.quantize_model(str(tmp_path / "c.json"), str(tmp_path / "m.onnx"), str(tmp_path / "r.txt"),
+                                      model, example)
+    writes = []
+    original = RecordFile._write
+    monkeypatch.setattr(RecordFile, "_write", lambda self, record: (writes.append(len(record.record)),
+                                                                     original(self, record)))
+    calibration(example)
+    assert writes == []  # still collecting: nothing to write
+    calibration(example)
+    assert writes == [3]  # conv1, conv2 and fc together
+    assert set(RecordFile(tmp_path / "r.txt").quant_layers()) == {"conv1", "conv2", "fc"}
+    torch.save(calibration, io.BytesIO())  # the record hooks are objects, not closures
+    copy.deepcopy(calibration)(example)
+    assert writes == [3]  # a copy's forward writes nothing new
+
+
 @pytest.mark.parametrize("with_offset", [False, True])
 @pytest.mark.parametrize("bits", [8, 4])
 def test_histogram_ifmr_picks_the_exact_searchs_clip(bits, with_offset):

@@ -1,8 +1,9 @@
 """Write the fake-quant and deploy ONNX models of a quantised model (docs/spec/engine.md §1.1, §5).
 
-Pipeline, once per file: swap every QuantRetrainLayer for an ExportQuantLayer (BN folded, record
-factors applied) written by the file's `OnnxFormat`, export, apply the format's finaliser, then
-check the file with onnx.checker and onnxruntime (through the format's reference rewrite).
+Pipeline: swap every QuantRetrainLayer for an ExportQuantLayer (BN folded, record factors applied),
+once for both files; then per file, hand those layers the file's `OnnxFormat` writer, export, apply
+the format's finaliser, and check the file with onnx.checker and onnxruntime (through the format's
+reference rewrite).
 """
 
 from __future__ import annotations
@@ -147,16 +148,17 @@ def save_quantized_onnx(
     cpu_inputs = tuple(t.detach().cpu() for t in input_data)
     paths = output_paths(save_path)
     formats = {"fake_quant": FAKE_QUANT, "deploy": deploy}
-    cpu_model = copy.deepcopy(model).cpu().eval()
+    # One export model for both files (a copy of `model`, BN folded, factors computed once); each
+    # file's export only hands its layers the file format's writer.
+    export_model = build_export_model(model, records, FAKE_QUANT, deploy_target)
     for kind, path in paths.items():
-        write_quantized_onnx(cpu_model, records, formats[kind], path, cpu_inputs, input_names, output_names,
-                             dynamic_axes, deploy_target)
+        write_export_model(export_model, formats[kind], path, cpu_inputs, input_names, output_names,
+                           dynamic_axes, deploy_target)
     return paths
 
 
-def write_quantized_onnx(
-    model: nn.Module,
-    records: dict[str, LayerQuantRecord],
+def write_export_model(
+    export_model: nn.Module,
     onnx_format: OnnxFormat,
     path: str,
     input_data: tuple[torch.Tensor, ...],
@@ -165,9 +167,11 @@ def write_quantized_onnx(
     dynamic_axes=None,
     deploy_target: str = DEFAULT_DEPLOY_TARGET,
 ) -> None:
-    """One file of `model` (on the CPU, eval mode) in `onnx_format`: export, finalise, check."""
-    deploy_target = resolve_deploy_target(deploy_target)
-    export_model = build_export_model(model, records, onnx_format, deploy_target)
+    """Write a `build_export_model` model in `onnx_format` (its layers take the format's writer): export,
+    finalise, check. `deploy_target` must be resolved (the one the model was built for)."""
+    for layer in export_model.modules():
+        if isinstance(layer, ExportQuantLayer):
+            layer.writer = onnx_format.layer_writer
     export_onnx(export_model, path, input_data, input_names, output_names, dynamic_axes,
                 dict(onnx_format.custom_opsets) or None)
     written = None  # the file is loaded, finalised and saved once, and checked from memory

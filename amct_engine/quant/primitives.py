@@ -10,6 +10,8 @@ exactly only up to 2048) and would round scales; AMCT computes its factors in fl
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 # docs/spec/engine.md §4.0: scales below FLT_EPSILON are replaced by 1 (C's FLT_EPSILON, float32 machine epsilon).
@@ -108,7 +110,9 @@ def check_quantizable(x: torch.Tensor, what: str = "tensor", finite: bool = True
     """
     if x.dtype not in QUANTIZABLE_DTYPES:
         raise TypeError(f"only float32 and float16 {what}s can be quantised, got {x.dtype}")
-    if finite and not bool(torch.isfinite(x).all()):
+    if finite and x.numel() and not all(math.isfinite(float(v)) for v in torch.aminmax(x)):
+        # aminmax propagates nan and keeps an inf: one pass without a mask tensor (isfinite(x).all()
+        # wrote a bool per value and read it back; calibration scans every batch).
         raise RuntimeError(f"the {what} to be quantised contains inf or nan")
 
 

@@ -67,18 +67,24 @@ class QuantRetrainLayer(nn.Module):
             return self.training_forward(x)
         if self._deployed is None:
             with torch.no_grad():
-                y = self.training_forward(x)  # calibrates IFMR and refreshes the weight scales
-            if not self.act_quant.calibrated:
-                return y  # IFMR still collecting its batch_num batches
+                x_q, w_q = self._quantized_operands(x)  # calibrates IFMR and refreshes the weight scales
+                if not self.act_quant.calibrated:
+                    return self._layer_forward(x_q, w_q)  # IFMR still collecting its batch_num batches
+            # Calibrated now: the deployed form computes this forward (the fake-quant one is not run for nothing).
             self._deployed = self._freeze()
         layer, factors = self._deployed
         return deployed_forward(layer, factors, x)
 
     def training_forward(self, x: torch.Tensor) -> torch.Tensor:
         """Fake-quantised input and weight, the layer, then the unfolded BN (docs/spec/engine.md §4.6)."""
+        return self._layer_forward(*self._quantized_operands(x))
+
+    def _quantized_operands(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         x_q = self.act_quant(x)
         transpose_groups = self.layer.groups if isinstance(self.layer, nn.ConvTranspose2d) else None
-        w_q = self.weight_quant(self.layer.weight, transpose_groups)
+        return x_q, self.weight_quant(self.layer.weight, transpose_groups)
+
+    def _layer_forward(self, x_q: torch.Tensor, w_q: torch.Tensor) -> torch.Tensor:
         y = functional_call(self.layer, {"weight": w_q}, (x_q,))
         return self.bn(y) if self.bn is not None else y
 
