@@ -164,7 +164,7 @@ def run(workdir: Path, spec: dict, rank: Rank = SINGLE) -> dict:
     ctx = runners.JobContext(
         workdir=workdir, model_path=spec["model"], cfg_path=spec["cfg"], example=example, train_x=train_x,
         train_y=train_y, params=params, device=device, on_step=_progress_fn(params["epochs"]),
-        phase=phase, checkpoints=checkpoints, io=io, labelled=labels is not None,
+        phase=phase, checkpoints=checkpoints, io=io, labelled=labels is not None and train_y is train_labels,
         loss_fn=build_loss(params, original, spec.get("outputs"), labels is not None, device), rank=rank,
     )
     model = run_kind(ctx)
