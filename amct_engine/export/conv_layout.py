@@ -1,7 +1,8 @@
 """Conv shapes onnxruntime's int8 kernels run fast: same integers, another layout (deploy graph only).
 
 Two rewrites of the QDQ deploy graph, each exact (the same integer sums, so the same outputs bit for bit),
-chosen by measurement on onnxruntime 1.32's CPU kernels (docs/benchmarks.md#deploy-speed-our-int8-onnx-vs-fp32-and-onnxruntimes-own-ptq):
+chosen by measurement on onnxruntime 1.32's CPU kernels (figures in
+docs/benchmarks.md#deploy-speed-our-int8-onnx-vs-fp32-and-onnxruntimes-own-ptq):
 
 - `tall_kernels_as_wide`: a region of [N, C, H, 1] tensors whose convs have (k x 1) kernels (CREPE: 512x1,
   64x1) runs as [N, C, 1, H] with (1 x k) kernels. onnxruntime's NHWC im2col copies one kernel row per
