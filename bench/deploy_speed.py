@@ -14,8 +14,10 @@ forward (the record), `save_quant_retrain_model` (no training: a PTQ of the same
 Latency: interleaved round-robin (bench.common.interleaved_latency), 2 intra-op threads, batch 1 and
 8 (ResNet-18) or 64 (the CNNs); minimum and median per model, each as a ratio to FP32's in the same
 run (the ratio of minima is the one a shared machine's load moves least); the load average before and
-after; onnxruntime's profile of our model and of the best peer by op type. The header lists the CPU's
-ISA flags: VNNI decides which integer kernels run (export.deploy_target).
+after; the ratio of minimum CPU times on one thread with spinning off (bench.common.interleaved_cpu_time:
+the work a run needs, which the load barely moves); onnxruntime's profile of our model and of the best
+peer by op type. The header lists the CPU's ISA flags: VNNI decides which integer kernels run
+(export.deploy_target).
 
 Run: ``python bench/deploy_speed.py [--quick] [--only resnet18,fashion,crepe,minilm]``.
 """
@@ -43,7 +45,14 @@ import amct_engine as amct  # noqa: E402
 from amct_engine.export.deploy_target import cpu_flags, detect_deploy_target  # noqa: E402
 from amct_engine.export.qdq_graph import deploy_report  # noqa: E402
 from amct_engine.export.save import export_onnx  # noqa: E402
-from bench.common import error_summary, file_size, interleaved_latency, ort_session, random_feeds  # noqa: E402
+from bench.common import (  # noqa: E402
+    error_summary,
+    file_size,
+    interleaved_cpu_time,
+    interleaved_latency,
+    ort_session,
+    random_feeds,
+)
 from bench.peers import torchao_ptq_onnx  # noqa: E402
 from bench.ptq import ArrayReader  # noqa: E402
 
@@ -206,8 +215,7 @@ def cnn_section(name: str, model: nn.Module, calibration: torch.Tensor, batches:
     files["ours"] = ours(model, calibration, folder)
     export_s = time.perf_counter() - start
     load = os.getloadavg()
-    latency = {b: interleaved_latency(files, b, rounds=ROUNDS[quick], per_round=3, threads=THREADS) for b in batches}
-    rows = latency_rows(files, fp32, latency, batches)
+    rows = latency_rows(files, fp32, measure(files, batches, quick), batches)
     best, big = ours_vs_best_peer(rows, batches), batches[-1]
     peer = best.get(f"b{big}", {}).get("peer")
     return {"name": name, "params": sum(p.numel() for p in model.parameters()), "rows": rows, "notes": notes,
@@ -217,11 +225,26 @@ def cnn_section(name: str, model: nn.Module, calibration: torch.Tensor, batches:
             "profile_best_peer": op_profile(files[peer], big, 5 if quick else 10) if peer else {}}
 
 
-def latency_rows(files: dict[str, str], fp32: str, latency: dict, batches, extra: dict | None = None) -> list[dict]:
-    """One row per model: bytes and, per batch, the median and minimum ms and their ratios to FP32's.
+def measure(files: dict[str, str], batches, quick: bool, feeds=None) -> tuple[dict, dict]:
+    """Wall latency at THREADS threads and CPU time on one thread, per batch, each interleaved across models."""
+    latency, cpu = {}, {}
+    for b in batches:
+        per_model = {k: feeds(b) for k in files} if feeds else None
+        latency[b] = interleaved_latency(files, b, rounds=ROUNDS[quick], per_round=3, threads=THREADS,
+                                         feeds=per_model)
+        cpu[b] = interleaved_cpu_time(files, b, rounds=ROUNDS[quick] // 2, per_round=3, feeds=per_model)
+    return latency, cpu
+
+
+def latency_rows(files: dict[str, str], fp32: str, timings: tuple[dict, dict], batches,
+                 extra: dict | None = None) -> list[dict]:
+    """One row per model: bytes and, per batch, the minimum and median ms at THREADS threads and their
+    ratios to FP32's, and the ratio of minimum CPU times on one thread.
 
     The machine is shared: a median moves with the load of its round, a minimum is the run the load
-    left alone, so the ratio of minima is the least load-sensitive figure (docs/benchmarks.md, "Noise")."""
+    left alone (the least load-sensitive wall figure, docs/benchmarks.md, "Noise"), and CPU time on one
+    thread is the work a run needs, which the load barely moves."""
+    latency, cpu = timings
     rows = []
     for label, path in files.items():
         row = {"model": label, **(extra or {}).get(label, {}), "bytes_ratio": file_size(path) / file_size(fp32)}
@@ -230,19 +253,21 @@ def latency_rows(files: dict[str, str], fp32: str, latency: dict, batches, extra
             row[f"b{b}_min_ms"], row[f"b{b}_med_ms"] = mine["min"] * 1e3, mine["median"] * 1e3
             row[f"b{b}_vs_fp32_min"] = mine["min"] / base["min"]
             row[f"b{b}_vs_fp32_med"] = mine["median"] / base["median"]
+            row[f"b{b}_cpu_vs_fp32"] = cpu[b][label]["min"] / cpu[b]["FP32"]["min"]
         rows.append(row)
     return rows
 
 
 def ours_vs_best_peer(rows: list[dict], batches) -> dict[str, dict[str, Any]]:
-    """Per batch: the fastest peer by minimum time and ours / it, by minimum and by median."""
+    """Per batch: the fastest peer by minimum time and ours / it, by minimum, by median and by CPU time."""
     peers = [r for r in rows if r["model"] not in ("ours", "FP32")]
     mine = next(r for r in rows if r["model"] == "ours")
     found = {}
     for b in batches if peers else ():
         best = min(peers, key=lambda r: r[f"b{b}_min_ms"])
         found[f"b{b}"] = {"peer": best["model"], "ratio": mine[f"b{b}_min_ms"] / best[f"b{b}_min_ms"],
-                          "ratio_median": mine[f"b{b}_med_ms"] / best[f"b{b}_med_ms"]}
+                          "ratio_median": mine[f"b{b}_med_ms"] / best[f"b{b}_med_ms"],
+                          "ratio_cpu": mine[f"b{b}_cpu_vs_fp32"] / best[f"b{b}_cpu_vs_fp32"]}
     return found
 
 
@@ -274,9 +299,8 @@ def minilm_section(quick: bool, folder: Path) -> dict[str, Any]:
         out = session.run(None, {"input_ids": ids.numpy(), "attention_mask": mask.numpy()})[0]
         cosine[label] = F.cosine_similarity(torch.from_numpy(out), reference, dim=-1).mean().item()
     load, batches = os.getloadavg(), (1, 32)
-    latency = {b: interleaved_latency(files, b, rounds=ROUNDS[quick], per_round=3, threads=THREADS,
-                                      feeds={k: _feeds(ids, mask, b) for k in files}) for b in batches}
-    rows = latency_rows(files, fp32, latency, batches, {label: {"cos_fp32": c} for label, c in cosine.items()})
+    timings = measure(files, batches, quick, lambda b: _feeds(ids, mask, b))
+    rows = latency_rows(files, fp32, timings, batches, {label: {"cos_fp32": c} for label, c in cosine.items()})
     return {"name": "MiniLM", "rows": rows, "ours_vs_best_peer": ours_vs_best_peer(rows, batches),
             "load_avg": [load, os.getloadavg()], "report": deploy_report(paths["deploy"]),
             "profile_ours": op_profile(paths["deploy"], 1, 5, _feeds(ids, mask, 1)),

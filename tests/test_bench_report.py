@@ -117,7 +117,8 @@ def test_deploy_section_leads_with_ratios_of_minima_and_says_the_load():
                 "b64_vs_fp32_min": ms / 10.0, "b64_vs_fp32_med": med / 30.0}
     section = {"name": "CREPE tiny", "params": 486_552, "notes": {},
                "rows": [row("FP32", 10.0, 30.0), row("ORT PTQ QDQ U8S8", 13.0, 20.0), row("ours", 12.0, 25.0)],
-               "ours_vs_best_peer": {"b64": {"peer": "ORT PTQ QDQ U8S8", "ratio": 12 / 13, "ratio_median": 1.25}},
+               "ours_vs_best_peer": {"b64": {"peer": "ORT PTQ QDQ U8S8", "ratio": 12 / 13, "ratio_median": 1.25,
+                                                    "ratio_cpu": 0.9}},
                "load_avg": [[3.0, 2.5, 2.0], [4.0, 3.0, 2.0]],
                "report": {"optimized_op_counts": {"QLinearConv": 12}, "not_fused": {},
                           "conv_layout": {"wide_kernels": ["conv1/Conv"], "padded_input_channels": []}},
@@ -126,7 +127,7 @@ def test_deploy_section_leads_with_ratios_of_minima_and_says_the_load():
                          "threads": 2, "load_avg_at_start": [3.0, 2.5, 2.0]}, "sections": [section]}
     text = "\n".join(report.deploy_md({"sections": {"deploy": {"status": "ok", "result": deploy}}}))
     assert "| ours | 0.250 | 12.000 | 25.000 | 1.200 | 0.833 |" in text and "load average at start 3.00 / 2.50" in text
-    assert "0.92× by minima (ORT PTQ QDQ U8S8), 1.25× by medians" in text
+    assert "0.92× by minima (ORT PTQ QDQ U8S8), 1.25× by medians, 0.90× by one-thread CPU time" in text
     assert "wide kernels: conv1/Conv" in text and "padded input channels" not in text
     assert report.deploy_losses(deploy) == ["CREPE tiny b64: ours 1.20× FP32; QLinearConv takes 900 µs of our run"]
 
