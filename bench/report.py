@@ -717,8 +717,8 @@ def deploy_md(results: Mapping[str, Any]) -> list[str]:
             lines.append(f"- ours / best peer at {batch}: {best['ratio']:.2f}× by minima ({best['peer']}){others}")
         if "load_avg" in section:
             before, after = section["load_avg"]
-            lines.append(f"- load average while timing: {_load_text(before, ' before')[2:]}, "
-                         f"{_load_text(after, ' after')[2:]}")
+            lines.append(f"- load average (1 / 5 / 15 min) while timing: {_loads(before)} before, "
+                         f"{_loads(after)} after")
         report = section.get("report", {})
         lines.append(f"- ours after ORT's optimiser: {_op_counts(report.get('optimized_op_counts', {}))}; "
                      f"layers not fused: {', '.join(report.get('not_fused') or {}) or 'none'}")
@@ -735,8 +735,12 @@ def deploy_md(results: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def _loads(load) -> str:
+    return " / ".join(f"{v:.2f}" for v in load)
+
+
 def _load_text(load, when: str) -> str:
-    return f", load average{when} {' / '.join(f'{v:.2f}' for v in load)}" if load else ""
+    return f", load average{when} {_loads(load)}" if load else ""
 
 
 def _op_counts(counts: Mapping[str, int]) -> str:

@@ -129,6 +129,7 @@ def test_deploy_section_leads_with_ratios_of_minima_and_says_the_load():
     assert "| ours | 0.250 | 12.000 | 25.000 | 1.200 | 0.833 |" in text and "load average at start 3.00 / 2.50" in text
     assert "0.92× by minima (ORT PTQ QDQ U8S8), 1.25× by medians, 0.90× by one-thread CPU time" in text
     assert "wide kernels: conv1/Conv" in text and "padded input channels" not in text
+    assert "load average (1 / 5 / 15 min) while timing: 3.00 / 2.50 / 2.00 before, 4.00 / 3.00 / 2.00 after" in text
     assert report.deploy_losses(deploy) == ["CREPE tiny b64: ours 1.20× FP32; QLinearConv takes 900 µs of our run"]
 
 
