@@ -169,14 +169,16 @@ def ours(model: nn.Module, calibration: torch.Tensor, folder: Path) -> str:
 
 
 def op_profile(path: str, batch: int, runs: int, feeds: dict[str, np.ndarray] | None = None) -> dict[str, float]:
-    """µs per run by op type of the optimised graph (onnxruntime's profiler, THREADS threads): each node's
-    fastest of `runs` runs, summed by op type (a node's mean moves with the shared machine's load)."""
+    """µs per run by op type of the optimised graph (onnxruntime's profiler, one thread): each node's fastest
+    of `runs` runs, summed by op type. One thread: at THREADS threads a node's time depends on whether the
+    shared machine ran both threads at once (ResNet-18's best peer's convs came out at half of ours while
+    their CPU times tied); a node's mean moves with the load, its fastest run much less."""
     folder = os.path.dirname(path)
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.enable_profiling, options.profile_file_prefix = True, os.path.join(folder, "profile")
-    options.intra_op_num_threads, options.inter_op_num_threads = THREADS, 1
+    options.intra_op_num_threads, options.inter_op_num_threads = 1, 1
     session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
     feeds = feeds or random_feeds(session, batch, path)
     for _ in range(runs):

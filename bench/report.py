@@ -729,7 +729,7 @@ def deploy_md(results: Mapping[str, Any]) -> list[str]:
         for key, label in (("profile_ours", "ours"), ("profile_best_peer", "best peer")):
             top = list(section.get(key, {}).items())[:6]
             if top:
-                lines.append(f"- µs per run by op type (each node's fastest run), {label}: "
+                lines.append(f"- µs per run by op type (one thread, each node's fastest run), {label}: "
                              + ", ".join(f"{op} {us:.0f}" for op, us in top))
         lines.append("")
     return lines
