@@ -178,6 +178,38 @@ def interleaved_latency(
     return {name: summarize(values) for name, values in samples.items()}
 
 
+def interleaved_cpu_time(
+    paths: Mapping[str, str | os.PathLike],
+    batch: int,
+    rounds: int = 10,
+    per_round: int = 3,
+    feeds: Mapping[str, Mapping[str, np.ndarray]] | None = None,
+) -> dict[str, dict[str, float]]:
+    """CPU time per run ``{min, median, max}`` (seconds) of several ONNX models on one intra-op thread with
+    spinning off, measured round-robin: the work a run needs, which a shared machine's load barely moves
+    (a busy neighbour delays a run, it does not make it compute more; caches are the residue)."""
+    import onnxruntime as ort
+
+    sessions = {}
+    for name, path in paths.items():
+        options = ort.SessionOptions()
+        options.intra_op_num_threads, options.inter_op_num_threads = 1, 1
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        sessions[name] = ort.InferenceSession(os.fspath(path), options, providers=["CPUExecutionProvider"])
+    inputs = {name: (feeds or {}).get(name) or random_feeds(s, batch, os.fspath(paths[name]))
+              for name, s in sessions.items()}
+    samples: dict[str, list[float]] = {name: [] for name in sessions}
+    for name, session in sessions.items():
+        session.run(None, inputs[name])
+    for _ in range(rounds):
+        for name, session in sessions.items():
+            for _ in range(per_round):
+                start = time.process_time()
+                session.run(None, inputs[name])
+                samples[name].append(time.process_time() - start)
+    return {name: summarize(values) for name, values in samples.items()}
+
+
 def ort_node_profile(path: str | os.PathLike, batch: int, runs: int = 30, top: int = 6) -> dict[str, Any]:
     """Where onnxruntime spends a run: mean µs per run of the ``top`` costliest nodes of the optimised graph
     (``[{node, op, us}]``, from onnxruntime's own profiler; one thread) and the mean µs of all nodes."""

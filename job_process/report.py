@@ -71,11 +71,15 @@ def _weight_tensors(graph: onnx.GraphProto):
 
 
 # Which input of a layer op is its weight, and (integer ops) how many inputs later its zero point comes.
+# MatMulIntegerToFloat (A, B, a_scale, b_scale, a_zero_point, b_zero_point, bias): the deploy graph's
+# float-output Linears (amct_engine/export/float_output_matmul.py).
 WEIGHT_INPUT = {"Conv": 1, "ConvTranspose": 1, "Gemm": 1, "MatMul": 1, "ConvInteger": 1, "MatMulInteger": 1,
-                "QLinearConv": 3, "QLinearMatMul": 3}
-ZERO_POINT_AFTER = {"ConvInteger": 2, "MatMulInteger": 2, "QLinearConv": 2, "QLinearMatMul": 2}
+                "QLinearConv": 3, "QLinearMatMul": 3, "MatMulIntegerToFloat": 1}
+ZERO_POINT_AFTER = {"ConvInteger": 2, "MatMulInteger": 2, "QLinearConv": 2, "QLinearMatMul": 2,
+                    "MatMulIntegerToFloat": 4}
 # The axis a per-channel zero point runs along: the output channel of a conv, the output column of a matmul.
-ZERO_POINT_AXIS = {"ConvInteger": 0, "QLinearConv": 0, "MatMulInteger": -1, "QLinearMatMul": -1}
+ZERO_POINT_AXIS = {"ConvInteger": 0, "QLinearConv": 0, "MatMulInteger": -1, "QLinearMatMul": -1,
+                   "MatMulIntegerToFloat": -1}
 # Ops the exporters put between a stored weight and its layer without changing which values are zero.
 PASS_THROUGH = {"Transpose", "Cast", "Reshape", "Identity", "Squeeze", "Unsqueeze"}
 

@@ -111,6 +111,28 @@ def test_deploy_section_renders_the_table_and_lists_where_ours_is_slower():
         "ResNet-18 layout b1: ours 1.33× ORT PTQ QDQ U8S8; QLinearConv takes 3500 µs of our run"]
 
 
+def test_deploy_section_leads_with_ratios_of_minima_and_says_the_load():
+    def row(model, ms, med):
+        return {"model": model, "bytes_ratio": 0.25, "b64_min_ms": ms, "b64_med_ms": med,
+                "b64_vs_fp32_min": ms / 10.0, "b64_vs_fp32_med": med / 30.0}
+    section = {"name": "CREPE tiny", "params": 486_552, "notes": {},
+               "rows": [row("FP32", 10.0, 30.0), row("ORT PTQ QDQ U8S8", 13.0, 20.0), row("ours", 12.0, 25.0)],
+               "ours_vs_best_peer": {"b64": {"peer": "ORT PTQ QDQ U8S8", "ratio": 12 / 13, "ratio_median": 1.25,
+                                                    "ratio_cpu": 0.9}},
+               "load_avg": [[3.0, 2.5, 2.0], [4.0, 3.0, 2.0]],
+               "report": {"optimized_op_counts": {"QLinearConv": 12}, "not_fused": {},
+                          "conv_layout": {"wide_kernels": ["conv1/Conv"], "padded_input_channels": []}},
+               "profile_ours": {"QLinearConv": 900.0}}
+    deploy = {"header": {"isa": ["avx512_vnni"], "deploy_target(auto)": "x86_vnni", "onnxruntime": "1.32.0",
+                         "threads": 2, "load_avg_at_start": [3.0, 2.5, 2.0]}, "sections": [section]}
+    text = "\n".join(report.deploy_md({"sections": {"deploy": {"status": "ok", "result": deploy}}}))
+    assert "| ours | 0.250 | 12.000 | 25.000 | 1.200 | 0.833 |" in text and "load average at start 3.00 / 2.50" in text
+    assert "0.92× by minima (ORT PTQ QDQ U8S8), 1.25× by medians, 0.90× by one-thread CPU time" in text
+    assert "wide kernels: conv1/Conv" in text and "padded input channels" not in text
+    assert "load average (1 / 5 / 15 min) while timing: 3.00 / 2.50 / 2.00 before, 4.00 / 3.00 / 2.00 after" in text
+    assert report.deploy_losses(deploy) == ["CREPE tiny b64: ours 1.20× FP32; QLinearConv takes 900 µs of our run"]
+
+
 def test_each_torch_pruning_row_is_paired_with_our_best_recipe_with_accuracy_after_pruning():
     engine = results()["sections"]["engine"]["result"]
     ours = report.BEST_PRUNE_ROW.format(pct=50)

@@ -86,6 +86,8 @@ def test_ort_runs_the_deploy_graph_in_int8_kernels_end_to_end(net, shape, tmp_pa
     if net is TinyResNet:
         assert ops.count("QLinearAdd") == 3 and ops.count("QLinearGlobalAveragePool") == 1
         assert ops.count("Transpose") <= 2  # NHWC from the first conv to the pool
+    else:  # (8 x 1) kernels run as (1 x 8): tests/test_deploy_conv_layout.py
+        assert report["conv_layout"]["wide_kernels"] == ["features.1/Conv", "features.6/Conv"]
 
     with torch.no_grad():
         expected = qmodel(x).numpy()

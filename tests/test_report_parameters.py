@@ -55,3 +55,14 @@ def test_a_matmul_of_two_activations_has_no_weights(tmp_path):
     b = helper.make_tensor_value_info("b", TensorProto.FLOAT, [2, 2])
     path = _save(tmp_path, [helper.make_node("MatMul", ["a", "b"], ["y"])], {}, [a, b])
     assert onnx_parameters(path) == {"total": 0, "weights": 0, "nonzero_weights": 0}
+
+
+def test_a_matmul_integer_to_float_counts_its_codes_against_their_per_column_zero_point(tmp_path):
+    codes = np.array([[128, 3], [128, 0]], np.uint8)  # column 0's zero point is 128, column 1's is 0
+    inits = {"w": codes, "sa": np.array(0.1, np.float32), "sw": np.array([0.1, 0.2], np.float32),
+             "za": np.array(128, np.uint8), "zw": np.array([128, 0], np.uint8), "bias": np.zeros(2, np.float32)}
+    x = helper.make_tensor_value_info("x", TensorProto.UINT8, [1, 2])
+    node = helper.make_node("MatMulIntegerToFloat", ["x", "w", "sa", "sw", "za", "zw", "bias"], ["y"],
+                            domain="com.microsoft")
+    path = _save(tmp_path, [node], inits, [x])
+    assert onnx_parameters(path) == {"total": 12, "weights": 4, "nonzero_weights": 1}

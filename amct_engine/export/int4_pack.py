@@ -18,8 +18,10 @@ INT4_OPSET = 21
 
 
 def int4_candidates(model: onnx.ModelProto) -> list[str]:
-    """INT8 weight initialisers read by a DequantizeLinear whose codes all fit in [-8, 7]."""
-    weights = {n.input[0] for n in model.graph.node if n.op_type == "DequantizeLinear"}
+    """INT8 weight initialisers read by a DequantizeLinear (or, as B, by a MatMulIntegerToFloat:
+    export.float_output_matmul) whose codes all fit in [-8, 7]."""
+    weights = {n.input[0] for n in model.graph.node if n.op_type == "DequantizeLinear"} | \
+        {n.input[1] for n in model.graph.node if n.op_type == "MatMulIntegerToFloat"}
     found = []
     for tensor in model.graph.initializer:
         if tensor.name in weights and tensor.data_type == TensorProto.INT8 and len(tensor.dims) > 1:

@@ -27,6 +27,8 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from amct_engine.export.ascend import LAYER_ATTR
+from amct_engine.export.conv_layout import pad_input_channels, tall_kernels_as_wide
+from amct_engine.export.float_output_matmul import matmuls_to_integer_to_float
 from amct_engine.export.int4_pack import pack_int4_weights
 from amct_engine.export.onnx_graph import constants_to_initializers
 
@@ -526,8 +528,8 @@ def fusion_report(model: onnx.ModelProto, deploy_target: str) -> dict:
 
     ORT names a fused node after the node it replaces, so `<layer>/<Op>` survives optimisation.
     """
-    layers = {n.name.split("/")[0] for n in model.graph.node
-              if n.op_type in LAYER_OPS and "/" in n.name and not n.name.startswith("/")}
+    layers = {n.name.split("/")[0] for n in model.graph.node  # MatMulIntegerToFloat: export.float_output_matmul
+              if n.op_type in LAYER_OPS | {"MatMulIntegerToFloat"} and "/" in n.name and not n.name.startswith("/")}
     optimized = optimized_ops(model)
     runs_as: dict[str, str] = {}
     for node in optimized.graph.node:
@@ -555,10 +557,15 @@ def finalize_qdq_deploy(model: onnx.ModelProto, feeds: dict[str, np.ndarray], de
     import json
 
     model = name_after_layers(batch_norms_as_depthwise_convs(quantize_boundaries(model, feeds)))
+    layout = {"wide_kernels": tall_kernels_as_wide(model),
+              "padded_input_channels": pad_input_channels(model) if deploy_target == "x86_vnni" else []}
+    float_matmuls = matmuls_to_integer_to_float(model)
     model, packed = pack_int4_weights(short_activation_names(model))
     model.producer_name = PRODUCER
     report = fusion_report(model, deploy_target)
     report["int4_weights"] = packed
+    report["conv_layout"] = layout
+    report["matmul_integer_to_float"] = float_matmuls
     kept = [p for p in model.metadata_props if p.key != REPORT_KEY]
     del model.metadata_props[:]
     model.metadata_props.extend(kept)

@@ -1,0 +1,267 @@
+"""Conv shapes onnxruntime's int8 kernels run fast: same integers, another layout (deploy graph only).
+
+Two rewrites of the QDQ deploy graph, each exact (the same integer sums, so the same outputs bit for bit),
+chosen by measurement on onnxruntime 1.32's CPU kernels (figures in
+docs/benchmarks.md#deploy-speed-our-int8-onnx-vs-fp32-and-onnxruntimes-own-ptq):
+
+- `tall_kernels_as_wide`: a region of [N, C, H, 1] tensors whose convs have (k x 1) kernels (CREPE: 512x1,
+  64x1) runs as [N, C, 1, H] with (1 x k) kernels. onnxruntime's NHWC im2col copies one kernel row per
+  `memcpy`: a (k x 1) kernel is k copies of C bytes, a (1 x k) kernel one copy of k*C bytes. CREPE's first
+  conv (1 -> 128 channels, 512x1, stride 4) took 28 ms per batch of 64 in QLinearConv and 5.7 ms as 1x512
+  (one thread, minimum CPU time); Conv1D measured the same as 1 x k. Swapping H and W of a tensor whose W
+  is 1 is a Reshape (no data moves); one goes in where the region starts and one where it ends.
+- `pad_input_channels`: a conv whose input channels are not a multiple of 4 (an image's 1 or 3) gets zero
+  weight rows for the missing channels and its input codes a zero-filled channel `Pad`. MLAS's symmetric
+  int8 conv (indirect, requantisation fused; the x86 path for int8 weights with zero point 0) needs
+  input channels % 4 == 0; other convs take the generic im2col + GEMM + requantise path. Measured on
+  isolated convs: 0.62-0.67x the time for 3x3 kernels on 1-3 channels, 0.9x for ResNet's 7x7 stem;
+  zero weights add nothing to the sums, so the output is the same. Only where the weights are int8 with
+  zero point 0 (deploy_target x86_vnni): uint8 weights (x86_avx2) never take the symmetric path, and
+  ARM's symmetric conv refuses convs under 64 input channels.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+# Ops that act per position and per channel on [N, C, H, W] (or only along H and W through their
+# attributes, swapped below): a region of them may run with H and W exchanged.
+_ELEMENTWISE = {"QuantizeLinear", "DequantizeLinear", "Relu", "Clip", "Sigmoid", "LeakyRelu", "Identity",
+                "BatchNormalization"}
+_SPATIAL = {"Conv", "MaxPool", "AveragePool"}
+_SPATIAL_ATTRS = ("kernel_shape", "strides", "dilations")
+CHANNEL_MULTIPLE = 4  # MLAS's KernelInputChannelAlignment of its x86 symmetric conv kernels
+MAX_TAPS_FOR_ONE_CHANNEL = 9  # see _padding_pays
+MIN_OUTPUT_CHANNELS = 16  # its FilterOutputChannelPackCount: fewer output channels never take that path
+
+
+class _Shapes:
+    """Static shapes (None where unknown), constants and producers/readers of a model."""
+
+    def __init__(self, model: onnx.ModelProto):
+        inferred = onnx.shape_inference.infer_shapes(model)
+        self.dims: dict[str, list[int | None]] = {}
+        for v in (*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output):
+            if v.type.tensor_type.HasField("shape"):
+                self.dims[v.name] = [d.dim_value if d.HasField("dim_value") else None
+                                     for d in v.type.tensor_type.shape.dim]
+        graph = model.graph
+        self.initializers = {t.name: t for t in graph.initializer}
+        self.constant = set(self.initializers)
+        for node in graph.node:  # topological order: a node of constants only makes constants
+            if all(not i or i in self.constant for i in node.input):
+                self.constant.update(node.output)
+        self.producer = {o: n for n in graph.node for o in n.output}
+        self.readers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
+        for node in graph.node:
+            for name in node.input:
+                self.readers[name].append(node)
+
+    def width_one(self, name: str) -> bool:
+        dims = self.dims.get(name)
+        return dims is not None and len(dims) == 4 and dims[3] == 1
+
+
+def _attr(node: onnx.NodeProto, name: str, default=None):
+    found = next((a for a in node.attribute if a.name == name), None)
+    return default if found is None else helper.get_attribute_value(found)
+
+
+def _set_attr(node: onnx.NodeProto, name: str, value) -> None:
+    kept = [a for a in node.attribute if a.name != name]
+    del node.attribute[:]
+    node.attribute.extend([*kept, helper.make_attribute(name, value)])
+
+
+def _activations(node: onnx.NodeProto, shapes: _Shapes) -> list[str]:
+    """The data tensors a node reads and writes: every op above reads its data as input 0 (the others are
+    weights, biases, scales, zero points, clip bounds)."""
+    return [n for n in (*node.input[:1], *node.output) if n and n not in shapes.constant]
+
+
+def _flippable(node: onnx.NodeProto, shapes: _Shapes) -> bool:
+    if node.op_type not in _ELEMENTWISE | _SPATIAL:
+        return False
+    if node.op_type in ("QuantizeLinear", "DequantizeLinear") and _attr(node, "axis", 1) not in (1, -3):
+        return False
+    if node.op_type in _SPATIAL and (_attr(node, "kernel_shape") or [0, 0])[-1] != 1:
+        return False
+    if _attr(node, "auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
+        return False
+    data = _activations(node, shapes)
+    return bool(data) and all(shapes.width_one(n) for n in data)
+
+
+def _regions(model: onnx.ModelProto, shapes: _Shapes) -> list[list[onnx.NodeProto]]:
+    """Connected groups of flippable nodes (joined by the activations they share), in graph order."""
+    nodes = [n for n in model.graph.node if _flippable(n, shapes)]
+    parent = list(range(len(nodes)))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    owner: dict[str, int] = {}
+    for i, node in enumerate(nodes):
+        for name in _activations(node, shapes):
+            if name in owner:
+                parent[root(i)] = root(owner[name])
+            owner.setdefault(name, i)
+    groups: dict[int, list[onnx.NodeProto]] = defaultdict(list)
+    for i, node in enumerate(nodes):
+        groups[root(i)].append(node)
+    return list(groups.values())
+
+
+def _swap_hw(values: list[int]) -> list[int]:
+    if len(values) == 4:  # pads: [h_begin, w_begin, h_end, w_end]
+        return [values[1], values[0], values[3], values[2]]
+    return [values[1], values[0]]
+
+
+def _flip_node(node: onnx.NodeProto, shapes: _Shapes, flipped_weights: set[str]) -> None:
+    for name in (*_SPATIAL_ATTRS, "pads"):
+        values = _attr(node, name)
+        if values is not None:
+            _set_attr(node, name, _swap_hw(list(values)))
+    if node.op_type != "Conv":
+        return
+    weight = node.input[1]
+    dq = shapes.producer.get(weight)
+    tensor = dq.input[0] if dq is not None and dq.op_type == "DequantizeLinear" else weight
+    if tensor in flipped_weights or tensor not in shapes.initializers:
+        return
+    codes = numpy_helper.to_array(shapes.initializers[tensor])
+    shapes.initializers[tensor].CopyFrom(numpy_helper.from_array(np.ascontiguousarray(codes.swapaxes(2, 3)), tensor))
+    flipped_weights.add(tensor)
+
+
+def _reshape(model: onnx.ModelProto, source: str, target: str, shape: list[int], name: str) -> onnx.NodeProto:
+    shape_name = f"{name}_shape"
+    if shape_name not in {t.name for t in model.graph.initializer}:
+        model.graph.initializer.append(numpy_helper.from_array(np.array(shape, np.int64), shape_name))
+    return helper.make_node("Reshape", [source, shape_name], [target], name=name)
+
+
+def tall_kernels_as_wide(model: onnx.ModelProto) -> list[str]:
+    """Run each region of (k x 1) convs on [N, C, H, 1] tensors as (1 x k) convs on [N, C, 1, H] (module
+    doc). Returns the names of the convs whose kernels were turned; the graph changes in place."""
+    shapes = _Shapes(model)
+    outputs = {o.name for o in model.graph.output}
+    turned, flipped_weights = [], set()
+    before: dict[int, list[onnx.NodeProto]] = defaultdict(list)  # id(node) -> Reshapes to insert before it
+    after: dict[int, list[onnx.NodeProto]] = defaultdict(list)
+    regions = _regions(model, shapes)  # held until the end: `before`/`after` are keyed by id(node)
+    for region in regions:
+        convs = [n for n in region if n.op_type == "Conv" and (_attr(n, "kernel_shape") or [1])[0] > 1]
+        if not convs:
+            continue
+        members = {id(n) for n in region}
+        produced = {o for n in region for o in n.output}
+        renamed: dict[str, str] = {}
+        for node in region:
+            data = set(_activations(node, shapes))
+            for i, name in enumerate(node.input):
+                if name in data and name not in produced:  # enters the region: [N, C, H, 1] -> [N, C, 1, H]
+                    if name not in renamed:
+                        renamed[name] = f"{name}_wide"
+                        before[id(node)].append(_reshape(model, name, renamed[name], [0, 0, 1, -1],
+                                                          f"{renamed[name]}/Reshape"))
+                    node.input[i] = renamed[name]
+        for node in region:
+            for i, name in enumerate(node.output):
+                leaves = name in outputs or any(id(r) not in members for r in shapes.readers[name])
+                if not leaves:
+                    continue
+                wide = f"{name}_wide"
+                node.output[i] = wide
+                for reader in (r for r in shapes.readers[name] if id(r) in members):
+                    reader.input[:] = [wide if n == name else n for n in reader.input]
+                after[id(node)].append(_reshape(model, wide, name, [0, 0, -1, 1], f"{name}/Reshape"))
+            _flip_node(node, shapes, flipped_weights)
+        turned += [n.name for n in convs]
+    if turned:
+        _insert_around(model, before, after)
+    return turned
+
+
+def _insert_around(model: onnx.ModelProto, before: dict, after: dict) -> None:
+    ordered = []
+    for node in model.graph.node:
+        ordered += [*before.get(id(node), []), node, *after.get(id(node), [])]
+    del model.graph.node[:]
+    model.graph.node.extend(ordered)
+
+
+def pad_input_channels(model: onnx.ModelProto) -> list[str]:
+    """Zero-pad the input channels of int8 convs to a multiple of 4 (module doc). Returns the padded convs.
+
+    The conv must read its input as DequantizeLinear(codes) and its weight as DequantizeLinear(int8 codes)
+    with zero point 0, in one group, with at least 16 output channels in multiples of 8 (MLAS's symmetric
+    kernels pack 16 and align 4 on AVX512, 8 on AVX2/AVX-VNNI)."""
+    shapes = _Shapes(model)
+    padded = []
+    for conv in [n for n in model.graph.node if n.op_type == "Conv"]:
+        x_dq, w_dq = shapes.producer.get(conv.input[0]), shapes.producer.get(conv.input[1])
+        if _attr(conv, "group", 1) != 1 or not _is_dq(x_dq) or not _is_dq(w_dq) \
+                or w_dq.input[0] not in shapes.initializers or not _zero_point_zero(w_dq, shapes):
+            continue
+        codes = numpy_helper.to_array(shapes.initializers[w_dq.input[0]])
+        missing = -codes.shape[1] % CHANNEL_MULTIPLE
+        if codes.dtype != np.int8 or not missing or codes.shape[0] < MIN_OUTPUT_CHANNELS or codes.shape[0] % 8 \
+                or len(shapes.readers[w_dq.input[0]]) != 1 or not _padding_pays(codes.shape):
+            continue
+        zeros = np.zeros((codes.shape[0], missing, *codes.shape[2:]), np.int8)
+        shapes.initializers[w_dq.input[0]].CopyFrom(
+            numpy_helper.from_array(np.concatenate([codes, zeros], axis=1), w_dq.input[0]))
+        _pad_codes(model, conv, x_dq, missing, codes.ndim)
+        padded.append(conv.name)
+    return padded
+
+
+def _padding_pays(weight_shape: tuple[int, ...]) -> bool:
+    """Measured (isolated convs, one thread): padding 1 input channel to 4 won at 3x3 (0.67x the time),
+    broke even at 5x5 (0.97x) and lost at 1x512 (2.4x: four times the multiplies); 2 or 3 channels
+    (at most twice the multiplies) won at 3x3 (0.62x) and 7x7 (0.9x)."""
+    taps = int(np.prod(weight_shape[2:]))
+    return weight_shape[1] >= 2 or taps <= MAX_TAPS_FOR_ONE_CHANNEL
+
+
+def _is_dq(node: onnx.NodeProto | None) -> bool:
+    return node is not None and node.op_type == "DequantizeLinear"
+
+
+def _zero_point_zero(dq: onnx.NodeProto, shapes: _Shapes) -> bool:
+    if len(dq.input) < 3 or not dq.input[2]:
+        return True
+    zero = shapes.initializers.get(dq.input[2])
+    return zero is not None and not numpy_helper.to_array(zero).any()
+
+
+def _pad_codes(model: onnx.ModelProto, conv: onnx.NodeProto, x_dq: onnx.NodeProto, missing: int, rank: int) -> None:
+    """codes -> Pad(channels, value = zero point) -> a DequantizeLinear of the conv's own -> conv.
+
+    The pad value is irrelevant (its weights are 0); the zero point keeps the padded channels at 0.0."""
+    stem = conv.name.split("/")[0] or conv.output[0]  # `<layer>/Conv` -> `<layer>`
+    pads = np.zeros(2 * rank, np.int64)
+    pads[rank + 1] = missing
+    model.graph.initializer.append(numpy_helper.from_array(pads, f"{stem}.channel_pads"))
+    codes = x_dq.input[0]
+    zero = x_dq.input[2] if len(x_dq.input) > 2 else ""
+    pad = helper.make_node("Pad", [codes, f"{stem}.channel_pads", zero], [f"{stem}_padded_codes"],
+                           name=f"{stem}/PadChannels")
+    dq = helper.make_node("DequantizeLinear", [f"{stem}_padded_codes", *x_dq.input[1:]], [f"{stem}_padded_input"],
+                          name=f"{stem}/DequantizeLinear_padded")
+    conv.input[0] = dq.output[0]
+    graph = model.graph
+    index = list(graph.node).index(conv)
+    graph.node.insert(index, dq)
+    graph.node.insert(index, pad)
+    if not any(x_dq.output[0] in n.input for n in graph.node) and x_dq.output[0] not in {o.name for o in graph.output}:
+        graph.node.remove(x_dq)

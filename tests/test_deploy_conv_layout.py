@@ -1,0 +1,123 @@
+"""Conv layouts of the "onnx" deploy model (amct_engine/export/conv_layout.py): (k x 1) kernels run as
+(1 x k), convs on 1-3 input channels get zero channels up to 4; both leave every output bit-identical
+to the graph without the rewrite, and ORT still runs every layer in its int8 kernels."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from onnx import numpy_helper
+from torch import nn
+
+import amct_engine as amct
+import amct_engine.export.qdq_graph as qdq_graph
+from amct_engine.export.deploy_target import detect_deploy_target
+from amct_engine.export.qdq_graph import FUSED_OPS, deploy_report, optimized_ops
+
+
+class TallNet(nn.Module):
+    """A pitch tracker's layout: [N, 1, 64, 1], (17 x 1) and (5 x 1) convs, (2 x 1) max-pool, a Linear."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 16, (17, 1), padding=(8, 0))
+        self.bn1 = nn.BatchNorm2d(16)
+        self.pool = nn.MaxPool2d((2, 1))
+        self.conv2 = nn.Conv2d(16, 16, (5, 1), stride=(2, 1), padding=(2, 0))
+        self.fc = nn.Linear(16 * 16, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.pool(torch.relu(self.bn1(self.conv1(x))))
+        return self.fc(torch.flatten(torch.relu(self.conv2(x)), 1))
+
+
+class RgbNet(nn.Module):
+    """Three input channels into a 3x3 conv of 16 channels, then a 3x3 conv on 16 (aligned already)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 16, 3, padding=1)
+        self.conv2 = nn.Conv2d(16, 16, 3, stride=2, padding=1)
+        self.fc = nn.Linear(16 * 4 * 4, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.conv2(torch.relu(self.conv1(x))))
+        return self.fc(torch.flatten(x, 1))
+
+
+def _save(net: type[nn.Module], x: torch.Tensor, tmp_path, name: str, **options) -> tuple[np.ndarray, dict]:
+    torch.manual_seed(0)
+    model = net().eval()
+    config, record = tmp_path / f"{name}.json", tmp_path / f"{name}_record.txt"
+    amct.create_quant_retrain_config(str(config), model, x)
+    qmodel = amct.create_quant_retrain_model(str(config), model, str(record), x).eval()
+    with torch.no_grad():
+        qmodel(x)  # calibration: the record
+        expected = qmodel(x).numpy()
+    paths = amct.save_quant_retrain_model(str(config), qmodel, str(record), str(tmp_path / name), x, **options)
+    return expected, paths
+
+
+def _run(path: str, x: torch.Tensor) -> np.ndarray:
+    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    return session.run(None, {session.get_inputs()[0].name: x.numpy()})[0]
+
+
+def _qlinear_convs(path: str) -> dict[str, onnx.NodeProto]:
+    return {n.name.split("/")[0]: n for n in optimized_ops(onnx.load(path)).graph.node if n.op_type == "QLinearConv"}
+
+
+def _kernel(node: onnx.NodeProto) -> list[int]:
+    return list(next(a.ints for a in node.attribute if a.name == "kernel_shape"))
+
+
+def test_tall_kernels_run_as_wide_kernels_with_bit_identical_outputs(tmp_path, monkeypatch):
+    x = torch.randn(8, 1, 64, 1, generator=torch.Generator().manual_seed(3))
+    expected, paths = _save(TallNet, x, tmp_path, "wide")
+    report = deploy_report(paths["deploy"])
+    assert report["conv_layout"]["wide_kernels"] == ["conv1/Conv", "conv2/Conv"] and report["not_fused"] == {}
+    convs = _qlinear_convs(paths["deploy"])
+    assert {layer: _kernel(node) for layer, node in convs.items()} == {"conv1": [1, 17], "conv2": [1, 5]}
+    ops = [n.op_type for n in optimized_ops(onnx.load(paths["deploy"])).graph.node]
+    last = max(i for i, op in enumerate(ops) if op in FUSED_OPS)
+    glue = {"QuantizeLinear", "Transpose", "Reshape", "Flatten", "NhwcMaxPool", "Clip"}
+    assert [op for op in ops[:last] if op not in FUSED_OPS | glue] == []  # int8 from the first conv to the fc
+
+    monkeypatch.setattr(qdq_graph, "tall_kernels_as_wide", lambda model: [])
+    _, reference = _save(TallNet, x, tmp_path, "tall")
+    assert all(_kernel(n)[1] == 1 for n in _qlinear_convs(reference["deploy"]).values())
+    deploy = _run(paths["deploy"], x)
+    np.testing.assert_array_equal(deploy, _run(reference["deploy"], x))  # the same integers, another layout
+    np.testing.assert_array_equal(_run(paths["fake_quant"], x), expected)
+    assert np.abs(deploy - expected).max() <= 0.02 * np.abs(expected).max()  # the requantisations round
+
+
+@pytest.mark.parametrize("target", ["x86_vnni", "x86_avx2"])
+def test_convs_on_three_channels_get_a_fourth_zero_channel_on_vnni_only(tmp_path, monkeypatch, target):
+    x = torch.randn(4, 3, 8, 8, generator=torch.Generator().manual_seed(4))
+    expected, paths = _save(RgbNet, x, tmp_path, target, deploy_target=target)
+    model = onnx.load(paths["deploy"])
+    weights = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    padded = target == "x86_vnni"
+    assert deploy_report(model)["conv_layout"]["padded_input_channels"] == (["conv1/Conv"] if padded else [])
+    assert weights["conv1.weight"].shape == ((16, 4, 3, 3) if padded else (16, 3, 3, 3))
+    if padded:
+        assert not weights["conv1.weight"][:, 3].any()
+    ops = [n.op_type for n in optimized_ops(model).graph.node]
+    assert ops.count("QLinearConv") == 2 and "Conv" not in ops and ops.count("Pad") == int(padded)
+    if detect_deploy_target() != "x86_vnni":
+        return  # the int8-weight kernels saturate on this CPU: nothing exact to compare (export.deploy_target)
+    monkeypatch.setattr(qdq_graph, "pad_input_channels", lambda model: [])
+    _, reference = _save(RgbNet, x, tmp_path, f"{target}_ref", deploy_target=target)
+    np.testing.assert_array_equal(_run(paths["deploy"], x), _run(reference["deploy"], x))
+    assert np.abs(_run(paths["deploy"], x) - expected).max() <= 0.02 * np.abs(expected).max()
+
+
+def test_one_channel_under_a_long_kernel_stays_unpadded(tmp_path):
+    """Four times the multiplies cost more than MLAS's faster conv saves on long kernels (1x512: 2.4x)."""
+    x = torch.randn(2, 1, 64, 1, generator=torch.Generator().manual_seed(5))
+    _, paths = _save(TallNet, x, tmp_path, "long", deploy_target="x86_vnni")
+    assert deploy_report(paths["deploy"])["conv_layout"]["padded_input_channels"] == []
