@@ -129,9 +129,34 @@ def test_input_from_relu_module_and_functions():
     relu_net = _capture(ConvBnReluNet)
     functional = capture_model(FunctionalReluNet(), torch.randn(1, 1, 4, 4))
 
-    assert [input_from_relu(relu_net, n) for n in ("conv1", "conv2", "fc")] == [False, True, False]
+    # fc reads relu2 through flatten, which keeps the sign (AMCT looks at the direct producer only).
+    assert [input_from_relu(relu_net, n) for n in ("conv1", "conv2", "fc")] == [False, True, True]
     assert input_from_relu(functional, "conv2")  # F.relu
-    assert not input_from_relu(functional, "fc")  # torch.relu, then flatten: looks through nothing
+    assert input_from_relu(functional, "fc")  # torch.relu, then flatten
+
+
+class _PoolThenLinear(nn.Module):
+    """relu → max-pool → flatten → fc1 (non-negative input); sigmoid-free tanh → flatten → fc2 (signed)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(1, 2, 3, padding=1)
+        self.pool = nn.MaxPool2d(2)
+        self.fc1 = nn.Linear(8, 2)
+        self.fc2 = nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(x)
+        a = self.fc1(torch.flatten(self.pool(torch.relu(y)), 1))
+        b = self.fc2(torch.flatten(torch.nn.functional.avg_pool2d(torch.tanh(y), 2), 1))
+        return a + b
+
+
+def test_input_from_relu_looks_through_pooling_and_flatten_only():
+    for source in (_PoolThenLinear(), torch.jit.script(_PoolThenLinear())):
+        cm = capture_model(source, torch.randn(1, 1, 4, 4))
+        assert input_from_relu(cm, "fc1")  # relu → max-pool → flatten
+        assert not input_from_relu(cm, "fc2")  # tanh → avg-pool → flatten: signed
 
 
 def test_input_from_relu_on_a_torchscript_functional_relu():

@@ -161,14 +161,47 @@ def _bn_reads_layer_channels(layer: nn.Module, bn: nn.Module, output_rank) -> bo
 
 
 def input_from_relu(cm: CapturedModel, name: str) -> bool:
-    """True when every call of ``name`` reads the output of a ReLU module or a relu function directly.
+    """True when every call of ``name`` reads a ReLU's output, directly or through ops that keep it non-negative.
 
-    Decides the ULQ ``fixed_min`` default: a ReLU output is never negative.
+    Decides the ULQ ``fixed_min`` default: a ReLU output is never negative. AMCT looks at the direct producer
+    only; we also look through pooling, flatten/reshape and dropout (``_SIGN_KEEPING``), so the first Linear
+    after ReLU → max-pool → flatten gets clip_min 0 too: twice the codes for its range, and a deploy graph in
+    which onnxruntime folds the ReLU into the int8 conv instead of a Clip on codes (docs/spec/engine.md §4.1).
     """
     nodes = cm.nodes_of(name)
     if not nodes:
         raise ValueError(f"Layer '{name}' is not called in the model's forward")
-    return all(_is_relu(cm, node.args[0] if node.args else None) for node in nodes)
+    return all(_reads_relu(cm, node.args[0] if node.args else None) for node in nodes)
+
+
+# Ops whose output is non-negative wherever their (first) input is: a max or mean of non-negative values
+# (max-pooling pads with -inf, average pooling with zeros), a new shape, dropout's scaled copy.
+_SIGN_KEEPING_MODULES = ("MaxPool1d", "MaxPool2d", "MaxPool3d", "AdaptiveMaxPool1d", "AdaptiveMaxPool2d",
+                         "AdaptiveMaxPool3d", "AvgPool1d", "AvgPool2d", "AvgPool3d", "AdaptiveAvgPool1d",
+                         "AdaptiveAvgPool2d", "AdaptiveAvgPool3d", "Flatten", "Dropout", "Dropout2d", "Identity")
+_SIGN_KEEPING_FUNCTIONS = ("max_pool1d", "max_pool2d", "max_pool3d", "max_pool1d_with_indices",
+                           "max_pool2d_with_indices", "adaptive_max_pool1d", "adaptive_max_pool2d", "avg_pool1d",
+                           "avg_pool2d", "avg_pool3d", "adaptive_avg_pool1d", "adaptive_avg_pool2d",
+                           "adaptive_avg_pool3d", "flatten", "view", "reshape", "_unsafe_view", "contiguous",
+                           "dropout", "clone")
+
+
+def _reads_relu(cm: CapturedModel, node: Any) -> bool:
+    while isinstance(node, fx.Node):
+        if _is_relu(cm, node):
+            return True
+        if not _keeps_sign(cm, node) or not node.args:
+            return False
+        node = node.args[0]
+    return False
+
+
+def _keeps_sign(cm: CapturedModel, node: fx.Node) -> bool:
+    if node.op == "call_module":
+        return type(cm.get_module(node.target)).__name__ in _SIGN_KEEPING_MODULES
+    if node.op in ("call_function", "call_method"):
+        return _function_name(node) in _SIGN_KEEPING_FUNCTIONS
+    return False
 
 
 def _is_relu(cm: CapturedModel, node: Any) -> bool:
