@@ -110,7 +110,7 @@ def check_quantizable(x: torch.Tensor, what: str = "tensor", finite: bool = True
     """
     if x.dtype not in QUANTIZABLE_DTYPES:
         raise TypeError(f"only float32 and float16 {what}s can be quantised, got {x.dtype}")
-    if finite and x.numel() and not all(math.isfinite(float(v)) for v in torch.aminmax(x)):
+    if finite and x.numel() and not all(math.isfinite(float(v)) for v in torch.aminmax(x.detach())):
         # aminmax propagates nan and keeps an inf: one pass without a mask tensor (isfinite(x).all()
         # wrote a bool per value and read it back; calibration scans every batch).
         raise RuntimeError(f"the {what} to be quantised contains inf or nan")
