@@ -119,6 +119,8 @@ def submit(model: Annotated[Path, typer.Option(exists=True, dir_okay=False, help
            bn_recalibration_batches: BnRecalibrationOpt = 0,
            max_accuracy_drop: MaxAccuracyDropOpt = None,
            min_output_cosine: MinOutputCosineOpt = None,
+           world_size: Annotated[int, typer.Option(help="data-parallel ranks of a retrain job (docs/scaling.md)")] = 1,
+           nodes: Annotated[int, typer.Option(help="machines its ranks run on (world_size a multiple of it)")] = 1,
            idempotency_key: Annotated[str | None, typer.Option(help="default: a fresh one per run")] = None,
            accept_uint8: Annotated[bool, typer.Option("--accept-uint8", help="send uint8 inputs as they are (for "
                                                       "a model that scales its input itself)")] = False,
@@ -133,7 +135,8 @@ def submit(model: Annotated[Path, typer.Option(exists=True, dir_okay=False, help
               "device": device.value, "deploy_format": deploy_format.value, "deploy_target": deploy_target.value,
               "objective": objective,
               "distill_loss": distill_loss, "temperature": temperature, "max_accuracy_drop": max_accuracy_drop,
-              "min_output_cosine": min_output_cosine, "bn_recalibration_batches": bn_recalibration_batches or None}
+              "min_output_cosine": min_output_cosine, "bn_recalibration_batches": bn_recalibration_batches or None,
+              "world_size": world_size if world_size > 1 else None, "nodes": nodes if nodes > 1 else None}
     check_job_params({k: v for k, v in params.items() if v is not None})
     check_prunes(kind.value, bn_recalibration_batches)
     if not inputs:

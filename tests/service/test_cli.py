@@ -368,16 +368,17 @@ def test_jobs_submit_sends_the_signature_the_objective_and_the_recalibration(app
     server = ["--server", app_server.base_url, "--api-key", app_server.api_key]
     submitted = amct("jobs", "submit", "--model", folder / "encoder.pt", "--cfg", folder / "quant.cfg", "--data",
                      folder / "tokens.npz", "--inputs", json.dumps(TOKENS), "--objective", "distill_outputs",
-                     "--distill-loss", "cosine", "--bn-recalibration-batches", 4, "--min-output-cosine", 0.98, *server)
+                     "--distill-loss", "cosine", "--bn-recalibration-batches", 4, "--min-output-cosine", 0.98,
+                     "--world-size", 2, *server)
     assert submitted.exit_code == 0, submitted.output
     with httpx.Client(base_url=app_server.base_url, headers={"Authorization": f"Bearer {app_server.api_key}"}) as api:
         job = api.get(f"/v1/jobs/{submitted.stdout.strip()}").json()
         model = api.get(f"/v1/models/{job['model_id']}").json()
     assert job["kind"] == "compressed_retrain"
     assert {k: job["params"][k] for k in ("objective", "distill_loss", "bn_recalibration_batches",
-                                          "min_output_cosine")} == {
+                                          "min_output_cosine", "world_size", "nodes")} == {
         "objective": "distill_outputs", "distill_loss": "cosine", "bn_recalibration_batches": 4,
-        "min_output_cosine": 0.98}
+        "min_output_cosine": 0.98, "world_size": 2, "nodes": 1}
     assert model["inputs"] == TOKENS
     # A bad signature is refused before anything uploads.
     bad = amct("jobs", "submit", "--model", folder / "encoder.pt", "--cfg", folder / "quant.cfg", "--data",
@@ -429,6 +430,9 @@ def test_compress_refuses_what_the_api_refuses_before_the_engine_starts(assets, 
                     assets / "small.npz", "--out", out, "--kind", "quant_retrain", "--bn-recalibration-batches", 8)
     assert unpruned.exit_code == 1 and "a quant_retrain job does not prune" in _one_line(unpruned)
     assert not out.exists()  # refused before anything ran
+    ranks = amct("jobs", "submit", "--model", assets / "cnn.pt", "--cfg", assets / "quant.cfg", "--data",
+                 assets / "small.npz", "--world-size", 100, "--server", "http://127.0.0.1:9")
+    assert ranks.exit_code == 1 and "--world-size 100: Input should be less than or equal to 64" in _one_line(ranks)
 
 
 def test_uint8_images_are_refused_unless_accepted(tmp_path, assets):
