@@ -281,6 +281,11 @@ def plot_training_curves(result: Mapping[str, Any], crepe: Mapping[str, Any] | N
 # --------------------------------------------------------------------------- where we lose
 
 
+def beats_accuracy(theirs: float, ours: float) -> bool:
+    """Top-1 higher by more than the noise margin (in points, rounded: 0.8815 − 0.8795 is 0.2 pt, not more)."""
+    return round((theirs - ours) * 100, 6) > ACCURACY_NOISE_PT
+
+
 def _better_latency(peer: Row, ours: Row, batch: int) -> bool:
     key = f"latency_b{batch}_ratio"
     return key in peer and key in ours and peer[key]["median"] < ours[key]["median"] * (1 - TIME_NOISE)
@@ -304,7 +309,7 @@ def engine_losses(result: Mapping[str, Any]) -> list[dict[str, str]]:
 
 def pair_losses(peer: Row, ours: Row) -> list[dict[str, str]]:
     found: list[tuple[str, str, str, str]] = []  # metric, peer value, our value, cause
-    if "accuracy" in peer and "accuracy" in ours and peer["accuracy"] - ours["accuracy"] > ACCURACY_NOISE_PT / 100:
+    if "accuracy" in peer and "accuracy" in ours and beats_accuracy(peer["accuracy"], ours["accuracy"]):
         found.append(("top-1", f"{peer['accuracy']:.4f}", f"{ours['accuracy']:.4f}", accuracy_cause(peer, ours)))
     if "bytes_ratio" in peer and peer["bytes_ratio"] < ours.get("bytes_ratio", 0) * (1 - BYTES_NOISE):
         found.append(("deploy size", f"{peer['bytes_ratio']:.3f}×", f"{ours['bytes_ratio']:.3f}×",
@@ -892,7 +897,7 @@ def mixed_md(p: Mapping[str, Any]) -> list[str]:
                      "weight bytes (est.)": f"{q['weight_bytes']:,.0f}",
                      "deploy ONNX bytes": f"{q['file_bytes']['deploy']:,}",
                      "bytes / all-INT8": _x(q["file_bytes"]["deploy"] / q["file_bytes"]["int8_deploy"], 3),
-                     "drop on the search images": _pt((q["search_top1_drop"] or 0) / 100),
+                     "drop on the search images": f"{q['search_top1_drop'] or 0:.2f} pt",
                      "test top-1": f"{q['test_accuracy']:.4f}",
                      "Δ vs all-INT8": _pt(q["test_accuracy"] - q["int8_test_accuracy"])})
     columns = ["top-1 budget", "choice", "weight bytes (est.)", "deploy ONNX bytes", "bytes / all-INT8",
@@ -958,7 +963,7 @@ def ptq_losses(p: Mapping[str, Any]) -> list[dict[str, str]]:
     losses = []
     for ours in (r for r in rows if r["family"] == "ours"):
         for peer in (r for r in rows if r["family"] == "peer"):
-            if peer["accuracy"] - ours["accuracy"] > ACCURACY_NOISE_PT / 100:
+            if beats_accuracy(peer["accuracy"], ours["accuracy"]):
                 losses.append(_loss("PTQ top-1", peer["name"], f"{peer['accuracy']:.4f}", ours["name"],
                                     f"{ours['accuracy']:.4f}", "the calibration: same images and batches, "
                                     "different range estimates (ours IFMR/HFMG search, theirs MinMax or NNCF's)"))
@@ -1069,7 +1074,7 @@ def prune_search_losses(s: Mapping[str, Any]) -> list[dict[str, str]]:
     for seed in s["seeds"]:
         search = _by_role(seed, "search")
         for r in seed["rows"]:
-            if r["role"] != "search" and r["accuracy"] - search["accuracy"] > ACCURACY_NOISE_PT / 100:
+            if r["role"] != "search" and beats_accuracy(r["accuracy"], search["accuracy"]):
                 losses.append(_loss(f"top-1 after the epoch, seed {seed['seed']}", r["name"], f"{r['accuracy']:.4f}",
                                     "amct prune search", f"{search['accuracy']:.4f}",
                                     f"the search chose by the damage before retraining ({search['macs_ratio']:.3f} "
@@ -1150,8 +1155,7 @@ def prune_compare_losses(c: Mapping[str, Any]) -> list[dict[str, str]]:
             continue
         for key, metric, cause in (("accuracy_after_pruning", "top-1 right after pruning", PRUNED_CAUSE),
                                    ("accuracy", "top-1 after the epoch", TRAINED_CAUSE)):
-            if peer.get(key) is not None and ours.get(key) is not None and \
-                    peer[key] - ours[key] > ACCURACY_NOISE_PT / 100:
+            if peer.get(key) is not None and ours.get(key) is not None and beats_accuracy(peer[key], ours[key]):
                 losses.append(_loss(metric, peer["name"], f"{peer[key]:.4f}", ours["name"], f"{ours[key]:.4f}",
                                     cause))
     return losses
