@@ -1075,7 +1075,8 @@ def prune_search_losses(s: Mapping[str, Any]) -> list[dict[str, str]]:
         search = _by_role(seed, "search")
         for r in seed["rows"]:
             if r["role"] != "search" and beats_accuracy(r["accuracy"], search["accuracy"]):
-                losses.append(_loss(f"top-1 after the epoch, seed {seed['seed']}", r["name"], f"{r['accuracy']:.4f}",
+                losses.append(_loss(f"prune search: top-1 after the epoch, seed {seed['seed']}", r["name"],
+                                    f"{r['accuracy']:.4f}",
                                     "amct prune search", f"{search['accuracy']:.4f}",
                                     f"the search chose by the damage before retraining ({search['macs_ratio']:.3f} "
                                     f"of the MACs against {r['macs_ratio']:.3f}); what the epoch recovers is not "
@@ -1153,8 +1154,9 @@ def prune_compare_losses(c: Mapping[str, Any]) -> list[dict[str, str]]:
         ours = rows.get(BEST_PRUNE_ROW.format(pct=round(peer["ratio"] * 100)))
         if ours is None:
             continue
-        for key, metric, cause in (("accuracy_after_pruning", "top-1 right after pruning", PRUNED_CAUSE),
-                                   ("accuracy", "top-1 after the epoch", TRAINED_CAUSE)):
+        for key, when, cause in (("accuracy_after_pruning", "right after pruning", PRUNED_CAUSE),
+                                 ("accuracy", "after the epoch", TRAINED_CAUSE)):
+            metric = f"pruning recipes: top-1 {when}"
             if peer.get(key) is not None and ours.get(key) is not None and beats_accuracy(peer[key], ours[key]):
                 losses.append(_loss(metric, peer["name"], f"{peer[key]:.4f}", ours["name"], f"{ours[key]:.4f}",
                                     cause))

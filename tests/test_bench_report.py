@@ -378,7 +378,8 @@ def test_prune_search_section_compares_each_seed_and_lists_the_uniform_cut_that_
     assert "| 1 | uniform BCP 36% (MACs matched: 0.476) | 0.476 |" in body and "| -0.23 pt |" in body
     assert "at the same epochs): met: +1.59 pt on seed 0, +0.65 pt on seed 1." in body
     where = _body(page, "## Where we lose")
-    assert "| top-1 after the epoch, seed 1 | amct uniform BCP 36% (MACs matched: 0.476) | 0.8787 |" in where
+    assert "| prune search: top-1 after the epoch, seed 1 | amct uniform BCP 36% (MACs matched: 0.476) | 0.8787 |" \
+        in where
     assert "seed 0 | amct uniform" not in where
 
 
@@ -389,9 +390,9 @@ def test_prune_compare_section_shows_top1_after_pruning_and_after_the_epoch(page
     assert "| 30 % | Torch-Pruning 30 % | 13,159 | 0.7100 | 0.8921 | - |" in body
     assert "| 30 % | **amct BCP 30 % + INT8** | 13,159 | - | 0.8869 | -0.76 pt |" in body
     where = _body(page, "## Where we lose")
-    assert f"| top-1 after the epoch | Torch-Pruning 30 % + ORT PTQ | 0.8945 | {best} | 0.8917 |" in where
-    assert "| top-1 right after pruning | Torch-Pruning" not in where  # ours is 9 pt better there
-    assert "| top-1 after the epoch | Torch-Pruning 50 %" not in where
+    assert f"| pruning recipes: top-1 after the epoch | Torch-Pruning 30 % + ORT PTQ | 0.8945 | {best} |" in where
+    assert "| pruning recipes: top-1 right after pruning |" not in where  # ours is 9 pt better there
+    assert "| pruning recipes: top-1 after the epoch | Torch-Pruning 50 %" not in where
 
 
 def test_warm_start_and_recovery_sections_and_what_make_bench_leaves_out(page):
