@@ -7,13 +7,16 @@ no other methods. For choosing a recipe on a shared machine:
     OMP_NUM_THREADS=1 python bench/prune_compare.py [--quick] [--recipe LABEL-PART ...] [--ratio 0.3 ...] [--seed N]
 
 Prints one line per row: top-1 right after pruning (before training; BN recalibrated when the recipe
-has it) and after the epoch (onnxruntime, deploy model), then a JSON summary on stdout.
+has it) and after the epoch (onnxruntime, deploy model), then a JSON summary on stdout. ``make bench`` runs it
+as its ``prune_compare`` section (``run``: every recipe at 30 % and 50 %, seed 0, one thread), rendered by
+bench/report.py.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -23,40 +26,59 @@ import torch
 if __package__ in (None, ""):  # run as a script: make `bench` and `amct_engine` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import compress, peers  # noqa: E402
+from bench import compress, peers, ptq  # noqa: E402
 from bench.common import ort_accuracy  # noqa: E402
 from bench.fashion import prepare  # noqa: E402
 
 
-def compare(workdir: Path, quick: bool, ratios: list[float], parts: list[str], threads: int,
-            seed: int = 0) -> list[dict]:
-    torch.set_num_threads(threads)
-    setup = prepare(workdir, quick=quick, seed=seed, threads=threads)
-    print(f"FP32 base top-1 {setup.base_accuracy:.4f}", file=sys.stderr, flush=True)
+def recipes(parts: list[str]) -> list[compress.Recipe]:
+    """AMCT's BCP and every recipe of bench/compress.py; a whole label picks that recipe only, a part every label
+    with it."""
     every = (compress.AMCT, *compress.RECIPES)
-    labels = {r.label for r in every}  # a whole label picks that recipe only, a part every label with it
-    recipes = [r for r in every if not parts or any(p == r.label if p in labels else p in r.label for p in parts)]
+    labels = {r.label for r in every}
+    return [r for r in every if not parts or any(p == r.label if p in labels else p in r.label for p in parts)]
+
+
+def compare(setup, ratios: list[float], parts: list[str]) -> list[dict]:
+    """Per ratio: Torch-Pruning, Torch-Pruning + ORT PTQ, then each of our recipes (INT8 deploy model)."""
     rows = []
     for ratio in ratios:
         tp = peers.torch_pruning(setup, ratio)
-        rows.append(_row(f"Torch-Pruning {round(ratio * 100)} %", tp, ort_accuracy(tp["onnx"], setup.x_test,
-                                                                                      setup.y_test, threads)))
-        ptq = peers.torch_pruning_ptq(setup, ratio)
-        rows.append(_row(f"Torch-Pruning {round(ratio * 100)} % + ORT PTQ", ptq, ptq["torch_accuracy"]))
-        for recipe in recipes:
+        rows.append(_row(f"Torch-Pruning {round(ratio * 100)} %", "peer", ratio, tp,
+                         ort_accuracy(tp["onnx"], setup.x_test, setup.y_test, setup.threads)))
+        quantized = peers.torch_pruning_ptq(setup, ratio)
+        rows.append(_row(f"Torch-Pruning {round(ratio * 100)} % + ORT PTQ", "peer", ratio, quantized,
+                         quantized["torch_accuracy"]))
+        for recipe in recipes(parts):
             name = compress.row_name(recipe, ratio)
             row = compress.amct_compressed(setup, name, recipe.filter_cfg(ratio, len(setup.loader())), recipe)
-            rows.append(_row(name, row, ort_accuracy(row["onnx"], setup.x_test, setup.y_test, threads)))
+            rows.append(_row(name, "ours", ratio, row, ort_accuracy(row["onnx"], setup.x_test, setup.y_test,
+                                                                    setup.threads)))
     return rows
 
 
-def _row(name: str, row: dict, accuracy: float) -> dict:
-    out = {"name": name, "accuracy_after_pruning": row.get("accuracy_after_pruning"), "accuracy": accuracy,
-           "params": row.get("params")}
+def _row(name: str, family: str, ratio: float, row: dict, accuracy: float) -> dict:
+    out = {"name": name, "family": family, "ratio": ratio, "accuracy_after_pruning": row.get("accuracy_after_pruning"),
+           "accuracy": accuracy, "params": row.get("params")}
     after = out["accuracy_after_pruning"]
     print(f"{name:<55} after pruning {after if after is None else f'{after:.4f}'}  final {accuracy:.4f}  "
           f"params {out['params']}", file=sys.stderr, flush=True)
     return out
+
+
+def run(quick: bool = False, threads: int = 1, seed: int = 0, ratios: tuple[float, ...] = (0.3, 0.5),
+        parts: list[str] | None = None) -> dict:
+    """The ``prune_compare`` section of ``make bench`` (bench/run_all.py), rendered by bench/report.py: every recipe
+    (``quick``: AMCT's BCP and the best recipe, on the small setting) at 30 % and 50 %."""
+    torch.set_num_threads(threads)
+    load = os.getloadavg()
+    parts = parts if parts is not None else ([compress.AMCT.label, compress.RECIPES[0].label] if quick else [])
+    with tempfile.TemporaryDirectory(prefix="amct-prune-compare-") as tmp:
+        setup = prepare(Path(tmp), quick=quick, seed=seed, threads=threads)
+        print(f"FP32 base top-1 {setup.base_accuracy:.4f}", file=sys.stderr, flush=True)
+        rows = compare(setup, list(ratios), parts)
+    return {"setting": setup.describe(), "ptq_calibration_images": ptq.CALIBRATION_IMAGES, "rows": rows,
+            "load_avg": [load, os.getloadavg()]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,9 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0, help="the base model's and the batches' seed (0: the table's)")
     args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="amct-prune-compare-") as tmp:
-        rows = compare(Path(tmp), args.quick, args.ratio or [0.3, 0.5], args.recipe, args.threads, args.seed)
-    print(json.dumps(rows, indent=1))
+    result = run(args.quick, args.threads, args.seed, tuple(args.ratio or (0.3, 0.5)), args.recipe)
+    print(json.dumps(result["rows"], indent=1))
     return 0
 
 

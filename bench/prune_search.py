@@ -14,12 +14,16 @@ Top-1 on the test set right after pruning (BN re-estimated, before training) and
 MACs and parameters of the pruned model. ``--seed`` repeats with another base model and batch order.
 
     OMP_NUM_THREADS=1 python bench/prune_search.py [--quick] [--seed 0 --seed 1] [--threads 1]
+
+``make bench`` runs it as its ``prune_search`` section (``run``: seeds 0 and 1, one thread), rendered by
+bench/report.py.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -107,11 +111,23 @@ def compare(workdir: Path, quick: bool, seed: int, threads: int) -> dict[str, An
     print(f"[prune search] seed {seed}: FP32 base top-1 {setup.base_accuracy:.4f}", file=sys.stderr, flush=True)
     search = search_cfg(setup, workdir / "prune_search.cfg")
     ratio, share = matched_ratio(setup, workdir, search["search_macs_ratio"])
-    rows = [row(setup, f"amct prune search ({TARGET_MACS:.0%} MACs target)", search["cfg"]),
-            row(setup, "amct uniform BCP 50 %", uniform_cfg(workdir, 0.5)),
-            row(setup, f"amct uniform BCP {ratio:.0%} (MACs matched: {share:.3f})", uniform_cfg(workdir, ratio))]
+    rows = [{"role": "search", **row(setup, f"amct prune search ({TARGET_MACS:.0%} MACs target)", search["cfg"])},
+            {"role": "uniform", **row(setup, "amct uniform BCP 50 %", uniform_cfg(workdir, 0.5))},
+            {"role": "matched", "ratio": ratio, **row(setup, f"amct uniform BCP {ratio:.0%} (MACs matched: "
+                                                             f"{share:.3f})", uniform_cfg(workdir, ratio))}]
     return {"seed": seed, "base_accuracy": setup.base_accuracy, "search": {"ratios": search["ratios"]},
             "setting": setup.describe(), "rows": rows}
+
+
+def run(quick: bool = False, seeds: tuple[int, ...] | None = None, threads: int = 1) -> dict[str, Any]:
+    """The ``prune_search`` section of ``make bench`` (bench/run_all.py), rendered by bench/report.py: seeds 0
+    and 1 (``quick``: seed 0 on the small setting)."""
+    load = os.getloadavg()
+    results = []
+    for seed in seeds or ((0,) if quick else (0, 1)):
+        with tempfile.TemporaryDirectory(prefix="amct-prune-search-") as tmp:
+            results.append(compare(Path(tmp), quick, seed, threads))
+    return {"target_macs": TARGET_MACS, "threads": threads, "seeds": results, "load_avg": [load, os.getloadavg()]}
 
 
 def markdown(results: list[dict[str, Any]]) -> str:

@@ -37,8 +37,9 @@ Mixed precision (``mixed_precision_points``): ``auto_mixed_precision`` at severa
 the deploy ONNX bytes against its test top-1 (docs/spec/engine.md §4.12), beside FP32, all-INT8 and
 ORT's model; ``--plot`` draws them.
 
-Run on its own: ``python bench/ptq.py [--quick] [--threads N] [--rounds N] [--plot PNG]``, or in the
-engine table ``python bench/engine_table.py --quick --only ptq``.
+``make bench`` runs it as its ``ptq`` section (``run``: ``OMP_NUM_THREADS=1``, one torch thread; bench/report.py
+renders the tables and the plot). Run on its own: ``python bench/ptq.py [--quick] [--threads N] [--rounds N]
+[--plot PNG] [--json FILE]``, or its rows in the engine table ``python bench/engine_table.py --quick --only ptq``.
 """
 
 from __future__ import annotations
@@ -273,45 +274,11 @@ def mixed_precision_points(setup, budgets=BUDGETS) -> list[dict[str, Any]]:
     return points
 
 
-def plot_mixed_precision(points: list[dict[str, Any]], references: dict[str, tuple[int, float]], path: Path) -> None:
-    """Deploy ONNX bytes against test top-1: the budgets' choices, all-INT8 and the reference models."""
-    import matplotlib
-    import matplotlib.ticker
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    budgets: dict[tuple[float, float], list[str]] = {}  # budgets that chose the same model share a point
-    for p in points:
-        budgets.setdefault((p["file_bytes"]["deploy"] / 1024, p["test_accuracy"] * 100), []).append(f"{p['budget']:g}")
-    ax.plot([x for x, _ in budgets], [y for _, y in budgets], "o", color="tab:blue",
-            label="amct auto mixed precision (top-1 budget, pt)")
-    for (x, y), names in budgets.items():
-        ax.annotate(", ".join(names), (x, y), textcoords="offset points", xytext=(5, 3), fontsize=8)
-    int8 = points[0]
-    ax.plot([int8["file_bytes"]["int8_deploy"] / 1024], [int8["int8_test_accuracy"] * 100], "s",
-            color="tab:green", label="amct PTQ, all INT8")
-    for (label, (size, accuracy)), marker in zip(references.items(), "^Dv", strict=False):
-        ax.plot([size / 1024], [accuracy * 100], marker, label=label)
-    ax.set_xscale("log")
-    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
-    ax.xaxis.set_minor_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
-    ax.set_xlabel("deploy ONNX file (KiB, log scale)")
-    ax.set_ylabel("test top-1 (%), onnxruntime")
-    ax.set_title("Fashion-MNIST CNN: deploy bytes vs top-1")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
 # --------------------------------------------------------------------------- the script
 
 
-def header(threads: int) -> str:
+def header(threads: int) -> dict[str, Any]:
+    """What the times depend on: the CPU's ISA flags, the thread settings and the versions."""
     import platform
 
     import onnxruntime
@@ -319,46 +286,62 @@ def header(threads: int) -> str:
 
     from amct_engine.export.deploy_target import cpu_flags
 
-    flags = [f for f in ISA_FLAGS if f in cpu_flags()]
-    policy = os.environ.get("OMP_WAIT_POLICY", "(unset)")
-    return (f"CPU: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; ISA flags: "
-            f"{', '.join(flags) or 'none of interest'}; torch {torch.__version__} ({threads} threads), onnxruntime "
-            f"{onnxruntime.__version__} (default threads); OMP_WAIT_POLICY={policy}; "
-            f"load average {' '.join(f'{v:.1f}' for v in os.getloadavg())}")
+    flags = cpu_flags()
+    return {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+            "isa": [f for f in ISA_FLAGS if f in flags], "torch": torch.__version__, "threads": threads,
+            "onnxruntime": onnxruntime.__version__, "omp_num_threads": os.environ.get("OMP_NUM_THREADS", "(unset)"),
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "(unset)")}
 
 
-def _print_rows(rows: dict[str, dict[str, Any]], baseline: str) -> None:
-    fp32 = rows[baseline]["torch_accuracy"]
-    print("\n| method | test top-1 (ORT) | Δ vs FP32 (pts) | deploy ONNX bytes |")
-    print("|---|---|---|---|")
-    for name, row in rows.items():
-        if row["status"] != "ok":
-            print(f"| {name} | {row['status']}: {row.get('reason', '')} | | |")
-            continue
-        print(f"| {name} | {row['torch_accuracy']:.4f} | {(row['torch_accuracy'] - fp32) * 100:+.2f} | "
-              f"{file_size(row['onnx'])} |")
+ROW_KEYS = ("name", "family", "status", "reason", "deploy_kind", "calibrate_s")
 
 
-def _print_timing(timing: dict[str, dict[str, Any]], rounds: int) -> None:
-    print(f"\nPTQ wall time, model in memory -> INT8 ONNX on disk ({rounds} interleaved rounds after a warm-up):")
-    print("\n| flow | min (s) | median (s) | max (s) | ours / this, min | ours / this, median |")
-    print("|---|---|---|---|---|---|")
-    for name, t in timing.items():
-        if "unavailable" in t:
-            print(f"| {name} | unavailable: {t['unavailable']} | | | | |")
-            continue
-        r = ratios(timing, OURS["ifmr"], name) if name not in OURS.values() else None
-        cells = f"{r['min']:.2f}× | {r['median']:.2f}×" if r else " | "
-        print(f"| {name} | {t['min']:.3f} | {t['median']:.3f} | {t['max']:.3f} | {cells} |")
+def accuracy_rows(setup) -> list[dict[str, Any]]:
+    """FP32 then every PTQ row, each scored the same way: its ONNX file in onnxruntime on the test set, and its
+    bytes (no temporary paths kept)."""
+    from bench.fashion import BASELINE, fp32_control, run_row
+
+    rows = [run_row(name, family, fn) for name, family, fn in
+            [(BASELINE, "baseline", lambda: fp32_control(setup)), *methods(setup)]]
+    out = []
+    for row in rows:
+        scored = {key: row[key] for key in ROW_KEYS if key in row}
+        if row["status"] == "ok":
+            scored.update(accuracy=ort_accuracy(row["onnx"], setup.x_test, setup.y_test, setup.threads),
+                          bytes=file_size(row["onnx"]))
+        out.append(scored)
+    return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    import argparse
+def run(quick: bool = False, threads: int = 1, rounds: int | None = None, mixed: bool = True) -> dict[str, Any]:
+    """The ``ptq`` section of ``make bench`` (bench/run_all.py), rendered by bench/report.py: the accuracy rows,
+    the interleaved wall times with ours / each flow, and the mixed-precision points."""
     import tempfile
 
     import torch
 
-    from bench.fashion import BASELINE, fp32_control, prepare, run_row
+    from bench.fashion import prepare
+
+    rounds = rounds or (3 if quick else 5)
+    torch.set_num_threads(threads)
+    load = os.getloadavg()
+    with tempfile.TemporaryDirectory(prefix="amct-ptq-bench-") as tmp:
+        setup = prepare(Path(tmp), quick=quick, threads=threads)
+        rows = accuracy_rows(setup)
+        timing = time_flows(setup, rounds)
+        points = mixed_precision_points(setup, BUDGETS[1:4] if quick else BUDGETS) if mixed else []
+    return {"header": {**header(threads), "load_avg": [load, os.getloadavg()]}, "setting": setup.describe(),
+            "calibration": {"images": CALIBRATION_IMAGES, "batch": CALIBRATION_BATCH}, "rows": rows,
+            "rounds": rounds, "timing": timing, "ours": OURS["ifmr"], "ort_from_torch": ORT_FROM_TORCH,
+            "ratios": {flow: ratios(timing, OURS["ifmr"], flow) for flow in timing if flow != OURS["ifmr"]},
+            "mixed_precision": points}
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import json
+
+    from bench import report
 
     parser = argparse.ArgumentParser(description="PTQ rows (ours, ORT static, NNCF), wall time and mixed precision")
     parser.add_argument("--quick", action="store_true", help="a few thousand images, for a smoke run")
@@ -366,31 +349,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=None, help="timed rounds (default 5; --quick 3)")
     parser.add_argument("--plot", type=Path, default=None, help="draw the mixed-precision points into this PNG")
     parser.add_argument("--no-mixed", action="store_true", help="skip the mixed-precision points")
+    parser.add_argument("--json", type=Path, default=None, help="also write the result here")
     args = parser.parse_args(argv)
-    rounds = args.rounds or (3 if args.quick else 5)
-    torch.set_num_threads(args.threads)
-    print(header(args.threads))
-    with tempfile.TemporaryDirectory(prefix="amct-ptq-bench-") as tmp:
-        setup = prepare(Path(tmp), quick=args.quick, threads=args.threads)
-        rows = {name: run_row(name, family, fn) for name, family, fn in
-                [(BASELINE, "baseline", lambda: fp32_control(setup)), *methods(setup)]}
-        _print_rows(rows, BASELINE)
-        _print_timing(time_flows(setup, rounds), rounds)
-        if not args.no_mixed:
-            points = mixed_precision_points(setup, BUDGETS[1:4] if args.quick else BUDGETS)
-            print("\n| top-1 budget (pts) | choice | weight bytes (est.) | deploy ONNX bytes | test top-1 (ORT) |")
-            print("|---|---|---|---|---|")
-            for p in points:
-                choice = ", ".join(f"{k}:{v}" for k, v in p["precisions"].items())
-                print(f"| {p['budget']:g} | {choice} | {p['weight_bytes']:.0f} / {p['int8_weight_bytes']:.0f} INT8 | "
-                      f"{p['file_bytes']['deploy']} / {p['file_bytes']['int8_deploy']} INT8 | "
-                      f"{p['test_accuracy']:.4f} (INT8 {p['int8_test_accuracy']:.4f}) |")
-            if args.plot is not None:
-                references = {f"{name}": (file_size(rows[name]["onnx"]), rows[name]["torch_accuracy"])
-                              for name in (BASELINE, NAME, NNCF_NAME) if rows[name]["status"] == "ok"}
-                plot_mixed_precision(points, references, args.plot)
-                print(f"\nplot: {args.plot}")
-    print(f"\nload average at the end: {' '.join(f'{v:.1f}' for v in os.getloadavg())}")
+    result = run(args.quick, args.threads, args.rounds, mixed=not args.no_mixed)
+    print("\n".join(report.ptq_tables(result)))
+    if args.plot is not None and result["mixed_precision"]:
+        report.plot_mixed_precision(result, args.plot)
+        print(f"plot: {args.plot}")
+    if args.json is not None:
+        args.json.write_text(json.dumps(result, indent=1, default=str))
     return 0
 
 

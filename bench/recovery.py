@@ -16,6 +16,8 @@ time (kill -> the new attempt's `resumed` event) and kill -> succeeded. PostgreS
 database (``AMCT_BENCH_PG_URL``; SQLite when unreachable).
 
     .venv/bin/python bench/recovery.py [--trials 10] [--scenarios worker,engine,embedded]
+
+``make bench`` runs it as its ``recovery`` section (``section``: 3 trials per scenario), rendered by bench/report.py.
 """
 
 from __future__ import annotations
@@ -155,6 +157,26 @@ def run(trials: int, workdir: Path, scenarios=SCENARIOS) -> dict[str, dict]:
             results["embedded"] = tally(_trials(trials, "embedded",
                                                 lambda i: kill_embedded_worker_and_resume(server, ids)))
     return results
+
+
+def postgres_reachable() -> bool:
+    try:
+        import psycopg
+
+        psycopg.connect(PG_ADMIN_URL, connect_timeout=3).close()
+    except Exception:  # no server, no driver: `database` falls back to SQLite
+        return False
+    return True
+
+
+def section(trials: int) -> dict:
+    """The ``recovery`` section of ``make bench`` (bench/run_all.py; 3 trials per scenario there, 1 with
+    ``--quick``, 10 by default on its own), rendered by bench/report.py: the tallies, the database, the load."""
+    load = os.getloadavg()
+    db = "PostgreSQL" if postgres_reachable() else "SQLite (PostgreSQL unreachable)"
+    with tempfile.TemporaryDirectory(prefix="amct-bench-recovery-") as tmp:
+        scenarios = run(trials, Path(tmp))
+    return {"trials": trials, "database": db, "scenarios": scenarios, "load_avg": [load, os.getloadavg()]}
 
 
 def _position(event: dict | None) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -280,6 +281,11 @@ def plot_training_curves(result: Mapping[str, Any], crepe: Mapping[str, Any] | N
 # --------------------------------------------------------------------------- where we lose
 
 
+def beats_accuracy(theirs: float, ours: float) -> bool:
+    """Top-1 higher by more than the noise margin (in points, rounded: 0.8815 − 0.8795 is 0.2 pt, not more)."""
+    return round((theirs - ours) * 100, 6) > ACCURACY_NOISE_PT
+
+
 def _better_latency(peer: Row, ours: Row, batch: int) -> bool:
     key = f"latency_b{batch}_ratio"
     return key in peer and key in ours and peer[key]["median"] < ours[key]["median"] * (1 - TIME_NOISE)
@@ -303,7 +309,7 @@ def engine_losses(result: Mapping[str, Any]) -> list[dict[str, str]]:
 
 def pair_losses(peer: Row, ours: Row) -> list[dict[str, str]]:
     found: list[tuple[str, str, str, str]] = []  # metric, peer value, our value, cause
-    if "accuracy" in peer and "accuracy" in ours and peer["accuracy"] - ours["accuracy"] > ACCURACY_NOISE_PT / 100:
+    if "accuracy" in peer and "accuracy" in ours and beats_accuracy(peer["accuracy"], ours["accuracy"]):
         found.append(("top-1", f"{peer['accuracy']:.4f}", f"{ours['accuracy']:.4f}", accuracy_cause(peer, ours)))
     if "bytes_ratio" in peer and peer["bytes_ratio"] < ours.get("bytes_ratio", 0) * (1 - BYTES_NOISE):
         found.append(("deploy size", f"{peer['bytes_ratio']:.3f}×", f"{ours['bytes_ratio']:.3f}×",
@@ -409,6 +415,9 @@ def own_costs(results: Mapping[str, Any]) -> list[str]:
             if ratio["median"] > 1 + TIME_NOISE:
                 notes.append(f"CREPE tiny compressed: ORT latency at batch {batch[1:]} is {ratio['median']:.2f}× FP32"
                              + _crepe_latency_cause(crepe))
+    for name, find in (("ptq", mixed_costs), ("warm_start", warm_start_costs), ("recovery", recovery_costs)):
+        section = _section(results, name)
+        notes += find(section) if section else []
     return notes
 
 
@@ -479,17 +488,25 @@ def header_md(results: Mapping[str, Any]) -> list[str]:
             ("revision", meta["revision"]), ("CPU", m["cpu"]),
             ("cores", f"{m['cores']} ({m['usable_cores']} usable)"), ("RAM", f"{m['ram_gib']} GiB"),
             ("OS", m["os"]), ("Python", m["python"]),
+            *([("CPU ISA flags", ", ".join(m["isa"]) or "none of interest")] if "isa" in m else []),
             ("load average at start", " / ".join(f"{x:.2f}" for x in m["load_avg_at_start"])),
             ("total time", f"{meta.get('total_s', 0) / 60:.1f} min"),
         ]),
         "",
         "Versions: " + ", ".join(f"{k} {v}" for k, v in meta["versions"].items()) + ".",
         "",
-        format_markdown([{"section": name, "status": s["status"] + (f": {s['reason']}" if s.get("reason") else ""),
-                          "time": f"{s['wall_s'] / 60:.1f} min"} for name, s in results["sections"].items()],
-                        ["section", "status", "time"]),
+        format_markdown([_status_row(name, s) for name, s in results["sections"].items()],
+                        ["section", "status", "time", "load average (1 min) before → after", "environment"]),
     ]
     return lines
+
+
+def _status_row(name: str, s: Mapping[str, Any]) -> dict[str, str | None]:
+    load = s.get("load_avg")
+    return {"section": name, "status": s["status"] + (f": {s['reason']}" if s.get("reason") else ""),
+            "time": f"{s['wall_s'] / 60:.1f} min", "environment": ", ".join(f"`{k}={v}`" for k, v in
+                                                                          (s.get("env") or {}).items()) or None,
+            "load average (1 min) before → after": f"{load[0][0]:.2f} → {load[1][0]:.2f}" if load else None}
 
 
 def engine_md(results: Mapping[str, Any], images: Path, md_dir: Path) -> list[str]:
@@ -765,17 +782,519 @@ def deploy_losses(deploy: Mapping[str, Any]) -> list[str]:
     return found
 
 
+# --------------------------------------------------------------------------- ptq and mixed precision (bench/ptq.py)
+
+PTQ_TITLE = "## PTQ: ours against onnxruntime's static PTQ and NNCF"
+MIXED_TITLE = "## Mixed precision: deploy bytes against top-1"
+PTQ_TARGET = 2.0  # issue 20: ours at most 2× ORT's quantize_static, by wall time
+PTQ_FLOWS_MD = (
+    "PTQ wall time: each flow starts from the FP32 PyTorch model and the calibration images in memory and ends with "
+    "the INT8 ONNX file on disk. Ours is the four AMCT calls, which write three ONNX files (AMCT's fused float "
+    "model, the fake-quant and the deploy model) and check the two quantised ones with `onnx.checker` and one "
+    "onnxruntime run each. ORT's user-visible call from a PyTorch model is `torch.onnx.export` (TorchScript "
+    "exporter) + `quant_pre_process` + `quantize_static` with its calibration reader, files included; \"FP32 ONNX "
+    "file given\" leaves the FP32 export out, for a user who already has the ONNX model. NNCF is `nncf.quantize` + "
+    "`nncf.strip` + `torch.onnx.export` (its C++ extension, built on first use, falls in the warm-up). One untimed "
+    "warm-up, then {rounds} rounds, every flow once per round in a rotated order; ours (IFMR) / the flow, min to min "
+    "and median to median, measured in the same run:")
+
+
+def _command(results: Mapping[str, Any], name: str, standalone: str) -> str:
+    """Which command measured a section: the run's, with the section's environment, and the script on its own."""
+    section = results["sections"][name]
+    env = "".join(f", `{k}={v}`" for k, v in (section.get("env") or {}).items())
+    return f"Command: `{results['meta']['command']}`, section `{name}`{env}; on its own: `{standalone}`."
+
+
+def _load_pair(load_avg: Sequence[Sequence[float]] | None) -> str:
+    return "" if not load_avg else f"; load average {_loads(load_avg[0])} before, {_loads(load_avg[1])} after"
+
+
+def ptq_md(results: Mapping[str, Any], images: Path, md_dir: Path) -> list[str]:
+    lines, p = _section_head(results, "ptq", PTQ_TITLE)
+    if p is None:
+        return lines
+    lines += [_command(results, "ptq", "OMP_NUM_THREADS=1 python bench/ptq.py --threads 1 --plot "
+                                       "docs/images/bench_mixed_precision.png"), ""]
+    lines += ptq_accuracy_md(p) + ptq_timing_md(p)
+    if not p.get("mixed_precision"):
+        return lines
+    plot = images / "bench_mixed_precision.png"
+    plot_mixed_precision(p, plot)
+    image = f"![deploy bytes vs top-1]({plot.relative_to(md_dir).as_posix()})"
+    return lines + [MIXED_TITLE, ""] + mixed_md(p) + [image, ""]
+
+
+def ptq_tables(p: Mapping[str, Any]) -> list[str]:
+    """bench/ptq.py on its own: every table of the section, without headings or plot."""
+    return ptq_accuracy_md(p) + ptq_timing_md(p) + (mixed_md(p) if p.get("mixed_precision") else [])
+
+
+def _ptq_setting(p: Mapping[str, Any]) -> str:
+    h, fp32 = p["header"], next((r for r in p["rows"] if r["family"] == "baseline" and "accuracy" in r), None)
+    base = f" (test top-1 {fp32['accuracy']:.4f})" if fp32 else ""
+    return (f"Every method quantises the FP32 row's model of the engine table{base}, trained here again from the same "
+            f"seed, with the first {p['calibration']['images']} training images in batches of "
+            f"{p['calibration']['batch']}; top-1 of each ONNX file in onnxruntime on {p['setting']['test_images']} "
+            f"test images. CPU ISA flags: {', '.join(h['isa']) or 'none of interest'}; torch {h['torch']} "
+            f"({h['threads']} thread(s), OMP_NUM_THREADS={h['omp_num_threads']}, "
+            f"OMP_WAIT_POLICY={h['omp_wait_policy']}), onnxruntime {h['onnxruntime']} (its default threads)"
+            f"{_load_pair(h.get('load_avg'))}.")
+
+
+def ptq_accuracy_md(p: Mapping[str, Any]) -> list[str]:
+    fp32 = next((r for r in p["rows"] if r["family"] == "baseline" and "accuracy" in r), None)
+    rows = []
+    for r in p["rows"]:
+        label = f"**{r['name']}**" if r["family"] == "ours" else r["name"]
+        if r["status"] != "ok":
+            rows.append({"method": label, "test top-1": _status_cell(r)})
+            continue
+        baseline = r is fp32 or fp32 is None
+        rows.append({"method": label, "test top-1": f"{r['accuracy']:.4f}", "deploy ONNX bytes": f"{r['bytes']:,}",
+                     "Δ vs FP32": "(baseline)" if baseline else _pt(r["accuracy"] - fp32["accuracy"]),
+                     "bytes / FP32": None if baseline else _x(r["bytes"] / fp32["bytes"], 3),
+                     "deployed as": r.get("deploy_kind")})
+    return [_ptq_setting(p), "", format_markdown(rows, ["method", "test top-1", "Δ vs FP32", "deploy ONNX bytes",
+                                                         "bytes / FP32", "deployed as"]), ""]
+
+
+def ptq_timing_md(p: Mapping[str, Any]) -> list[str]:
+    rows = []
+    for flow, t in p["timing"].items():
+        if "unavailable" in t:
+            rows.append({"flow": flow, "s min / median / max": f"unavailable: {t['unavailable']}"})
+            continue
+        r = p["ratios"].get(flow)
+        rows.append({"flow": f"**{flow}**" if flow == p["ours"] else flow, "s min / median / max": _ms(t, 1, 3),
+                     "ours / it, min": _x(r and r["min"]), "ours / it, median": _x(r and r["median"])})
+    lines = [PTQ_FLOWS_MD.format(rounds=p["rounds"]), "",
+             format_markdown(rows, ["flow", "s min / median / max", "ours / it, min", "ours / it, median"]), ""]
+    target = p["ratios"].get(p["ort_from_torch"])
+    if target:
+        met = "met" if target["min"] <= PTQ_TARGET else "not met"
+        lines += [f"Issue 20 asks for at most {PTQ_TARGET:g}× ORT's `quantize_static` from a PyTorch model: {met} "
+                  f"({target['min']:.2f}× by minima, {target['median']:.2f}× by medians).", ""]
+    return lines
+
+
+def _choice(precisions: Mapping[str, str]) -> str:
+    kinds = set(precisions.values())
+    return f"all {kinds.pop()}" if len(kinds) == 1 else ", ".join(f"{k} {v}" for k, v in precisions.items())
+
+
+def mixed_md(p: Mapping[str, Any]) -> list[str]:
+    """One row per distinct choice (budgets that chose the same model share it), beside all-INT8."""
+    points = p["mixed_precision"]
+    int8 = points[0]
+    rows = [{"top-1 budget": "(all INT8)", "choice": "all INT8",
+             "weight bytes (est.)": f"{int8['int8_weight_bytes']:,.0f}",
+             "deploy ONNX bytes": f"{int8['file_bytes']['int8_deploy']:,}", "bytes / all-INT8": "1.000×",
+             "test top-1": f"{int8['int8_test_accuracy']:.4f}", "Δ vs all-INT8": "(baseline)"}]
+    for group in _budget_groups(points):
+        q = group[0]
+        rows.append({"top-1 budget": ", ".join(f"{g['budget']:g}" for g in group), "choice": _choice(q["precisions"]),
+                     "weight bytes (est.)": f"{q['weight_bytes']:,.0f}",
+                     "deploy ONNX bytes": f"{q['file_bytes']['deploy']:,}",
+                     "bytes / all-INT8": _x(q["file_bytes"]["deploy"] / q["file_bytes"]["int8_deploy"], 3),
+                     "drop on the search images": f"{q['search_top1_drop'] or 0:.2f} pt",
+                     "test top-1": f"{q['test_accuracy']:.4f}",
+                     "Δ vs all-INT8": _pt(q["test_accuracy"] - q["int8_test_accuracy"])})
+    columns = ["top-1 budget", "choice", "weight bytes (est.)", "deploy ONNX bytes", "bytes / all-INT8",
+               "drop on the search images", "test top-1", "Δ vs all-INT8"]
+    return [f"`auto_mixed_precision` on the same model at top-1 budgets of {_budgets_text(points)} "
+            "points, searched on the last 2,000 training images (never the test set), each choice run through PTQ and "
+            "measured on the test set. The budget bounds the drop on the search images; 2,000 images resolve "
+            "0.05 pt each, so the test set can disagree. An INT4 layer adds a Cast node to the file "
+            "(docs/spec/engine.md §4.12).", "", format_markdown(rows, columns), ""]
+
+
+def _budgets_text(points: Sequence[Mapping[str, Any]]) -> str:
+    return ", ".join(f"{q['budget']:g}" for q in points)
+
+
+def _budget_groups(points: Sequence[Mapping[str, Any]]) -> list[list[Mapping[str, Any]]]:
+    groups: list[list[Mapping[str, Any]]] = []
+    for q in points:
+        if groups and groups[-1][0]["precisions"] == q["precisions"]:
+            groups[-1].append(q)
+        else:
+            groups.append([q])
+    return groups
+
+
+def plot_mixed_precision(p: Mapping[str, Any], path: Path) -> None:
+    """Deploy ONNX bytes against test top-1: the budgets' choices, all-INT8 and the FP32 and peer models."""
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    points = p["mixed_precision"]
+    budgets: dict[tuple[float, float], list[str]] = {}  # budgets that chose the same model share a point
+    for q in points:
+        budgets.setdefault((q["file_bytes"]["deploy"] / 1024, q["test_accuracy"] * 100), []).append(f"{q['budget']:g}")
+    ax.plot([x for x, _ in budgets], [y for _, y in budgets], "o", color="tab:blue",
+            label="amct auto mixed precision (top-1 budget, pt)")
+    for (x, y), names in budgets.items():
+        ax.annotate(", ".join(names), (x, y), textcoords="offset points", xytext=(5, 3), fontsize=8)
+    int8 = points[0]
+    ax.plot([int8["file_bytes"]["int8_deploy"] / 1024], [int8["int8_test_accuracy"] * 100], "s",
+            color="tab:green", label="amct PTQ, all INT8")
+    references = [r for r in p["rows"] if r["status"] == "ok" and r["family"] != "ours"]
+    for r, marker in zip(references, "^Dv", strict=False):
+        ax.plot([r["bytes"] / 1024], [r["accuracy"] * 100], marker, label=r["name"])
+    ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.set_xlabel("deploy ONNX file (KiB, log scale)")
+    ax.set_ylabel("test top-1 (%), onnxruntime")
+    ax.set_title("Fashion-MNIST CNN: deploy bytes vs top-1")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def ptq_losses(p: Mapping[str, Any]) -> list[dict[str, str]]:
+    """Each peer PTQ row against each of ours (top-1, file size), and each peer flow faster than ours."""
+    rows = [r for r in p["rows"] if r["status"] == "ok"]
+    losses = []
+    for ours in (r for r in rows if r["family"] == "ours"):
+        for peer in (r for r in rows if r["family"] == "peer"):
+            if beats_accuracy(peer["accuracy"], ours["accuracy"]):
+                losses.append(_loss("PTQ top-1", peer["name"], f"{peer['accuracy']:.4f}", ours["name"],
+                                    f"{ours['accuracy']:.4f}", "the calibration: same images and batches, "
+                                    "different range estimates (ours IFMR/HFMG search, theirs MinMax or NNCF's)"))
+            if peer["bytes"] < ours["bytes"] * (1 - BYTES_NOISE):
+                losses.append(_loss("PTQ deploy bytes", peer["name"], f"{peer['bytes']:,}", ours["name"],
+                                    f"{ours['bytes']:,}", "their file stores fewer bytes per weight or fewer nodes"))
+    ours_flows = {r["name"] for r in p["rows"] if r["family"] == "ours"}
+    for flow, r in p["ratios"].items():
+        if r and r["min"] > 1 + TIME_NOISE and flow not in ours_flows:
+            t, o = p["timing"][flow], p["timing"][p["ours"]]
+            losses.append(_loss("PTQ wall time", flow, f"{t['min']:.3f} s", p["ours"], f"{o['min']:.3f} s",
+                                PTQ_TIME_CAUSE))
+    return losses
+
+
+PTQ_TIME_CAUSE = ("ours exports the model three times (AMCT's fused float model, then the fake-quant and deploy "
+                  "models), checks both quantised files in onnxruntime and searches each layer's range with IFMR "
+                  "(a 65,536-bin histogram, 60 candidates), where ORT exports once and takes the min and max")
+
+
+def _loss(metric: str, peer: str, peer_value: str, ours: str, our_value: str, cause: str) -> dict[str, str]:
+    return {"metric": metric, "peer": peer, "peer value": peer_value, "ours": ours, "our value": our_value,
+            "cause": cause}
+
+
+def mixed_costs(p: Mapping[str, Any]) -> list[str]:
+    """Budgets whose choice lost more on the test set, against all-INT8, than the budget and the noise allow."""
+    notes = []
+    for group in _budget_groups(p.get("mixed_precision") or []):
+        q = group[0]
+        drop = (q["int8_test_accuracy"] - q["test_accuracy"]) * 100
+        if drop > q["budget"] + ACCURACY_NOISE_PT:
+            notes.append(f"mixed precision at a top-1 budget of {q['budget']:g} pt ({_choice(q['precisions'])}): "
+                         f"{drop:.2f} pt below all-INT8 on the test set (on the search images "
+                         f"{q['search_top1_drop'] or 0:.2f} pt).")
+    return notes
+
+
+# --------------------------------------------------------------------------- prune search (bench/prune_search.py)
+
+PRUNE_SEARCH_TITLE = "## Prune search vs uniform BCP"
+PRUNE_SEARCH_COLUMNS = ["seed", "row", "MACs (share)", "params", "top-1 after pruning", "top-1 after the epoch",
+                        "search − row, after the epoch"]
+
+
+def prune_search_md(results: Mapping[str, Any]) -> list[str]:
+    lines, s = _section_head(results, "prune_search", PRUNE_SEARCH_TITLE)
+    if s is None:
+        return lines
+    setting = s["seeds"][0]["setting"]
+    lines += [
+        _command(results, "prune_search", "OMP_NUM_THREADS=1 python bench/prune_search.py --seed 0 --seed 1"), "",
+        f"The engine table's setting: FP32 base {setting['base_epochs']} epoch on {setting['base_images']:,} images, "
+        "then each row `create_prune_retrain_model` (channels removed, BatchNorms re-estimated on 8 training "
+        f"batches) and {setting['epochs']} epoch on the first {setting['train_limit']:,} training images, same "
+        f"batches and Adam lr {setting['lr']:g}; only the prune cfg differs. The search ({_pct(s['target_macs'])} "
+        "MACs target) measures on the last 2,000 training images; top-1 on the "
+        f"{setting['test_images']:,} test images (PyTorch, FP32 pruned model). \"MACs matched\": the uniform ratio "
+        f"whose MACs come closest to the search's. {s['threads']} thread(s){_load_pair(s.get('load_avg'))}.", "",
+        format_markdown([row for seed in s["seeds"] for row in _prune_search_rows(seed)], PRUNE_SEARCH_COLUMNS), "",
+    ]
+    return lines + [f"- {line}" for line in _prune_search_verdicts(s)] + [
+        "- The search steers by the damage before retraining (docs/spec/engine.md §4.13); the order after the epoch "
+        "need not follow it. Scoring choices after a short fine-tune would measure what retraining recovers; it is "
+        "not done.", ""]
+
+
+def _prune_search_rows(seed: Mapping[str, Any]) -> list[dict[str, str]]:
+    search = _by_role(seed, "search")
+    rows = []
+    for r in seed["rows"]:
+        if r["role"] == "search":
+            ratios = ", ".join(f"{k} {v:g}" for k, v in seed["search"]["ratios"].items())
+            name, top1, delta = f"prune search: {ratios or 'no cut'}", f"**{r['accuracy']:.4f}**", "(baseline)"
+        else:
+            name, top1 = r["name"].removeprefix("amct "), f"{r['accuracy']:.4f}"
+            delta = _pt(search["accuracy"] - r["accuracy"])
+        rows.append({"seed": str(seed["seed"]), "row": name, "MACs (share)": f"{r['macs_ratio']:.3f}",
+                     "params": f"{r['params']:,}", "top-1 after pruning": f"{r['accuracy_after_pruning']:.4f}",
+                     "top-1 after the epoch": top1, "search − row, after the epoch": delta})
+    return rows
+
+
+def _pct(share: float) -> str:
+    return f"{share * 100:.0f} %"
+
+
+def _by_role(seed: Mapping[str, Any], role: str) -> Mapping[str, Any]:
+    return next(r for r in seed["rows"] if r["role"] == role)
+
+
+def _prune_search_verdicts(s: Mapping[str, Any]) -> list[str]:
+    uniform = {seed["seed"]: _by_role(seed, "search")["accuracy"] - _by_role(seed, "uniform")["accuracy"]
+               for seed in s["seeds"]}
+    matched = {seed["seed"]: _by_role(seed, "search")["accuracy"] - _by_role(seed, "matched")["accuracy"]
+               for seed in s["seeds"]}
+    met = all(d >= 0 for d in uniform.values())
+    return [f"Issue 20's done-when (search at {_pct(s['target_macs'])} MACs ≥ uniform 50 % BCP at the same epochs): "
+            f"{'met' if met else 'not met'}: " + ", ".join(f"{_pt(d)} on seed {k}" for k, d in uniform.items()) + ".",
+            "Against the MACs-matched uniform cut (the fairer row: uniform 50 % is the harder cut): "
+            + ", ".join(f"{_pt(d)} on seed {k}" for k, d in matched.items())
+            + f"; within ±{ACCURACY_NOISE_PT} pt is this model's seed-to-seed noise."]
+
+
+def prune_search_losses(s: Mapping[str, Any]) -> list[dict[str, str]]:
+    """A uniform BCP row (AMCT's recipe) that retrains better than the search, per seed."""
+    losses = []
+    for seed in s["seeds"]:
+        search = _by_role(seed, "search")
+        for r in seed["rows"]:
+            if r["role"] != "search" and beats_accuracy(r["accuracy"], search["accuracy"]):
+                losses.append(_loss(f"prune search: top-1 after the epoch, seed {seed['seed']}", r["name"],
+                                    f"{r['accuracy']:.4f}",
+                                    "amct prune search", f"{search['accuracy']:.4f}",
+                                    f"the search chose by the damage before retraining ({search['macs_ratio']:.3f} "
+                                    f"of the MACs against {r['macs_ratio']:.3f}); what the epoch recovers is not "
+                                    "measured"))
+    return losses
+
+
+# --------------------------------------------------------------------------- pruning recipes (bench/prune_compare.py)
+
+PRUNE_COMPARE_TITLE = "## Filter pruning: our recipes against Torch-Pruning"
+PRUNE_COMPARE_COLUMNS = ["ratio", "method", "params", "top-1 after pruning", "top-1 after the epoch",
+                         "Δ vs Torch-Pruning + ORT PTQ"]
+
+
+def prune_compare_md(results: Mapping[str, Any]) -> list[str]:
+    lines, c = _section_head(results, "prune_compare", PRUNE_COMPARE_TITLE)
+    if c is None:
+        return lines
+    st = c["setting"]
+    lines += [
+        _command(results, "prune_compare", "OMP_NUM_THREADS=1 python bench/prune_compare.py"), "",
+        f"The engine table's setting (FP32 base top-1 {st['base_accuracy']:.4f}; {st['epochs']} extra epoch on the "
+        f"first {st['train_limit']:,} training images, same batches, Adam lr {st['lr']:g}, seed {st['seed']}, "
+        f"{st['threads']} thread(s)), pruning rows only. Ours: each recipe of bench/compress.py (criterion, BatchNorm "
+        "recalibration, schedule, KD) with INT8 QAT, deployed as our INT8 ONNX. Torch-Pruning: `MetaPruner` with "
+        "group L2 magnitude (fc excluded, as ours), FP32 fine-tuning, FP32 ONNX; \"+ ORT PTQ\": that ONNX through "
+        f"ORT's static PTQ on {c['ptq_calibration_images']} training images. 'after pruning': the pruned float "
+        "model before any training (ours: BatchNorms recalibrated when the recipe has it); 'after the epoch': the "
+        f"deployed model in onnxruntime on {st['test_images']:,} test images. Δ: ours − Torch-Pruning + ORT PTQ at "
+        f"the same ratio, both INT8{_load_pair(c.get('load_avg'))}.", "",
+        format_markdown(_prune_compare_rows(c["rows"]), PRUNE_COMPARE_COLUMNS), "",
+    ]
+    return lines + [f"- {line}" for line in _prune_compare_best(c["rows"])] + [""]
+
+
+def _prune_compare_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
+    out = []
+    for r in rows:
+        peer = _tp_ptq(rows, r["ratio"])
+        out.append({"ratio": f"{round(r['ratio'] * 100)} %", "method": f"**{r['name']}**" if r["family"] == "ours"
+                    else r["name"], "params": f"{r['params']:,}" if r.get("params") else None,
+                    "top-1 after pruning": _fmt4(r.get("accuracy_after_pruning")),
+                    "top-1 after the epoch": f"{r['accuracy']:.4f}",
+                    "Δ vs Torch-Pruning + ORT PTQ": _pt(r["accuracy"] - peer["accuracy"])
+                    if r["family"] == "ours" and peer else None})
+    return out
+
+
+def _tp_ptq(rows: Sequence[Mapping[str, Any]], ratio: float) -> Mapping[str, Any] | None:
+    return next((r for r in rows if r["ratio"] == ratio and r["name"].endswith("+ ORT PTQ")), None)
+
+
+def _prune_compare_best(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    lines = []
+    for ratio in sorted({r["ratio"] for r in rows}):
+        ours = [r for r in rows if r["ratio"] == ratio and r["family"] == "ours"]
+        peers = [r for r in rows if r["ratio"] == ratio and r["family"] == "peer"]
+        if not ours or not peers:
+            continue
+        best, peer = max(ours, key=lambda r: r["accuracy"]), max(peers, key=lambda r: r["accuracy"])
+        lines.append(f"{round(ratio * 100)} %: our best recipe in this run, {best['name']}, {best['accuracy']:.4f}; "
+                     f"the best Torch-Pruning row, {peer['name']}, {peer['accuracy']:.4f} "
+                     f"({_pt(best['accuracy'] - peer['accuracy'])}). 'Where we lose' measures the peers against the "
+                     f"recipe named before the run ({BEST_PRUNE_ROW.format(pct=round(ratio * 100))}), not this "
+                     "run's best.")
+    return lines
+
+
+def prune_compare_losses(c: Mapping[str, Any]) -> list[dict[str, str]]:
+    """Each Torch-Pruning row against our best recipe (BEST_PRUNE_ROW) at the same ratio: after pruning and after
+    the epoch."""
+    rows = {r["name"]: r for r in c["rows"]}
+    losses = []
+    for peer in (r for r in c["rows"] if r["family"] == "peer"):
+        ours = rows.get(BEST_PRUNE_ROW.format(pct=round(peer["ratio"] * 100)))
+        if ours is None:
+            continue
+        for key, when, cause in (("accuracy_after_pruning", "right after pruning", PRUNED_CAUSE),
+                                 ("accuracy", "after the epoch", TRAINED_CAUSE)):
+            metric = f"pruning recipes: top-1 {when}"
+            if peer.get(key) is not None and ours.get(key) is not None and beats_accuracy(peer[key], ours[key]):
+                losses.append(_loss(metric, peer["name"], f"{peer[key]:.4f}", ours["name"], f"{ours[key]:.4f}",
+                                    cause))
+    return losses
+
+
+PRUNED_CAUSE = "the channels each removes: same criterion family (group L2), different grouping and per-layer ratios"
+TRAINED_CAUSE = ("the training recipe: same data, epochs and lr; ours trains with fake quantisation (QAT), "
+                 "Torch-Pruning fine-tunes in FP32")
+
+
+# --------------------------------------------------------------------------- warm start and recovery (service)
+
+WARM_TITLE = "## Warm job processes: cold vs warm start"
+WARM_KEYS = {"submit_to_running_s": "submit → running", "running_to_training_s": "running → training",
+             "running_to_first_step_s": "running → first recorded step",
+             "submit_to_first_step_s": "submit → first recorded step"}
+
+
+def warm_start_md(results: Mapping[str, Any]) -> list[str]:
+    lines, w = _section_head(results, "warm_start", WARM_TITLE)
+    if w is None:
+        return lines
+    setup, load = w["setup"], w.get("load_average") or {}
+    rows = [_warm_row(f"cold (`AMCT_WARM_START=0`), median of {len(w['cold']['samples'])}", w["cold"]),
+            _warm_row(f"warm, median of {len(w['warm']['samples'])}", w["warm"]),
+            {"mode": "warm / cold", **{label: _x(w["warm_over_cold"].get(key)) for key, label in WARM_KEYS.items()}}]
+    loads = _load_pair([load["before"], load["after"]]) if load else ""
+    return lines + [
+        _command(results, "warm_start", f"python bench/warm_start.py --samples {setup['samples']} "
+                                        f"--idle {setup['idle_s']:g}"), "",
+        f"`amct serve` on {setup['backend']} with its embedded worker, one small job at a time on an idle worker "
+        "(the 2.6k-parameter TorchScript model of bench/service_load.py, 64 samples, 1 epoch INT8 QAT). Times come "
+        "from the database: submit, claim, the `training` phase and the first recorded `progress` event (an upper "
+        f"bound on the first step). {setup['samples']} samples per mode, each after {setup['idle_s']:g} s idle; "
+        f"before each warm sample the worker's warm job process is ready{loads}. Seconds; min – max in brackets.",
+        "", format_markdown(rows, ["mode", *WARM_KEYS.values()]), "",
+        "The warm-up is the work a cold job does before its first step (imports, the sandbox), done ahead; what "
+        "remains after the hand-over is the job's own: its inputs, the dataset, the FP32 export and the capture "
+        "(docs/scaling.md).", ""]
+
+
+def _warm_row(mode: str, entry: Mapping[str, Any]) -> dict[str, str]:
+    row = {"mode": mode}
+    for key, label in WARM_KEYS.items():
+        values = [s[key] for s in entry["samples"] if s.get(key) is not None]
+        row[label] = f"{entry['median'][key]:.3f} ({min(values):.2f} – {max(values):.2f})" if values else None
+    return row
+
+
+def warm_start_costs(w: Mapping[str, Any]) -> list[str]:
+    ratio = w["warm_over_cold"].get("submit_to_first_step_s")
+    if ratio is None or ratio <= 1 + TIME_NOISE:
+        return []
+    return [f"warm job processes: submit → first recorded step is {ratio:.2f}× the cold start's (median)."]
+
+
+RECOVERY_TITLE = "## Crash recovery"
+RECOVERY_LABELS = {"worker": "worker group killed, new worker started", "engine": "engine child killed",
+                   "embedded": "`amct serve`'s worker killed"}
+RECOVERY_COUNTS = ("succeeded", "resumed", "none_run_twice", "none_left_queued")
+
+
+def recovery_md(results: Mapping[str, Any]) -> list[str]:
+    lines, r = _section_head(results, "recovery", RECOVERY_TITLE)
+    if r is None:
+        return lines
+    rows = []
+    for name, t in r["scenarios"].items():
+        rows.append({"scenario": RECOVERY_LABELS.get(name, name), "trials": str(t["trials"]),
+                     **{c.replace("_", " "): str(t[c]) for c in RECOVERY_COUNTS}, "orphans": str(t["orphans"]),
+                     "kill → resumed s (min / median / max)": _spread(t["recover_s"]),
+                     "kill → succeeded s": _spread(t["finish_s"])})
+    columns = ["scenario", "trials", *(c.replace("_", " ") for c in RECOVERY_COUNTS), "orphans",
+               "kill → resumed s (min / median / max)", "kill → succeeded s"]
+    return lines + [
+        _command(results, "recovery", "python bench/recovery.py --trials 10"), "",
+        f"{r['trials']} trial(s) per scenario (10 on its own): a 2-epoch INT8 QAT job (SmallFashionCnn, 400 "
+        "Fashion-MNIST images, batch 16) killed once the checkpoint of epoch 1 is stored: the whole process group of "
+        "a Celery worker (a new one is started), only the engine child (both on "
+        f"{r['database']} + a private redis-server), and the worker of a real `amct serve` (SQLite, filesystem "
+        "queue). Counts are trials out of the total: succeeded, resumed from the checkpoint stored before the kill, "
+        "trained no step twice, left no job queued (requeued → claimed within 30 s); times from the kill"
+        f"{_load_pair(r.get('load_avg'))}. There is no peer: the baseline is every trial recovering.", "",
+        format_markdown(rows, columns), ""]
+
+
+def _spread(samples: Sequence[float]) -> str | None:
+    if not samples:
+        return None
+    return f"{min(samples):.1f} / {statistics.median(samples):.1f} / {max(samples):.1f}"
+
+
+def recovery_costs(r: Mapping[str, Any]) -> list[str]:
+    notes = []
+    for name, t in r["scenarios"].items():
+        short = [f"{c.replace('_', ' ')} {t[c]}" for c in RECOVERY_COUNTS if t[c] < t["trials"]]
+        if t["orphans"]:
+            short.append(f"{t['orphans']} orphan process(es)")
+        if short:
+            notes.append(f"crash recovery, {RECOVERY_LABELS.get(name, name)}: of {t['trials']} trials, "
+                         + ", ".join(short) + ".")
+    return notes
+
+
+STANDALONE_MD = [
+    "## Not run by `make bench`",
+    "",
+    "- `bench/api_cost.py --baseline <another checkout>`: the API's CPU time per read of this tree over a baseline "
+    "tree's, both servers up at once in alternating windows. It compares two revisions, so it needs a second "
+    "checkout of the change's base (with its own database), which a run of one revision has none to pick for; the "
+    "last measurement is in [docs/scaling.md](scaling.md#the-api).",
+    "- `bench/sandbox_overhead.py`: a job child started with and without bubblewrap; reported in "
+    "[docs/security.md](security.md).",
+    "- `bench/recovery.py --trials 10`: the crash-recovery section above with 10 trials per scenario instead of 3; "
+    "earlier runs are in [docs/service.md](service.md).",
+    "",
+]
+
+
+LOSS_SOURCES = (("engine", engine_losses), ("ptq", ptq_losses), ("prune_search", prune_search_losses),
+                ("prune_compare", prune_compare_losses), ("capture", capture_losses))
+LOSS_MATCHING = (
+    "Peers are matched as: in the engine table, ORT PTQ, torchao and NNCF against amct INT8 QAT, and Torch-Pruning "
+    "(± ORT PTQ) against our best pruning recipe ({best}) at the same ratio; in the PTQ section, ORT static PTQ and "
+    "NNCF against each of our PTQ rows, and every other flow's wall time against ours (IFMR); in the prune search, "
+    "uniform BCP (AMCT's recipe, at 50 % and MACs-matched) against the search, per seed; in the pruning recipes, "
+    "Torch-Pruning (± ORT PTQ) against {best} at the same ratio, right after pruning and after the epoch.")
+
+
 def losses_md(results: Mapping[str, Any]) -> list[str]:
-    engine = _section(results, "engine")
-    capture = _section(results, "capture")
-    losses = (engine_losses(engine) if engine else []) + (capture_losses(capture) if capture else [])
+    losses = [loss for name, find in LOSS_SOURCES if (section := _section(results, name)) for loss in find(section)]
     lines = ["## Where we lose", ""]
     if losses:
-        lines += [f"Computed from the numbers above: every metric on which a peer (or AMCT's ONNX route, for "
-                  f"capture) beats the matching row of ours by more than the noise margin (top-1 "
-                  f"{ACCURACY_NOISE_PT} pt, size {BYTES_NOISE:.0%}, time {TIME_NOISE:.0%}). Peers are matched as: "
-                  "ORT PTQ, torchao and NNCF against amct INT8 QAT; Torch-Pruning (± ORT PTQ) against our best "
-                  f"pruning recipe ({BEST_PRUNE_ROW.format(pct='N')}) at the same ratio.", "",
+        lines += [f"Computed from the numbers above: every metric on which a peer (or AMCT's own recipe or ONNX route) "
+                  f"beats the matching row of ours by more than the noise margin (top-1 {ACCURACY_NOISE_PT} pt, size "
+                  f"{BYTES_NOISE:.0%}, time {TIME_NOISE:.0%}). "
+                  + LOSS_MATCHING.format(best=BEST_PRUNE_ROW.format(pct="N")), "",
                   format_markdown(losses, ["metric", "peer", "peer value", "ours", "our value", "cause"]), ""]
     else:
         lines += ["No peer beats the matching row of ours beyond the noise margins in this run.", ""]
@@ -785,7 +1304,8 @@ def losses_md(results: Mapping[str, Any]) -> list[str]:
         lines += ["Deploy speed (section above), beyond the time noise margin:", ""] + [f"- {s}" for s in slower] + [""]
     costs = own_costs(results)
     if costs:
-        lines += ["Where our compression costs more than it gives, against the uncompressed model:", ""]
+        lines += ["Where our compression or service costs more than it gives, against the uncompressed model, "
+                  "the budget or the cold start:", ""]
         lines += [f"- {c}" for c in costs] + [""]
     return lines
 
@@ -801,6 +1321,10 @@ NOISE_MD = [
     f"- Accuracy differences below {ACCURACY_NOISE_PT} pt are within seed-to-seed variation for this model and "
     "are not called losses; one seed is run.",
     "- Service latencies share the 2 cores with the worker's engine processes during the 'busy' phase.",
+    "- The status table gives each section's load average before and after: above the core count, the processes "
+    "measured had a fraction of a core, and absolute times say more about the machine than about the code. The ptq, "
+    "prune and recovery sections run with one OpenMP thread, so torch's spinning threads do not wait for a second "
+    "core.",
     "",
 ]
 
@@ -820,8 +1344,10 @@ def render(results: Mapping[str, Any], md_path: Path, images: Path) -> None:
         plot_training_curves(engine, crepe, curves)
         lines += ["Training curves (same batches for every row):", "",
                   f"![training curves]({curves.relative_to(md_path.parent).as_posix()})", ""]
+    lines += ptq_md(results, images, md_path.parent) + prune_search_md(results) + prune_compare_md(results)
     lines += ["## Real pretrained models", ""] + minilm_md(results) + crepe_md(results)
-    lines += deploy_md(results) + capture_md(results) + service_md(results) + losses_md(results) + NOISE_MD
+    lines += deploy_md(results) + capture_md(results) + service_md(results) + warm_start_md(results)
+    lines += recovery_md(results) + STANDALONE_MD + losses_md(results) + NOISE_MD
     md_path.write_text("\n".join(lines).rstrip() + "\n")
 
 

