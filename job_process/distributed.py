@@ -229,15 +229,21 @@ class RankDone(Exception):
 
 
 def sync_buffers(model, rank: Rank) -> None:
-    """Rank 0's buffers to every rank. DDP broadcasts them before each training forward, but that forward then
-    updates each rank's BatchNorm statistics with its own slice: after the last step they differ, and the
-    record's weight factors fold them in."""
+    """One set of buffers on every rank. DDP broadcasts rank 0's before each training forward, but that forward
+    then updates each rank's BatchNorm statistics with its own slice: after the last step they differ, and the
+    record's weight factors fold them in. Float buffers (running means and variances) are averaged, so the
+    statistics have seen the whole global batch as a single process's would (the mean exactly, the
+    variance less the spread between the slices' means); the others (batch counts) are rank 0's."""
     if not rank.distributed:
         return
     import torch.distributed as dist
 
     for buffer in model.buffers():
-        dist.broadcast(buffer.data, 0)
+        if buffer.is_floating_point():
+            dist.all_reduce(buffer.data)
+            buffer.data /= rank.world_size
+        else:
+            dist.broadcast(buffer.data, 0)
 
 
 # The quantisers' state that the record and the deploy model are made of (docs/spec/engine.md §4.1, §4.2).

@@ -147,12 +147,30 @@ def onnx_parameters(path: str) -> dict:
         if found is None:
             continue
         codes, zero_point = found
+        padded = _padded_input_channels(node, producers, constants)
+        if padded:  # the deploy graph's zero channels for the int8 kernels are not the model's weights
+            codes = codes[:, :codes.shape[1] - padded]
         zp_slot = slot + ZERO_POINT_AFTER.get(node.op_type, len(node.input))
         if zp_slot < len(node.input) and node.input[zp_slot] in constants:
             zero_point = _along(constants[node.input[zp_slot]], codes.ndim, ZERO_POINT_AXIS[node.op_type])
         weights += codes.size
         nonzero += int(np.count_nonzero(codes != zero_point))
     return {"total": int(total), "weights": int(weights), "nonzero_weights": int(nonzero)}
+
+
+def _padded_input_channels(conv: onnx.NodeProto, producers: dict, constants: dict) -> int:
+    """How many zero input channels the deploy export appended to a conv's input and weight (Pad ->
+    DequantizeLinear -> Conv, amct_engine/export/conv_layout.py `pad_input_channels`); 0 for any other layer."""
+    if conv.op_type != "Conv":
+        return 0
+    dequantize = producers.get(conv.input[0])
+    pad = producers.get(dequantize.input[0]) if dequantize is not None and dequantize.op_type == "DequantizeLinear" \
+        else None
+    if pad is None or pad.op_type != "Pad" or len(pad.input) < 2 or pad.input[1] not in constants:
+        return 0
+    pads = np.asarray(constants[pad.input[1]]).reshape(-1)
+    rank = pads.size // 2
+    return int(pads[rank + 1]) if rank > 1 and not pads[:rank + 1].any() and not pads[rank + 2:].any() else 0
 
 
 def _agreement(reference: np.ndarray, other: np.ndarray) -> dict:

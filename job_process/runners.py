@@ -118,7 +118,7 @@ def train(ctx: JobContext, model: nn.Module) -> nn.Module:
 
     train_epochs(trained, loader, ctx.params["epochs"], ctx.params["lr"], optimizer=optimizer, progress=on_step,
                  start_step=start_step, loss_fn=ctx.loss_fn)
-    distributed.sync_buffers(model, ctx.rank)  # the model's BatchNorm statistics are rank 0's
+    distributed.sync_buffers(model, ctx.rank)  # one set of BatchNorm statistics: the ranks' averaged
     model.cpu()
     torch.save(model.state_dict(), ctx.path("checkpoint.pt"))
     ctx.files["checkpoint"] = ctx.path("checkpoint.pt")

@@ -16,6 +16,7 @@ import amct_engine as amct
 import amct_engine.export.qdq_graph as qdq_graph
 from amct_engine.export.deploy_target import detect_deploy_target
 from amct_engine.export.qdq_graph import FUSED_OPS, deploy_report, optimized_ops
+from job_process.report import onnx_parameters
 
 
 class TallNet(nn.Module):
@@ -106,6 +107,9 @@ def test_convs_on_three_channels_get_a_fourth_zero_channel_on_vnni_only(tmp_path
     assert weights["conv1.weight"].shape == ((16, 4, 3, 3) if padded else (16, 3, 3, 3))
     if padded:
         assert not weights["conv1.weight"][:, 3].any()
+    # report.json counts the model's weights: the zero channel is the kernel's layout, not a weight.
+    assert onnx_parameters(paths["deploy"])["weights"] == sum(p.numel() for n, p in RgbNet().named_parameters()
+                                                               if n.endswith("weight"))
     ops = [n.op_type for n in optimized_ops(model).graph.node]
     assert ops.count("QLinearConv") == 2 and "Conv" not in ops and ops.count("Pad") == int(padded)
     if detect_deploy_target() != "x86_vnni":
