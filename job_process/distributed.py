@@ -231,15 +231,18 @@ class RankDone(Exception):
 def sync_buffers(model, rank: Rank) -> None:
     """One set of buffers on every rank. DDP broadcasts rank 0's before each training forward, but that forward
     then updates each rank's BatchNorm statistics with its own slice: after the last step they differ, and the
-    record's weight factors fold them in. Float buffers (running means and variances) are averaged, so the
-    statistics have seen the whole global batch as a single process's would (the mean exactly, the
-    variance less the spread between the slices' means); the others (batch counts) are rank 0's."""
+    record's weight factors fold them in. The running means and variances are averaged, so they have seen
+    the whole global batch as a single process's would (the mean exactly, the variance less the spread
+    between the slices' means); every other buffer (the quantisers', equal already; batch counts) is rank 0's."""
     if not rank.distributed:
         return
     import torch.distributed as dist
+    from torch.nn.modules.batchnorm import _BatchNorm
 
+    averaged = {id(b) for m in model.modules() if isinstance(m, _BatchNorm) and m.track_running_stats
+                for b in (m.running_mean, m.running_var)}
     for buffer in model.buffers():
-        if buffer.is_floating_point():
+        if id(buffer) in averaged:
             dist.all_reduce(buffer.data)
             buffer.data /= rank.world_size
         else:
