@@ -153,6 +153,25 @@ def wait_terminal(api: Api, job_id: str, timeout: float = 240) -> dict:
 
 
 @contextmanager
+def api_with_ready_model(settings: Settings, assets: Path) -> Iterator[tuple[Api, dict]]:
+    """The API with the test CNN as a ready model (its row inserted: the upload check is tested elsewhere),
+    the INT8 QAT cfg and the small dataset uploaded; yields the Api and the ids a job request names."""
+    from service.db.models import Model
+
+    with open_api(settings) as client:
+        api = Api(client, settings)
+        blob = client.app.state.store.put_file(assets / "cnn.pt")
+        with client.app.state.sessions() as session:
+            model = Model(project_id=settings.project, name="cnn", input_shape=[1, 1, 28, 28], status="ready",
+                          layers={}, sha256=blob.sha256, size_bytes=blob.size_bytes, uri=blob.uri)
+            session.add(model)
+            session.commit()
+        ids = {"model_id": model.id, "config_id": api.upload_config(QUANT_CFG).json()["id"],
+               "dataset_id": api.upload_dataset((assets / "small.npz").read_bytes()).json()["id"]}
+        yield api, ids
+
+
+@contextmanager
 def worker_stack(data_dir: Path, pg_url: str, redis_url: str) -> Iterator[tuple[Api, Worker]]:
     """The API on PostgreSQL and Redis (a fresh queue prefix) and a real Celery worker process."""
     settings = make_settings(data_dir, database_url=pg_url, broker_url=redis_url)

@@ -16,8 +16,7 @@ import httpx
 import pytest
 from sqlalchemy import event, text
 
-from service.db.models import Model
-from tests.service.support import QUANT_CFG, ROOT, Api, make_settings, open_api, settings_env
+from tests.service.support import ROOT, Api, api_with_ready_model, make_settings, settings_env
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
@@ -25,17 +24,8 @@ def env(request, tmp_path_factory, assets):
     """The API on each database with a ready model (inserted: the upload check is tested elsewhere)."""
     url = request.getfixturevalue("pg_url") if request.param == "postgresql" else None
     settings = make_settings(tmp_path_factory.mktemp(f"reads-{request.param}"), database_url=url)
-    with open_api(settings) as client:
-        api = Api(client, settings)
-        blob = client.app.state.store.put_file(assets / "cnn.pt")
-        with client.app.state.sessions() as session:
-            model = Model(project_id=settings.project, name="cnn", input_shape=[1, 1, 28, 28], status="ready",
-                          layers={}, sha256=blob.sha256, size_bytes=blob.size_bytes, uri=blob.uri)
-            session.add(model)
-            session.commit()
-        ids = {"model_id": model.id, "config_id": api.upload_config(QUANT_CFG).json()["id"],
-               "dataset_id": api.upload_dataset((assets / "small.npz").read_bytes()).json()["id"]}
-        yield api, ids
+    with api_with_ready_model(settings, assets) as env:
+        yield env
 
 
 def _submit(api: Api, ids: dict) -> str:

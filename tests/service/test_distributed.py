@@ -22,12 +22,12 @@ import pytest
 import torch
 
 from job_process.distributed import Rank, shard
-from service.db.models import Model
 from tests.service.crash_scenario import engine_processes, get_job, job_events
 from tests.service.support import (
     QUANT_CFG,
     Api,
     Worker,
+    api_with_ready_model,
     make_settings,
     open_api,
     wait_terminal,
@@ -103,17 +103,8 @@ def test_a_two_rank_job_matches_one_process_and_its_ranks_hold_the_same_factors(
 def runner_env(tmp_path_factory, assets):
     """An API on SQLite; jobs run by a JobRunner in this process; checkpoints at epoch ends."""
     settings = make_settings(tmp_path_factory.mktemp("ddp-kill"), heartbeat_s=0.5, checkpoint_every_steps=0)
-    with open_api(settings) as client:
-        api = Api(client, settings)
-        blob = client.app.state.store.put_file(assets / "cnn.pt")
-        with client.app.state.sessions() as session:
-            model = Model(project_id=settings.project, name="cnn", input_shape=[1, 1, 28, 28], status="ready",
-                          layers={}, sha256=blob.sha256, size_bytes=blob.size_bytes, uri=blob.uri)
-            session.add(model)
-            session.commit()
-        ids = {"model_id": model.id, "config_id": api.upload_config(QUANT_CFG).json()["id"],
-               "dataset_id": api.upload_dataset((assets / "small.npz").read_bytes()).json()["id"]}
-        yield api, ids
+    with api_with_ready_model(settings, assets) as env:
+        yield env
 
 
 def _ranks(job_id: str) -> list[int]:

@@ -27,7 +27,7 @@ from sqlalchemy import update
 from job_process import sandbox
 from job_process.launcher import JOB_MODULE
 from job_process.protocol import CHECKPOINT_DIR, RESULT_FILE, RESUME_FILE, SPEC_FILE, parse_line
-from service.db.models import Job, Model
+from service.db.models import Job
 from tests.service.crash_scenario import (
     FAST_RECOVERY,
     RedisServer,
@@ -38,7 +38,16 @@ from tests.service.crash_scenario import (
     verify_artifacts,
     wait_terminal,
 )
-from tests.service.support import QUANT_CFG, ROOT, Api, Worker, make_settings, open_api, wait_until
+from tests.service.support import (
+    QUANT_CFG,
+    ROOT,
+    Api,
+    Worker,
+    api_with_ready_model,
+    make_settings,
+    open_api,
+    wait_until,
+)
 from worker.runner import JobRunner
 
 OUTPUTS = {"checkpoint", "config", "deploy", "fake_quant", "fp32_onnx", "log", "record", "report"}
@@ -277,17 +286,8 @@ def test_the_reaper_removes_the_folders_of_dead_attempts_only(runner_env):
 def runner_env(tmp_path_factory, assets):
     """An API on SQLite; jobs run by a JobRunner in this process (no Celery); a 60 s cancel grace."""
     settings = make_settings(tmp_path_factory.mktemp("cancel"), heartbeat_s=0.5, cancel_grace_s=60.0)
-    with open_api(settings) as client:
-        api = Api(client, settings)
-        blob = client.app.state.store.put_file(assets / "cnn.pt")
-        with client.app.state.sessions() as session:
-            model = Model(project_id=settings.project, name="cnn", input_shape=[1, 1, 28, 28], status="ready",
-                          layers={}, sha256=blob.sha256, size_bytes=blob.size_bytes, uri=blob.uri)
-            session.add(model)
-            session.commit()
-        ids = {"model_id": model.id, "config_id": api.upload_config(QUANT_CFG).json()["id"],
-               "dataset_id": api.upload_dataset((assets / "small.npz").read_bytes()).json()["id"]}
-        yield api, ids
+    with api_with_ready_model(settings, assets) as env:
+        yield env
 
 
 def _run_in_thread(settings, job_id: str) -> tuple[threading.Thread, dict]:

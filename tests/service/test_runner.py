@@ -7,8 +7,7 @@ import importlib.util
 import pytest
 
 from job_process.kinds import JOB_KINDS
-from service.db.models import Model
-from tests.service.support import QUANT_CFG, Api, make_settings, open_api
+from tests.service.support import api_with_ready_model, make_settings
 from worker.runner import JobRunner
 
 
@@ -16,17 +15,8 @@ from worker.runner import JobRunner
 def env(tmp_path_factory, assets):
     """An API on SQLite; the model row is inserted directly (validation is tested elsewhere)."""
     settings = make_settings(tmp_path_factory.mktemp("runner"))
-    with open_api(settings) as client:
-        api = Api(client, settings)
-        blob = client.app.state.store.put_file(assets / "cnn.pt")
-        with client.app.state.sessions() as session:
-            model = Model(project_id="default", name="cnn", input_shape=[1, 1, 28, 28], status="ready",
-                          layers={}, sha256=blob.sha256, size_bytes=blob.size_bytes, uri=blob.uri)
-            session.add(model)
-            session.commit()
-        ids = {"model_id": model.id, "config_id": api.upload_config(QUANT_CFG).json()["id"],
-               "dataset_id": api.upload_dataset((assets / "small.npz").read_bytes()).json()["id"]}
-        yield api, ids
+    with api_with_ready_model(settings, assets) as env:
+        yield env
 
 
 def test_a_device_the_worker_lacks_fails_the_job_with_a_clear_error(env):

@@ -15,8 +15,7 @@ import signal
 import pytest
 
 from job_process import bubblewrap
-from service.db.models import Model
-from tests.service.support import QUANT_CFG, Api, make_settings, open_api, wait_until
+from tests.service.support import Api, api_with_ready_model, make_settings, wait_until
 from worker.runner import JobRunner
 from worker.warm import WarmPool, remove_stale
 
@@ -113,17 +112,8 @@ def test_a_killed_worker_s_warm_folders_are_removed_by_the_next_pool(tmp_path):
 def runner_env(tmp_path_factory, assets):
     """An API on SQLite; the model row is inserted directly (validation is tested elsewhere)."""
     settings = make_settings(tmp_path_factory.mktemp("warm"))
-    with open_api(settings) as client:
-        api = Api(client, settings)
-        blob = client.app.state.store.put_file(assets / "cnn.pt")
-        with client.app.state.sessions() as session:
-            model = Model(project_id=settings.project, name="cnn", input_shape=[1, 1, 28, 28], status="ready",
-                          layers={}, sha256=blob.sha256, size_bytes=blob.size_bytes, uri=blob.uri)
-            session.add(model)
-            session.commit()
-        ids = {"model_id": model.id, "config_id": api.upload_config(QUANT_CFG).json()["id"],
-               "dataset_id": api.upload_dataset((assets / "small.npz").read_bytes()).json()["id"]}
-        yield api, ids
+    with api_with_ready_model(settings, assets) as env:
+        yield env
 
 
 def _record(api: Api, job_id: str) -> bytes:
