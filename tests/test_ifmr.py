@@ -169,3 +169,20 @@ def test_observer_keeps_its_own_copy_of_earlier_batches():
 def test_observer_rejects_bad_batch_num():
     with pytest.raises(ValueError, match="batch_num"):
         IfmrObserver(bits=8, batch_num=0)
+
+
+@pytest.mark.parametrize("k", [1, 2, 7, 300])
+def test_the_percentile_selection_over_rows_finds_topks_value(k):
+    """The percentile's k-th extreme value is selected among the rows with the most extreme maxima: it must be
+    topk's value, also when the extremes repeat, share a row, fill whole rows (a ReLU's zeros) or sit in the tail."""
+    gen = torch.Generator().manual_seed(k)
+    shared_row = torch.rand(100_000, generator=gen)
+    shared_row[:k + 3] = 7.0
+    for x in (torch.randn(200_000, generator=gen),
+              torch.relu(torch.randn(200_000, generator=gen)),
+              shared_row,
+              torch.cat([torch.rand(100_000, generator=gen), torch.full((2 * k,), 5.0), torch.full((k,), -5.0)]),
+              torch.cat([torch.rand(100_000, generator=gen), torch.tensor([9.0, -9.0, 8.0])])):
+        for largest in (True, False):
+            expected = torch.topk(x, k, largest=largest).values[-1]
+            assert ifmr._kth_from_end(x, k, largest) == expected

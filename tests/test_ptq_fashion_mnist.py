@@ -154,3 +154,51 @@ def test_histogram_ifmr_picks_the_exact_searchs_clip(bits, with_offset):
         exact = ifmr_search(x, bits, with_offset)
         fast = ifmr_search(x, bits, with_offset, histogram_bins=1 << 16)
         assert float(fast.scale) == float(exact.scale) and int(fast.offset) == int(exact.offset)
+
+
+class _ViewAfterConv(torch.nn.Module):
+    """`.view` of a conv output: it raises on a channels-last tensor."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(1, 8, 3, padding=1)
+        self.fc = torch.nn.Linear(8 * 28 * 28, 10)
+
+    def forward(self, x):
+        y = torch.relu(self.conv(x))
+        return self.fc(y.view(y.shape[0], -1))
+
+
+def _calibrate(tmp_path, model, batches):
+    amct.create_quant_config(str(tmp_path / "c.json"), model, batches[0][:4], batch_num=len(batches))
+    calibration = amct.quantize_model(str(tmp_path / "c.json"), str(tmp_path / "m.onnx"), str(tmp_path / "r.txt"),
+                                      model, batches[0][:4])
+    with torch.no_grad():
+        for batch in batches:
+            calibration(batch)
+    return calibration, RecordFile(tmp_path / "r.txt").quant_layers()
+
+
+def test_channels_last_calibration_records_the_default_layouts_factors(tmp_path, monkeypatch):
+    """On CPU the calibration runs its convs channels-last (faster); the record must not change, and a model
+    that `.view`s a conv output keeps the default layout and still calibrates."""
+    from amct_engine import ptq as ptq_module
+    from amct_engine.export.save import quant_layers
+    from examples.models import SmallFashionCnn
+
+    torch.manual_seed(0)
+    batches = [torch.rand(64, 1, 28, 28) for _ in range(3)]
+    model = SmallFashionCnn().eval()
+    calibration, fast = _calibrate(tmp_path / "fast", model, batches)
+    assert {n: w.channels_last_output for n, w in quant_layers(calibration).items()} == \
+        {"conv1": True, "conv2": True, "fc": False}
+    monkeypatch.setattr(ptq_module, "_channels_last_runs_the_same", lambda *args: False)
+    _, default = _calibrate(tmp_path / "default", model, batches)
+    monkeypatch.undo()
+    for name, record in default.items():
+        assert fast[name].scale_d == pytest.approx(record.scale_d, rel=1e-5)
+        assert fast[name].offset_d == record.offset_d and fast[name].scale_w == record.scale_w
+    view_model = _ViewAfterConv().eval()
+    calibration, records = _calibrate(tmp_path / "view", view_model, batches)
+    assert not any(w.channels_last_output for w in quant_layers(calibration).values())
+    assert set(records) == {"conv", "fc"}

@@ -123,10 +123,13 @@ def capture_model(
     *,
     reject_amct_ops: bool = True,
     allow_export_fallback: bool = True,
+    copy_model: bool = True,
 ) -> CapturedModel:
     """Capture ``model`` (nn.Module, ScriptModule or TorchScript file path) with ``input_data``.
 
     ``input_data`` is a tensor or a tuple/list of tensors (docs/spec/engine.md §1.1: only used for tracing).
+    ``copy_model=False`` traces the model itself, for a caller that only reads the graph (the layer
+    table of a config): tracing does not change a module, and the copy is most of the capture's time.
     Raises TypeError for other inputs, ValueError for a model that already holds AMCT ops, and
     GraphCaptureError when the model cannot become one static graph.
     """
@@ -143,7 +146,7 @@ def capture_model(
     model = _unwrap_parallel(model)
     if reject_amct_ops:
         _reject_amct_ops((name, type(m).__name__, is_amct_module(m)) for name, m in model.named_modules())
-    return _capture_module(_copy_model(model), example_inputs, allow_export_fallback)
+    return _capture_module(_copy_model(model) if copy_model else model, example_inputs, allow_export_fallback)
 
 
 def as_input_tuple(input_data: Any) -> tuple[torch.Tensor, ...]:

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from .ifmr import IfmrResult
-from .primitives import asymmetric_scale_offset, check_quantizable, process_scale, quant_range
+from .primitives import asymmetric_scale_offset, check_quantizable, process_scale, quant_range, values_in_memory_order
 
 _CHUNK = 1 << 17  # candidates x bins evaluated at once (float64: 1 MiB, stays in cache)
 _CANDIDATES = 512  # clip ends tried per search pass: every k-th bin edge, the range's own end included
@@ -102,7 +102,7 @@ class HfmgObserver(nn.Module):
         if self.done:
             return True
         check_quantizable(x, "calibration batch")
-        data = x.detach().reshape(-1).double().cpu()
+        data = values_in_memory_order(x.detach()).double().cpu()
         low, high = min(float(data.min()), 0.0), max(float(data.max()), 0.0)
         if high == low:
             high = low + 1e-6

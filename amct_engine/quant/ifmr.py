@@ -12,7 +12,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from .primitives import FLT_EPSILON, check_quantizable, process_scale, quant_range
+from .primitives import FLT_EPSILON, check_quantizable, process_scale, quant_range, values_in_memory_order
 
 # Upper bound on candidates x elements materialised at once by the loss evaluation.
 _CHUNK_ELEMENTS = 1 << 22
@@ -20,6 +20,8 @@ _CHUNK_ELEMENTS = 1 << 22
 _HISTOGRAM_CHUNK_ELEMENTS = 1 << 20
 # Percentile ranks up to this from the end are selected with topk, deeper ones with kthvalue.
 _TOPK_MAX = 4096
+# Row length of the extreme-value selection (`_extreme_rows`).
+_ROW = 1024
 
 
 class IfmrResult(NamedTuple):
@@ -51,12 +53,29 @@ def percentile_init(
 def _kth_from_end(data: torch.Tensor, k: int, largest: bool) -> torch.Tensor:
     """The k-th largest (or smallest) value: the same value either way, by the cheaper selection.
 
-    The default percentiles ask for one of the few most extreme values, which topk finds in one
-    pass (10 ms on 1.6M values where kthvalue's quickselect took 45 ms); kthvalue for a deep k.
+    The default percentiles ask for one of the few most extreme values: topk finds it in one pass
+    (10 ms on 1.6M values where kthvalue's quickselect took 45 ms), and among a few rows of the data
+    faster still (`_extreme_rows`); kthvalue for a deep k.
     """
-    if k <= _TOPK_MAX:
-        return torch.topk(data, k, largest=largest, sorted=True).values[-1]
-    return torch.kthvalue(data, data.numel() - k + 1 if largest else k).values
+    if k > _TOPK_MAX:
+        return torch.kthvalue(data, data.numel() - k + 1 if largest else k).values
+    return torch.topk(_extreme_rows(data, k, largest), k, largest=largest, sorted=True).values[-1]
+
+
+def _extreme_rows(data: torch.Tensor, k: int, largest: bool) -> torch.Tensor:
+    """The values of the k rows (of `_ROW` values) with the most extreme row maxima (minima), and the tail.
+
+    They hold the data's k-th largest value: k rows whose maxima are >= any value of the other rows
+    give k values at least that large. One max per row and a topk over a few rows is 4x faster than
+    topk over 1.6M values; small data or a deep k is returned whole.
+    """
+    rows = data.numel() // _ROW
+    if k * _ROW * 8 > data.numel():
+        return data
+    table = data[: rows * _ROW].view(rows, _ROW)
+    extremes = table.amax(dim=1) if largest else table.amin(dim=1)
+    chosen = torch.topk(extremes, k, largest=largest).indices
+    return torch.cat([table[chosen].reshape(-1), data[rows * _ROW:]])
 
 
 def search_ratios(start: float, end: float, step: float, device) -> torch.Tensor:
@@ -223,7 +242,7 @@ class IfmrObserver(nn.Module):
         if self.done:
             return True
         check_quantizable(x, "calibration batch")
-        flat = x.detach().reshape(-1)
+        flat = values_in_memory_order(x.detach())
         # A batch kept for later must not see the model's in-place updates of its input tensor.
         self._batches.append(flat if len(self._batches) + 1 >= self.batch_num else flat.clone())
         if len(self._batches) >= self.batch_num:

@@ -102,6 +102,17 @@ def fake_quantize(x: torch.Tensor, scale, offset, bits: int) -> torch.Tensor:
     return ((q - offset) * scale).to(x.dtype)
 
 
+def values_in_memory_order(x: torch.Tensor) -> torch.Tensor:
+    """x's values as a 1-D tensor, a view when x is dense channels-last (PTQ's calibration layout, ptq.py).
+
+    For statistics that ignore the order (calibration observers): `reshape(-1)` of a channels-last
+    tensor is a transposing copy, slower than the convolution that wrote it.
+    """
+    if x.dim() == 4 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last):
+        return x.permute(0, 2, 3, 1).reshape(-1)
+    return x.reshape(-1)
+
+
 def check_quantizable(x: torch.Tensor, what: str = "tensor", finite: bool = True) -> None:
     """Only finite float32/float16 tensors can be quantised (docs/spec/engine.md §4.0 input checks).
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import torch
 from torch import nn
@@ -61,7 +63,14 @@ class QuantRetrainLayer(nn.Module):
     def invalidate(self) -> None:
         self._deployed = None
 
+    # PTQ calibration (ptq.py) sets it on Conv2d layers: their outputs continue channels-last.
+    channels_last_output = False
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self._forward(x)
+        return y.contiguous(memory_format=torch.channels_last) if self.channels_last_output else y
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.training:
             self._deployed = None
             return self.training_forward(x)
@@ -85,6 +94,8 @@ class QuantRetrainLayer(nn.Module):
         return x_q, self.weight_quant(self.layer.weight, transpose_groups)
 
     def _layer_forward(self, x_q: torch.Tensor, w_q: torch.Tensor) -> torch.Tensor:
+        if self.channels_last_output:  # a channels-last weight makes torch's conv write channels-last
+            w_q = w_q.contiguous(memory_format=torch.channels_last)
         y = functional_call(self.layer, {"weight": w_q}, (x_q,))
         return self.bn(y) if self.bn is not None else y
 
@@ -97,7 +108,11 @@ class QuantRetrainLayer(nn.Module):
         # mask comes first), so eval runs the weights that were trained and that the save bakes in.
         weight = self.weight_quant.weight_to_quantize(self.layer.weight.detach())
         layer = fold_batch_norm(self.layer, self.bn, weight)
-        return layer, compute_factors(self.layer_name, layer, record)
+        factors = compute_factors(self.layer_name, layer, record)
+        if self.channels_last_output:
+            weight_q = factors.weight_q.contiguous(memory_format=torch.channels_last)
+            factors = dataclasses.replace(factors, weight_q=weight_q)
+        return layer, factors
 
     def quant_record(self) -> LayerQuantRecord:
         """Scale/offset of data and weight, with a following BN's factor folded into scale_w."""
