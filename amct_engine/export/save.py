@@ -52,8 +52,10 @@ def build_export_model(
     Every back end folds BN and takes every factor from the record (docs/spec/engine.md §5).
     `deploy_target` (export.deploy_target) picks int8 or uint8 + 128 weight codes.
     """
-    export_model = copy.deepcopy(model).cpu().eval()
-    wrappers = quant_layers(export_model)
+    wrappers = quant_layers(model)
+    # Each wrapper is replaced below: the copy shares them instead of copying their quantisers, observers
+    # and caches (most of the copy's time), and moves to the CPU only once they are out of it.
+    export_model = copy.deepcopy(model, memo={id(w): w for w in wrappers.values()})
     for path, wrapper in wrappers.items():
         layer = fold_batch_norm(wrapper.layer, wrapper.bn)
         record = records[wrapper.layer_name]
@@ -61,7 +63,7 @@ def build_export_model(
         new = ExportQuantLayer(wrapper.layer_name, layer, factors, onnx_format.layer_writer)
         new.signed_weights = signed_weights(deploy_target)
         export_model.set_submodule(path, new)
-    return export_model
+    return export_model.cpu().eval()
 
 
 def export_onnx(
