@@ -125,3 +125,22 @@ def test_one_channel_under_a_long_kernel_stays_unpadded(tmp_path):
     x = torch.randn(2, 1, 64, 1, generator=torch.Generator().manual_seed(5))
     _, paths = _save(TallNet, x, tmp_path, "long", deploy_target="x86_vnni")
     assert deploy_report(paths["deploy"])["conv_layout"]["padded_input_channels"] == []
+
+
+class StemNet(nn.Module):
+    """ResNet's stem: a 7x7 stride-2 conv on three channels."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 16, 7, stride=2, padding=3)
+        self.fc = nn.Linear(16 * 8 * 8, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.flatten(torch.relu(self.conv1(x)), 1))
+
+
+def test_three_channels_under_a_7x7_kernel_stay_unpadded(tmp_path):
+    """ResNet-18's stem ran 1.3x slower padded to four channels inside the network (conv_layout._padding_pays)."""
+    x = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(6))
+    _, paths = _save(StemNet, x, tmp_path, "stem", deploy_target="x86_vnni")
+    assert deploy_report(paths["deploy"])["conv_layout"]["padded_input_channels"] == []

@@ -14,10 +14,11 @@ docs/benchmarks.md#deploy-speed-our-int8-onnx-vs-fp32-and-onnxruntimes-own-ptq):
   weight rows for the missing channels and its input codes a zero-filled channel `Pad`. MLAS's symmetric
   int8 conv (indirect, requantisation fused; the x86 path for int8 weights with zero point 0) needs
   input channels % 4 == 0; other convs take the generic im2col + GEMM + requantise path. Measured on
-  isolated convs: 0.62-0.67x the time for 3x3 kernels on 1-3 channels, 0.9x for ResNet's 7x7 stem;
-  zero weights add nothing to the sums, so the output is the same. Only where the weights are int8 with
-  zero point 0 (deploy_target x86_vnni): uint8 weights (x86_avx2) never take the symmetric path, and
-  ARM's symmetric conv refuses convs under 64 input channels.
+  isolated convs: 0.62-0.67x the time for 3x3 kernels on 1-3 channels; larger kernels stay as they are
+  (ResNet's 7x7 stem ran 1.3x slower padded, `_padding_pays`). Zero weights add nothing to the sums, so
+  the output is the same. Only where the weights are int8 with zero point 0 (deploy_target x86_vnni):
+  uint8 weights (x86_avx2) never take the symmetric path, and ARM's symmetric conv refuses convs under 64
+  input channels.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ _ELEMENTWISE = {"QuantizeLinear", "DequantizeLinear", "Relu", "Clip", "Sigmoid",
 _SPATIAL = {"Conv", "MaxPool", "AveragePool"}
 _SPATIAL_ATTRS = ("kernel_shape", "strides", "dilations")
 CHANNEL_MULTIPLE = 4  # MLAS's KernelInputChannelAlignment of its x86 symmetric conv kernels
-MAX_TAPS_FOR_ONE_CHANNEL = 9  # see _padding_pays
+MAX_TAPS = 9  # see _padding_pays
 MIN_OUTPUT_CHANNELS = 16  # its FilterOutputChannelPackCount: fewer output channels never take that path
 
 
@@ -226,11 +227,11 @@ def pad_input_channels(model: onnx.ModelProto) -> list[str]:
 
 
 def _padding_pays(weight_shape: tuple[int, ...]) -> bool:
-    """Measured (isolated convs, one thread): padding 1 input channel to 4 won at 3x3 (0.67x the time),
-    broke even at 5x5 (0.97x) and lost at 1x512 (2.4x: four times the multiplies); 2 or 3 channels
-    (at most twice the multiplies) won at 3x3 (0.62x) and 7x7 (0.9x)."""
-    taps = int(np.prod(weight_shape[2:]))
-    return weight_shape[1] >= 2 or taps <= MAX_TAPS_FOR_ONE_CHANNEL
+    """Measured (one thread): padding 1 input channel to 4 won at 3x3 (0.67x the time, isolated convs),
+    broke even at 5x5 (0.97x) and lost at 1x512 (2.4x: four times the multiplies); 2 or 3 channels won at
+    3x3 (0.62x). ResNet-18's 7x7 stem on 3 channels measured 0.9x alone but 1.30x inside the network
+    (2.79 against 2.14 ms at batch 8, 112x112; level at batch 1): kernels over 3x3 are left as they are."""
+    return int(np.prod(weight_shape[2:])) <= MAX_TAPS
 
 
 def _is_dq(node: onnx.NodeProto | None) -> bool:
