@@ -195,7 +195,7 @@ def _caller(request: Request,
     if credentials is None:
         raise Problem(401, "send an API key as `Authorization: Bearer <key>`", field="Authorization",
                       headers=_UNAUTHORIZED)
-    with request.app.state.sessions() as session:
+    with request.app.state.read_sessions() as session:  # the lookup and its rare UPDATE need no transaction
         caller = authenticate(session, credentials.credentials)
     if caller is None:
         raise Problem(401, "the API key is unknown or revoked", field="Authorization",

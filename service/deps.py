@@ -22,6 +22,11 @@ def _session(request: Request) -> Iterator[Session]:
         yield session
 
 
+def _read_session(request: Request) -> Iterator[Session]:
+    with request.app.state.read_sessions() as session:
+        yield session
+
+
 def _store(request: Request) -> BlobStore:
     return request.app.state.store
 
@@ -32,5 +37,7 @@ def _dispatcher(request: Request) -> Dispatcher:
 
 SettingsDep = Annotated[Settings, Depends(_settings)]
 SessionDep = Annotated[Session, Depends(_session)]
+# Reads only: every statement commits on its own (db/session.py read_session_factory).
+ReadSessionDep = Annotated[Session, Depends(_read_session)]
 StoreDep = Annotated[BlobStore, Depends(_store)]
 DispatcherDep = Annotated[Dispatcher, Depends(_dispatcher)]

@@ -20,7 +20,7 @@ from service.auth import ReadCaller, WriteCaller
 from service.datasets import DatasetError, check_against_model
 from service.db import jobstate
 from service.db.models import Artifact, Config, Dataset, Job, Model, Project
-from service.deps import DispatcherDep, SessionDep, SettingsDep
+from service.deps import DispatcherDep, ReadSessionDep, SessionDep, SettingsDep
 from service.etag import NOT_MODIFIED, conditional_json
 from service.problems import Problem
 from service.routes.common import get_or_404, refuse_control_characters
@@ -233,7 +233,7 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
 
 
 @router.get("", response_model=JobPage, responses=NOT_MODIFIED)
-def list_jobs(request: Request, session: SessionDep, caller: ReadCaller,
+def list_jobs(request: Request, session: ReadSessionDep, caller: ReadCaller,
               status: Annotated[list[JobStatus] | None, Query()] = None,
               kind: Annotated[list[JobKind] | None, Query()] = None,
               limit: Annotated[int, Query(ge=1, le=200)] = 50,
@@ -256,7 +256,7 @@ def list_jobs(request: Request, session: SessionDep, caller: ReadCaller,
 
 
 @router.get("/{job_id}", response_model=JobOut, responses=NOT_MODIFIED)
-def get_job(request: Request, job_id: CleanStr, session: SessionDep, caller: ReadCaller) -> Response:
+def get_job(request: Request, job_id: CleanStr, session: ReadSessionDep, caller: ReadCaller) -> Response:
     """One row read by its key (nothing else is loaded); with an ETag, and 304 for a matching `If-None-Match`."""
     return conditional_json(request, job_out(get_or_404(session, Job, job_id, caller.project, "job")))
 
