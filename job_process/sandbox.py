@@ -43,6 +43,10 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 MEMORY_ENV = "AMCT_CHILD_MEMORY_BYTES"
 CPU_ENV = "AMCT_CHILD_CPU_SECONDS"
 PARENT_ENV = "AMCT_CHILD_PARENT_PID"
+# The CPU priority every child runs at, below the API, the workers and their heartbeats (docs/scaling.md,
+# "Sharing cores"): a user model that trains on every core slows the reads and leases, not the reverse.
+NICE_ENV = "AMCT_CHILD_NICE"
+DEFAULT_NICE = 10
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 # Defaults every child gets: no file larger than an ONNX export of the largest model we accept can be,
 # and a thread/process count no PyTorch job needs (a fork bomb stops there; root is exempt by the kernel).
@@ -63,6 +67,8 @@ def limit_self() -> None:
     if cpu:
         resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 5))  # SIGXCPU, then SIGKILL 5 s later
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    if nice := int(os.environ.get(NICE_ENV, "0")):
+        os.nice(nice)
     resource.setrlimit(resource.RLIMIT_FSIZE, (MAX_FILE_BYTES, MAX_FILE_BYTES))
     _lower(resource.RLIMIT_NPROC, MAX_PROCESSES)
     if parent := os.environ.get(PARENT_ENV):
@@ -93,6 +99,18 @@ def die_with_parent(expected_parent: int | None = None) -> None:
         os._exit(1)
 
 
+def child_nice() -> int:
+    """AMCT_CHILD_NICE from this process's environment (default 10; 0 keeps the parent's priority)."""
+    raw = os.environ.get(NICE_ENV, str(DEFAULT_NICE))
+    try:
+        nice = int(raw)
+    except ValueError:
+        nice = -1
+    if not 0 <= nice <= 19:
+        raise ValueError(f"{NICE_ENV} must be an integer from 0 to 19 (added to the parent's nice value), got {raw!r}")
+    return nice
+
+
 def python_command(module: str, args: Sequence[str]) -> list[str]:
     return [sys.executable, "-m", module, *args]
 
@@ -108,6 +126,7 @@ def popen(module: str, args: Sequence[str], cwd: str | os.PathLike, memory_bytes
     workdir = Path(cwd).resolve()
     state = bubblewrap.require()
     extra = dict(env or {})
+    extra[NICE_ENV] = str(child_nice())
     if memory_bytes:
         extra[MEMORY_ENV] = str(memory_bytes)
     if cpu_seconds:

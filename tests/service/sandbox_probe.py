@@ -52,6 +52,7 @@ def main(port: int, paths: list[str]) -> dict:
 
     return {
         "uid": os.getuid(),
+        "nice": os.nice(0),
         "root": sorted(os.listdir("/")),
         "environ": sorted(os.environ),
         "passwd": open("/etc/passwd").read(),

@@ -214,8 +214,16 @@ def test_the_sandbox_has_no_network_no_host_files_and_no_credentials(service, tm
     assert not any(os.path.exists(p + ".planted") for p in paths)
     assert seen["write_own_folder"] == "ok" and (folder / "own.planted").exists()
     assert seen["uid"] == bubblewrap.SANDBOX_UID and "root" not in seen["passwd"]
+    # User code runs below the API and the workers' heartbeats (sandbox.DEFAULT_NICE).
+    assert seen["nice"] == min(os.nice(0) + sandbox.DEFAULT_NICE, 19) and unsandboxed["nice"] == os.nice(0)
     assert "DATABASE_URL" not in seen["environ"] and not any("KEY" in k or "SECRET" in k for k in seen["environ"])
     assert "var" not in seen["root"] and "home" not in seen["root"]
+
+
+def test_a_bad_child_nice_value_is_a_clear_error(monkeypatch, tmp_path):
+    monkeypatch.setenv(sandbox.NICE_ENV, "-5")
+    with pytest.raises(ValueError, match=r"AMCT_CHILD_NICE must be an integer from 0 to 19 .*got '-5'"):
+        sandbox.popen("tests.service.sandbox_probe", ["1"], cwd=tmp_path)
 
 
 # -- no sandbox: refused, unless the operator opts out -----------------------------------------------
