@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 import amct_engine as amct
+from amct_engine.export.qdq_graph import deploy_report
 from amct_engine.quant.retrain_layer import QuantRetrainLayer
 from amct_engine.record import RecordFile
 from tests.models import BranchesNet, ConvBnReluNet
@@ -172,9 +173,12 @@ def test_fake_quant_onnx_matches_pytorch_and_deploy_runs_integer_kernels(qat):
     ort.InferenceSession(paths["deploy"], options, providers=["CPUExecutionProvider"])
     optimised_ops = [n.op_type for n in onnx.load(options.optimized_model_filepath).graph.node]
     # conv1 and conv2 feed the next quantised layer through ReLU/flatten only, so their outputs are
-    # requantised and onnxruntime fuses them into QLinearConv; fc's float logits come from QGemm.
-    assert optimised_ops.count("QLinearConv") == 2 and optimised_ops.count("QGemm") == 1
-    assert not {"Conv", "FusedConv", "MatMulInteger", "ConvInteger"} & set(optimised_ops)
+    # requantised and onnxruntime fuses them into QLinearConv; fc's float logits come from QGemm. A one-channel
+    # stem (conv1 on a VNNI CPU) runs float on its integer codes by design, and the report says so.
+    stems = deploy_report(deploy_model)["conv_layout"]["float_stems"]
+    assert optimised_ops.count("QLinearConv") == 2 - len(stems) and optimised_ops.count("QGemm") == 1
+    assert sum(op in ("Conv", "FusedConv") for op in optimised_ops) == len(stems)
+    assert not {"MatMulInteger", "ConvInteger"} & set(optimised_ops)
 
 
 def test_dynamic_axes_let_the_exported_models_take_any_batch(qat):
@@ -246,6 +250,10 @@ def _integer_weight_codes(model: onnx.ModelProto) -> list[np.ndarray]:
         if node.op_type in ("ConvInteger", "MatMulInteger"):
             zero = constants.get(node.input[3]) if len(node.input) > 3 else None
             codes.append(_signed_codes(constants[node.input[1]], zero))
+        elif node.op_type == "Conv" and node.input[1] in constants:  # a float stem's integer-valued codes
+            stem = constants[node.input[1]]
+            assert np.array_equal(stem, np.round(stem))  # export.conv_layout.float_stems
+            codes.append(stem.astype(np.int8))
         elif node.op_type == "Conv":
             dequantize = producers[node.input[1]]
             zero = constants.get(dequantize.input[2]) if len(dequantize.input) > 2 else None
