@@ -250,10 +250,6 @@ def _integer_weight_codes(model: onnx.ModelProto) -> list[np.ndarray]:
         if node.op_type in ("ConvInteger", "MatMulInteger"):
             zero = constants.get(node.input[3]) if len(node.input) > 3 else None
             codes.append(_signed_codes(constants[node.input[1]], zero))
-        elif node.op_type == "Conv" and node.input[1] in constants:  # a float stem's integer-valued codes
-            stem = constants[node.input[1]]
-            assert np.array_equal(stem, np.round(stem))  # export.conv_layout.float_stems
-            codes.append(stem.astype(np.int8))
         elif node.op_type == "Conv":
             dequantize = producers[node.input[1]]
             zero = constants.get(dequantize.input[2]) if len(dequantize.input) > 2 else None

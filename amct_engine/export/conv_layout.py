@@ -35,7 +35,7 @@ from collections import defaultdict
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import TensorProto, helper, numpy_helper
 
 # Ops that act per position and per channel on [N, C, H, W] (or only along H and W through their
 # attributes, swapped below): a region of them may run with H and W exchanged.
@@ -247,7 +247,8 @@ def float_stems(model: onnx.ModelProto) -> list[str]:
     conv on integer-valued operands (module doc). Returns the rewritten convs; the graph changes in place.
 
     `DQ(x) -> Conv(DQ(w), DQ(b)) -> Relu -> Q -> DQ -> MaxPool -> Q` becomes
-    `DQ(x, scale 1) -> Conv(w - zp, b) -> Relu -> MaxPool -> Mul(bias scale) -> Q`: the conv sums the same
+    `DQ(x, scale 1) -> Conv(float(w), float(b)) -> Relu -> MaxPool -> Mul(bias scale) -> Q` (zero-point-0 int8
+    weights, as x86_vnni writes them): the conv sums the same
     integers (exact in float32 below 2^24), the one multiply by the bias scale (input scale x weight scale)
     is the eval model's rescale, and ReLU and max-pool commute with a positive per-channel scale and with the
     quantiser dropped before the pool (both monotonic), so the codes are the PyTorch eval model's.
@@ -267,14 +268,15 @@ def _stem_plan(conv: onnx.NodeProto, shapes: _Shapes):
     x_dq, w_dq = shapes.producer.get(conv.input[0]), shapes.producer.get(conv.input[1])
     b_dq = shapes.producer.get(conv.input[2]) if len(conv.input) > 2 and conv.input[2] else None
     if _attr(conv, "group", 1) != 1 or not _is_dq(x_dq) or not _is_dq(w_dq) or not _is_dq(b_dq) \
-            or any(n.input[0] not in shapes.initializers for n in (w_dq, b_dq)):
+            or any(n.input[0] not in shapes.initializers for n in (w_dq, b_dq)) \
+            or not (_zero_point_zero(w_dq, shapes) and _zero_point_zero(b_dq, shapes)):
         return None
     codes = numpy_helper.to_array(shapes.initializers[w_dq.input[0]])
     if codes.ndim != 4 or codes.shape[1] != 1 or min(codes.shape[2:]) < 2 or int(np.prod(codes.shape[2:])) > MAX_TAPS:
         return None  # measured on 3x3 image stems only: 1-D kernels stay int8
     relu = _only_reader(conv.output[0], shapes, "Relu")
     quant = _only_reader(relu.output[0], shapes, "QuantizeLinear") if relu is not None else None
-    if quant is None or any(len(shapes.readers[n.input[0]]) != 1 for n in (w_dq, b_dq)):
+    if quant is None or any(len(shapes.readers[name]) != 1 for name in (w_dq.input[0], *b_dq.input[:2])):
         return None
     dq = _only_reader(quant.output[0], shapes, "DequantizeLinear")
     pool = _only_reader(dq.output[0], shapes, "MaxPool") if dq is not None else None
@@ -290,45 +292,40 @@ def _only_reader(tensor: str, shapes: _Shapes, op_type: str) -> onnx.NodeProto |
 
 
 def _rewrite_stem(model: onnx.ModelProto, conv, shapes: _Shapes, x_dq, w_dq, b_dq, relu, quant, pool) -> None:
+    """The file keeps the int8 weight, the int32 bias and the bias scale (reshaped to [1, C, 1, 1]): the same
+    bytes; Casts of those constants, which onnxruntime folds when it loads the model, make the float operands."""
     stem = conv.name.split("/")[0] or conv.output[0]
     graph = model.graph
-    weight = numpy_helper.to_array(shapes.initializers[w_dq.input[0]]).astype(np.float32)
-    if len(w_dq.input) > 2 and w_dq.input[2]:
-        weight -= numpy_helper.to_array(shapes.initializers[w_dq.input[2]]).astype(np.float32).reshape(-1, 1, 1, 1)
-    bias = numpy_helper.to_array(shapes.initializers[b_dq.input[0]]).astype(np.float32)
-    scale = numpy_helper.to_array(shapes.initializers[b_dq.input[1]]).astype(np.float32)
-    for name, values in ((f"{stem}.weight_codes", weight), (f"{stem}.bias_codes", bias),
-                         (f"{stem}.rescale", np.broadcast_to(scale, bias.shape).reshape(1, -1, 1, 1)),
-                         (f"{stem}.unit_scale", np.ones((), np.float32))):
-        graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(values), name))
-    codes_in = helper.make_node("DequantizeLinear", [x_dq.input[0], f"{stem}.unit_scale", *x_dq.input[2:]],
-                                [f"{stem}_input_codes"], name=f"{stem}/DequantizeLinear_codes")
-    conv.input[:] = [codes_in.output[0], f"{stem}.weight_codes", f"{stem}.bias_codes"]
+    model.graph.initializer.append(numpy_helper.from_array(np.ones((), np.float32), f"{stem}.unit_scale"))
+    rescale_scale = shapes.initializers[b_dq.input[1]]  # read by the bias's DequantizeLinear only (_stem_plan)
+    if len(rescale_scale.dims) == 1:  # per output channel: [1, C, 1, 1] broadcasts over the activations
+        rescale_scale.dims[:] = [1, rescale_scale.dims[0], 1, 1]
+    before_conv = [
+        helper.make_node("DequantizeLinear", [x_dq.input[0], f"{stem}.unit_scale", *x_dq.input[2:]],
+                         [f"{stem}_input_codes"], name=f"{stem}/DequantizeLinear_codes"),
+        helper.make_node("Cast", [w_dq.input[0]], [f"{stem}_weight_codes"], name=f"{stem}/CastWeight",
+                         to=TensorProto.FLOAT),
+        helper.make_node("Cast", [b_dq.input[0]], [f"{stem}_bias_codes"], name=f"{stem}/CastBias",
+                         to=TensorProto.FLOAT),
+    ]
+    conv.input[:] = [n.output[0] for n in before_conv[:3]]
     last = pool if pool is not None else relu
-    rescale = helper.make_node("Mul", [last.output[0], f"{stem}.rescale"], [f"{stem}_rescaled"],
-                               name=f"{stem}/Rescale")
+    rescale = helper.make_node("Mul", [last.output[0], b_dq.input[1]], [f"{stem}_rescaled"], name=f"{stem}/Rescale")
+    dead = {id(w_dq), id(b_dq)}
     if pool is not None:  # Relu -> MaxPool directly; the quantiser after the pool reads the rescaled values
         pool.input[0] = relu.output[0]
-        requant = shapes.readers[pool.output[0]][0]
-        requant.input[0] = rescale.output[0]
-        dead = {id(n) for n in (quant, shapes.readers[quant.output[0]][0])}
+        shapes.readers[pool.output[0]][0].input[0] = rescale.output[0]
+        dead |= {id(quant), id(shapes.readers[quant.output[0]][0])}
     else:
         quant.input[0] = rescale.output[0]
-        dead = set()
-    dead |= {id(w_dq), id(b_dq)}
     nodes = []
     for node in graph.node:
-        if id(node) in dead:
-            continue
-        if node is conv:
-            nodes.append(codes_in)
-        nodes.append(node)
-        if node is last:
-            nodes.append(rescale)
+        if id(node) not in dead:
+            nodes += [*(before_conv if node is conv else []), node, *([rescale] if node is last else [])]
     del graph.node[:]
     graph.node.extend(nodes)
     used = {i for n in graph.node for i in n.input}
-    orphaned = {*w_dq.input, *b_dq.input} - used  # the int8 weight, the int32 bias and their scales
+    orphaned = set(w_dq.input[1:]) - used  # the weight scale: the bias scale is the whole rescale
     kept = [t for t in graph.initializer if t.name not in orphaned]
     del graph.initializer[:]
     graph.initializer.extend(kept)
