@@ -31,6 +31,7 @@ docs/benchmarks.md#deploy-speed-our-int8-onnx-vs-fp32-and-onnxruntimes-own-ptq):
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 
 import numpy as np
@@ -52,12 +53,7 @@ class _Shapes:
     """Static shapes (None where unknown), constants and producers/readers of a model."""
 
     def __init__(self, model: onnx.ModelProto):
-        inferred = onnx.shape_inference.infer_shapes(model)
-        self.dims: dict[str, list[int | None]] = {}
-        for v in (*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output):
-            if v.type.tensor_type.HasField("shape"):
-                self.dims[v.name] = [d.dim_value if d.HasField("dim_value") else None
-                                     for d in v.type.tensor_type.shape.dim]
+        self.model = model
         graph = model.graph
         self.initializers = {t.name: t for t in graph.initializer}
         self.constant = set(self.initializers)
@@ -69,6 +65,15 @@ class _Shapes:
         for node in graph.node:
             for name in node.input:
                 self.readers[name].append(node)
+
+    @functools.cached_property
+    def dims(self) -> dict[str, list[int | None]]:
+        """Shape inference runs only for the rewrite that reads shapes (the wide kernels): the stems and the
+        channel padding read the graph alone, and each rewrite builds its own `_Shapes`."""
+        inferred = onnx.shape_inference.infer_shapes(self.model)
+        return {v.name: [d.dim_value if d.HasField("dim_value") else None for d in v.type.tensor_type.shape.dim]
+                for v in (*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output)
+                if v.type.tensor_type.HasField("shape")}
 
     def width_one(self, name: str) -> bool:
         dims = self.dims.get(name)
