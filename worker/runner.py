@@ -20,7 +20,7 @@ import tempfile
 import uuid
 from pathlib import Path
 
-from job_process import bubblewrap
+from job_process import bubblewrap, sandbox
 from job_process.launcher import ChildProcess
 from service.db import jobstate
 from service.db.session import session_factory
@@ -47,6 +47,7 @@ class JobRunner:
         self.sessions = session_factory(settings.resolved_database_url, settings.db_pool)
         self.owner = owner or f"{os.uname().nodename}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         bubblewrap.log_state("worker")  # jobs fail with SandboxUnavailable without one (no opt-out)
+        sandbox.child_nice()  # a bad AMCT_CHILD_NICE stops the worker here, not each job at its start
 
     def run(self, job_id: str) -> str:
         """Run the job if this delivery can claim it; returns the outcome (`skipped` for a no-op).

@@ -326,3 +326,11 @@ def test_outputs_and_checkpoints_the_child_lists_are_stored_only_as_files_inside
         assert not _regular_inside(folder, planted)
         with pytest.raises(ValueError, match="not a file in its job folder"):
             _inside(folder, str(planted))
+
+
+def test_a_worker_with_a_bad_child_nice_value_does_not_start(service, monkeypatch):
+    from worker.runner import JobRunner
+
+    monkeypatch.setenv(sandbox.NICE_ENV, "twenty")
+    with pytest.raises(ValueError, match="AMCT_CHILD_NICE must be an integer from 0 to 19"):
+        JobRunner(service.settings)
