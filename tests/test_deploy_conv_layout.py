@@ -176,3 +176,23 @@ def test_a_one_channel_stem_runs_float_on_its_codes_and_stays_exact(tmp_path, mo
     monkeypatch.setattr(qdq_graph, "float_stems", lambda model: [])
     _, reference = _save(GreyStemNet, x, tmp_path, "stem_ref", deploy_target="x86_vnni")
     np.testing.assert_array_equal(_run(paths["deploy"], x), _run(reference["deploy"], x))
+
+
+class BigBiasStemNet(GreyStemNet):
+    """A stem channel with tiny weights and a bias of 1: its int32 bias code (bias / (input x weight scale))
+    is ~1e9, past 2^24, where float32 no longer holds the conv's integer sums exactly."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        with torch.no_grad():
+            self.conv1.weight[0] *= 1e-4
+            self.conv1.bias[0] = 1.0
+
+
+def test_a_stem_whose_sums_float32_cannot_hold_stays_an_int8_conv(tmp_path):
+    x = torch.rand(8, 1, 16, 16, generator=torch.Generator().manual_seed(7))
+    expected, paths = _save(BigBiasStemNet, x, tmp_path, "big_bias", deploy_target="x86_vnni")
+    report = deploy_report(paths["deploy"])
+    assert report["conv_layout"]["float_stems"] == [] and report["layers"]["conv1"] == "QLinearConv"
+    if detect_deploy_target() == "x86_vnni":
+        np.testing.assert_array_equal(_run(paths["deploy"], x), expected)

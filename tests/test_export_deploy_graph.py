@@ -20,6 +20,8 @@ from torch import nn
 import amct_engine as amct
 from amct_engine.export.deploy_target import detect_deploy_target
 from amct_engine.export.qdq_graph import FUSED_OPS, deploy_report, optimized_ops
+from examples.fashion_mnist import fashion_mnist_available, load_fashion_mnist
+from examples.models import SmallFashionCnn
 from tests.models import TinyResNet
 
 INTEGER_OR_GLUE = {"DequantizeLinear", "QuantizeLinear", "Transpose", "Flatten", "Reshape", "MaxPool", "NhwcMaxPool",
@@ -137,6 +139,39 @@ def test_a8w4_deploy_file_stores_int4_weights_and_runs_the_int8_kernels_exactly(
     assert ops.count("QLinearConv") == 2 - len(stems) and ops.count("QGemm") == 1
     assert not {"ConvInteger", "MatMulInteger"} & set(ops)
     np.testing.assert_array_equal(_ort(paths["deploy"], INPUT), expected)
+
+
+@pytest.mark.skipif(not fashion_mnist_available(), reason="apt-get install dataset-fashion-mnist")
+def test_the_benchmarks_20k_cnn_in_a8w4_is_under_a_sixth_of_fp32_and_exact(tmp_path):
+    """bench/qat.py's A8W4 row: the 20,586-parameter Fashion CNN, whose graph, scales and report weigh as
+    much as a fifth of its INT4 weights. The ReLU output quantised for the Linear is read through the
+    Flatten as codes (one quantiser, not two), and ORT's output is the eval model's."""
+    from amct_engine.export.save import export_onnx
+
+    images, _ = load_fashion_mnist("test", limit=136)
+    torch.manual_seed(0)
+    model = SmallFashionCnn().eval()
+    float_path = str(tmp_path / "fp32.onnx")
+    export_onnx(model, float_path, (images[:8],))
+    cfg = tmp_path / "q.cfg"
+    cfg.write_text("retrain_weight_quant_config { ulq_retrain { channel_wise: true dst_type: INT4 } }\n")
+    config, record = tmp_path / "c.json", tmp_path / "r.txt"
+    amct.create_quant_retrain_config(str(config), model, images[:8], str(cfg))
+    qmodel = amct.create_quant_retrain_model(str(config), model, str(record), images[:8])
+    qmodel.train()
+    qmodel(images[8:])  # one training forward: the activation ranges
+    qmodel.eval()
+    with torch.no_grad():
+        expected = qmodel(images[:8]).numpy()
+    paths = amct.save_quant_retrain_model(str(config), qmodel, str(record), str(tmp_path / "a8w4"), images[:8])
+    assert Path(paths["deploy"]).stat().st_size / Path(float_path).stat().st_size <= 0.16
+    graph = onnx.load(paths["deploy"]).graph
+    producer = {out: n.op_type for n in graph.node for out in n.output}
+    assert [producer[n.input[0]] for n in graph.node if n.op_type == "Flatten"] == ["QuantizeLinear"]
+    assert sum(n.op_type == "QuantizeLinear" for n in graph.node) == 3  # the input, conv2's, the Linear's
+    layers = deploy_report(paths["deploy"])["layers"]  # conv1: a float stem on x86_vnni, else QLinearConv
+    assert layers["conv2"] == "QLinearConv" and layers["fc"] == "QGemm"
+    np.testing.assert_array_equal(_ort(paths["deploy"], images[:8]), expected)
 
 
 def test_the_report_names_every_layer_that_did_not_fuse_and_why(tmp_path):

@@ -26,7 +26,9 @@ docs/benchmarks.md#deploy-speed-our-int8-onnx-vs-fp32-and-onnxruntimes-own-ptq):
   codes less the zero point, weight codes, int32 bias), with the rescale by input x weight scale moved
   after the ReLU and max-pool: the same integer sums and the same single multiply as the eval model, so
   the codes the next layer reads are bit for bit the same (the whole model: 598 against 1,012 µs, FP32
-  532 µs).
+  532 µs). Only where every partial sum is an integer float32 holds exactly (below 2^24). ResNet-18's
+  7x7 stem on 3 channels ran slower so (whole model at batch 8: 21.9 against 18.7 ms CPU time; level
+  at batch 1): stems stay one channel and 3x3 at most.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ _SPATIAL_ATTRS = ("kernel_shape", "strides", "dilations")
 CHANNEL_MULTIPLE = 4  # MLAS's KernelInputChannelAlignment of its x86 symmetric conv kernels
 MAX_TAPS = 9  # see _padding_pays
 MIN_OUTPUT_CHANNELS = 16  # its FilterOutputChannelPackCount: fewer output channels never take that path
+STEM_MAX_CHANNELS, STEM_MAX_TAPS = 1, 9  # the image stems float_stems runs float (measured: its doc)
 
 
 class _Shapes:
@@ -277,8 +280,11 @@ def _stem_plan(conv: onnx.NodeProto, shapes: _Shapes):
             or not (_zero_point_zero(w_dq, shapes) and _zero_point_zero(b_dq, shapes)):
         return None
     codes = numpy_helper.to_array(shapes.initializers[w_dq.input[0]])
-    if codes.ndim != 4 or codes.shape[1] != 1 or min(codes.shape[2:]) < 2 or int(np.prod(codes.shape[2:])) > MAX_TAPS:
-        return None  # measured on 3x3 image stems only: 1-D kernels stay int8
+    if codes.ndim != 4 or codes.shape[1] > STEM_MAX_CHANNELS or min(codes.shape[2:]) < 2 \
+            or int(np.prod(codes.shape[2:])) > STEM_MAX_TAPS:
+        return None  # measured on image stems only: 1-D kernels stay int8
+    if not _sums_exact_in_float(x_dq, codes, numpy_helper.to_array(shapes.initializers[b_dq.input[0]]), shapes):
+        return None
     relu = _only_reader(conv.output[0], shapes, "Relu")
     quant = _only_reader(relu.output[0], shapes, "QuantizeLinear") if relu is not None else None
     if quant is None or any(len(shapes.readers[name]) != 1 for name in (w_dq.input[0], *b_dq.input[:2])):
@@ -289,6 +295,17 @@ def _stem_plan(conv: onnx.NodeProto, shapes: _Shapes):
     if requant is None or list(requant.input[1:]) != list(quant.input[1:]):
         pool = None  # no max-pool between two identical quantisers: the rescale goes right after the ReLU
     return x_dq, w_dq, b_dq, relu, quant, pool
+
+
+def _sums_exact_in_float(x_dq: onnx.NodeProto, codes: np.ndarray, bias: np.ndarray, shapes: _Shapes) -> bool:
+    """Every partial sum of the float conv is an integer below 2^24, so float32 holds it exactly (in any
+    order): the bound of |input code - zero point| times the weights' absolute row sums, plus |bias|."""
+    zero = shapes.initializers.get(x_dq.input[2]) if len(x_dq.input) > 2 and x_dq.input[2] else None
+    zero_point = int(numpy_helper.to_array(zero)) if zero is not None else 0
+    code_range = (-128, 127) if zero is not None and zero.data_type == TensorProto.INT8 else (0, 255)
+    largest_input = max(abs(code_range[0] - zero_point), abs(code_range[1] - zero_point))
+    row_sums = np.abs(codes.astype(np.int64)).reshape(codes.shape[0], -1).sum(axis=1)
+    return int((largest_input * row_sums + np.abs(bias.astype(np.int64))).max()) < 2**24
 
 
 def _only_reader(tensor: str, shapes: _Shapes, op_type: str) -> onnx.NodeProto | None:

@@ -15,6 +15,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 INT4_OPSET = 21
+INT4_SUFFIX = "_int4"  # `<layer>.weight_int4`, cast to the `<layer>.weight` the graph reads
 
 
 def int4_candidates(model: onnx.ModelProto) -> list[str]:
@@ -55,7 +56,7 @@ def pack_int4_weights(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str
         if tensor.name not in names:
             continue
         codes = numpy_helper.to_array(tensor)
-        packed = helper.make_tensor(f"{tensor.name}_int4", TensorProto.INT4, codes.shape, _packed_bytes(codes),
+        packed = helper.make_tensor(f"{tensor.name}{INT4_SUFFIX}", TensorProto.INT4, codes.shape, _packed_bytes(codes),
                                     raw=True)
         casts.append(helper.make_node("Cast", [packed.name], [tensor.name], to=TensorProto.INT8,
                                       name=f"{tensor.name}/Cast"))

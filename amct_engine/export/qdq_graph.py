@@ -29,8 +29,8 @@ from onnx import TensorProto, helper, numpy_helper
 from amct_engine.export.ascend import LAYER_ATTR
 from amct_engine.export.conv_layout import float_stems, pad_input_channels, tall_kernels_as_wide
 from amct_engine.export.float_output_matmul import matmuls_to_integer_to_float
-from amct_engine.export.int4_pack import pack_int4_weights
-from amct_engine.export.onnx_graph import constants_to_initializers
+from amct_engine.export.int4_pack import INT4_SUFFIX, pack_int4_weights
+from amct_engine.export.onnx_graph import constants_to_initializers, drop_default_attributes
 
 # Ops through which quantisation commutes: the input takes the output's parameters exactly.
 COMMUTING_OPS = {"MaxPool", "Flatten", "Reshape", "Identity", "Dropout", "Transpose", "Squeeze", "Unsqueeze"}
@@ -370,7 +370,50 @@ def quantize_boundaries(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) ->
         place(node)
     del graph.node[:]
     graph.node.extend(ordered)
+    _shape_ops_on_codes(model)
     return model
+
+
+# Ops that only move values: they run on integer codes as well as on floats.
+SHAPE_OPS = {"Flatten", "Reshape", "Identity", "Transpose", "Squeeze", "Unsqueeze"}
+
+
+def _shape_ops_on_codes(model: onnx.ModelProto) -> None:
+    """`Q -> DQ -> Flatten -> Q -> DQ` with equal parameters becomes `Q -> Flatten -> DQ`.
+
+    A ReLU output quantised for the next layer's quantiser, read through a Flatten, is quantised twice
+    with the same parameters; Q(DQ(q)) = q, so the shape op may move the codes instead (exact). ORT
+    drops such a pair itself at load, so the graph it runs is the same: the file is smaller (a few
+    percent of a small A8W4 model) and reads as what runs."""
+    graph = model.graph
+    g = _Graph(model)
+    values = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+
+    def same(a: onnx.NodeProto, b: onnx.NodeProto) -> bool:
+        if len(a.input) != 3 or len(b.input) != 3 or not all(n in values for n in (*a.input[1:], *b.input[1:])):
+            return False
+        return all(values[x].dtype == values[y].dtype and np.array_equal(values[x], values[y])
+                   for x, y in zip(a.input[1:], b.input[1:], strict=True))
+
+    renamed: dict[str, str] = {}
+    dropped = []
+    for requant in graph.node:
+        shape_op = g.producer.get(requant.input[0]) if requant.op_type == "QuantizeLinear" else None
+        if shape_op is None or shape_op.op_type not in SHAPE_OPS or shape_op.output[0] in g.outputs:
+            continue
+        dequant = g.producer.get(shape_op.input[0])
+        if dequant is None or dequant.op_type != "DequantizeLinear" or len(g.readers[shape_op.output[0]]) != 1:
+            continue
+        if same(dequant, requant) and not requant.attribute and not dequant.attribute:
+            shape_op.input[0] = dequant.input[0]
+            renamed[requant.output[0]] = shape_op.output[0]
+            dropped.append(requant)
+    for node in dropped:
+        graph.node.remove(node)
+    for node in graph.node:
+        node.input[:] = [renamed.get(n, n) for n in node.input]
+    if dropped:
+        _drop_dead_nodes(model)
 
 
 def batch_norms_as_depthwise_convs(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -446,11 +489,10 @@ def name_after_layers(model: onnx.ModelProto) -> onnx.ModelProto:
             if dq is not None and dq.op_type == "DequantizeLinear":
                 for k, suffix in enumerate(("", "_scale", "_zero_point")):
                     _rename(graph, initializers, renamed, dq, k, f"{tag}.{role}{suffix}")
-        dq = producer.get(node.input[0])
-        q = producer.get(dq.input[0]) if dq is not None and dq.op_type == "DequantizeLinear" else None
-        if q is not None and q.op_type == "QuantizeLinear":
+        dq = producer.get(node.input[0])  # its quantiser shares the parameters (or moved codes: _shape_ops_on_codes)
+        if dq is not None and dq.op_type == "DequantizeLinear":
             for k, suffix in ((1, "_scale"), (2, "_zero_point")):
-                _rename(graph, initializers, renamed, q, k, f"{tag}.input{suffix}")
+                _rename(graph, initializers, renamed, dq, k, f"{tag}.input{suffix}")
     for node in graph.node:
         node.input[:] = [renamed.get(n, n) for n in node.input]
     return model
@@ -523,7 +565,7 @@ def _why_not_fused(model: onnx.ModelProto, layer: str) -> str:
     return "ORT's QDQ selectors rejected the group (see the optimised graph)"
 
 
-# Kept short: the report is stored in every deploy file (export.conv_layout.float_stems says why).
+# export.conv_layout.float_stems says why.
 FLOAT_STEM_REASON = "float stem by design: exact on its integer codes, faster than QLinearConv on one channel"
 
 
@@ -541,9 +583,6 @@ def fusion_report(model: onnx.ModelProto, deploy_target: str) -> dict:
         layer_op = node.op_type in FUSED_OPS or node.op_type in LAYER_OPS | {"FusedConv", "FusedGemm"}
         if layer in layers and layer_op and runs_as.get(layer) not in FUSED_OPS:
             runs_as[layer] = node.op_type
-    ops = defaultdict(int)
-    for node in optimized.graph.node:
-        ops[node.op_type] += 1
     not_fused = {layer: f"runs as float {op}: {_why_not_fused(model, layer)}"
                  for layer, op in runs_as.items() if op not in FUSED_OPS}
     for node in model.graph.node:  # layers the writer could not give an int8 kernel (QdqDeployBackend)
@@ -552,38 +591,58 @@ def fusion_report(model: onnx.ModelProto, deploy_target: str) -> dict:
             runs_as[layer] = "float (integer-valued)"
             not_fused[layer] = ("INT16 activations or a transposed conv: onnxruntime has no int8 kernel for it, "
                                 "so it runs the fake-quant form (integer-valued floats, exact)")
-    return {"deploy_target": deploy_target, "layers": runs_as, "not_fused": not_fused,
-            "optimized_op_counts": dict(sorted(ops.items()))}
+    return {"deploy_target": deploy_target, "layers": runs_as, "not_fused": not_fused}
 
 
 def finalize_qdq_deploy(model: onnx.ModelProto, feeds: dict[str, np.ndarray], deploy_target: str) -> onnx.ModelProto:
-    """The "onnx" deploy format's finaliser: boundaries quantised, names, producer, fusion report."""
+    """The "onnx" deploy format's finaliser: boundaries quantised, names, producer, and the export's
+    decisions in the file's metadata (`deploy_report` adds what onnxruntime makes of the graph)."""
     import json
 
     model = name_after_layers(batch_norms_as_depthwise_convs(quantize_boundaries(model, feeds)))
-    layout = {"wide_kernels": tall_kernels_as_wide(model),
-              "float_stems": float_stems(model) if deploy_target == "x86_vnni" else []}
-    layout["padded_input_channels"] = pad_input_channels(model) if deploy_target == "x86_vnni" else []
-    float_matmuls = matmuls_to_integer_to_float(model)
-    model, packed = pack_int4_weights(short_activation_names(model))
+    decisions = {"deploy_target": deploy_target, "wide_kernels": tall_kernels_as_wide(model),
+                 "float_stems": float_stems(model) if deploy_target == "x86_vnni" else [],
+                 "padded_input_channels": pad_input_channels(model) if deploy_target == "x86_vnni" else [],
+                 "matmul_integer_to_float": matmuls_to_integer_to_float(model)}
+    model, _ = pack_int4_weights(model)
+    model = drop_default_attributes(short_activation_names(model))  # after the packing: it writes value_info
     model.producer_name = PRODUCER
-    report = fusion_report(model, deploy_target)
-    for layer in (name.split("/")[0] for name in layout["float_stems"]):  # ORT renames them (NCHWc)
-        report["layers"][layer] = "Conv"
-        report["not_fused"][layer] = FLOAT_STEM_REASON
-    report["int4_weights"] = packed
-    report["conv_layout"] = layout
-    report["matmul_integer_to_float"] = float_matmuls
     kept = [p for p in model.metadata_props if p.key != REPORT_KEY]
     del model.metadata_props[:]
     model.metadata_props.extend(kept)
-    model.metadata_props.add(key=REPORT_KEY, value=json.dumps(report, sort_keys=True))
+    # Only what cannot be read off the graph, and no empty lists: a few percent of a small A8W4 file.
+    stored = {key: value for key, value in decisions.items() if value}
+    model.metadata_props.add(key=REPORT_KEY, value=json.dumps(stored, sort_keys=True, separators=(",", ":")))
     return model
 
 
+def optimized_op_counts(model: str | onnx.ModelProto) -> dict[str, int]:
+    """How many nodes of each op type ORT's CPU provider runs after its optimiser."""
+    model = onnx.load(model) if isinstance(model, str) else model
+    ops: dict[str, int] = defaultdict(int)
+    for node in optimized_ops(model).graph.node:
+        ops[node.op_type] += 1
+    return dict(sorted(ops.items()))
+
+
 def deploy_report(model: str | onnx.ModelProto) -> dict:
-    """The fusion report written into a deploy model by `finalize_qdq_deploy` ({} if none)."""
+    """A deploy model's report ({} for a file `finalize_qdq_deploy` did not write): the export's decisions
+    stored in the file (deploy target, conv layout rewrites, float-output MatMuls), the INT4 weights, and
+    which op each quantised layer runs as after this onnxruntime's optimiser, with the layers that did not
+    fuse and why (`fusion_report`, computed now: an onnxruntime session)."""
     import json
 
-    model = onnx.load(model, load_external_data=False) if isinstance(model, str) else model
-    return next((json.loads(p.value) for p in model.metadata_props if p.key == REPORT_KEY), {})
+    model = onnx.load(model) if isinstance(model, str) else model
+    stored = next((json.loads(p.value) for p in model.metadata_props if p.key == REPORT_KEY), None)
+    if stored is None:
+        return {}
+    report = fusion_report(model, stored["deploy_target"])
+    layout = {key: stored.get(key, []) for key in ("wide_kernels", "float_stems", "padded_input_channels")}
+    for layer in (name.split("/")[0] for name in layout["float_stems"]):  # ORT renames them (NCHWc)
+        report["layers"][layer] = "Conv"
+        report["not_fused"][layer] = FLOAT_STEM_REASON
+    report["int4_weights"] = [t.name.removesuffix(INT4_SUFFIX) for t in model.graph.initializer
+                              if t.data_type == TensorProto.INT4]
+    report["conv_layout"] = layout
+    report["matmul_integer_to_float"] = stored.get("matmul_integer_to_float", [])
+    return report
