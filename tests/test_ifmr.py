@@ -186,3 +186,15 @@ def test_the_percentile_selection_over_rows_finds_topks_value(k):
         for largest in (True, False):
             expected = torch.topk(x, k, largest=largest).values[-1]
             assert ifmr._kth_from_end(x, k, largest) == expected
+
+
+@pytest.mark.parametrize("bins", [7, 1000, 65536])
+def test_the_histogram_counts_every_bin_as_histc_does(bins):
+    """ifmr._histogram replaces torch.histc for speed: the same bin for every value, edges and maximum included."""
+    g = torch.Generator().manual_seed(3)
+    for x in (torch.relu(torch.randn(200_003, generator=g)), torch.randn(50_000, generator=g) * 3 + 1,
+              torch.rand(30_000, generator=g) ** 3 * 7 - 2, torch.randn(5_000, generator=g) * 1e-3,
+              torch.tensor([0.0, 1.0, 1.0, 2.0])):
+        lo, hi = torch.aminmax(x)
+        torch.testing.assert_close(ifmr._histogram(x, bins, lo, hi), torch.histc(x, bins, float(lo), float(hi)),
+                                   rtol=0, atol=0)

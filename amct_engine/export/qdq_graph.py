@@ -386,7 +386,10 @@ def _shape_ops_on_codes(model: onnx.ModelProto) -> None:
     drops such a pair itself at load, so the graph it runs is the same: the file is smaller (a few
     percent of a small A8W4 model) and reads as what runs."""
     graph = model.graph
-    g = _Graph(model)
+    producer = {out: n for n in graph.node for out in n.output}
+    read_by = defaultdict(int)
+    for name in (i for n in graph.node for i in n.input):
+        read_by[name] += 1
     values = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
 
     def same(a: onnx.NodeProto, b: onnx.NodeProto) -> bool:
@@ -398,11 +401,12 @@ def _shape_ops_on_codes(model: onnx.ModelProto) -> None:
     renamed: dict[str, str] = {}
     dropped = []
     for requant in graph.node:
-        shape_op = g.producer.get(requant.input[0]) if requant.op_type == "QuantizeLinear" else None
-        if shape_op is None or shape_op.op_type not in SHAPE_OPS or shape_op.output[0] in g.outputs:
+        shape_op = producer.get(requant.input[0]) if requant.op_type == "QuantizeLinear" else None
+        if shape_op is None or shape_op.op_type not in SHAPE_OPS or read_by[shape_op.output[0]] != 1 \
+                or shape_op.output[0] in {o.name for o in graph.output}:
             continue
-        dequant = g.producer.get(shape_op.input[0])
-        if dequant is None or dequant.op_type != "DequantizeLinear" or len(g.readers[shape_op.output[0]]) != 1:
+        dequant = producer.get(shape_op.input[0])
+        if dequant is None or dequant.op_type != "DequantizeLinear":
             continue
         if same(dequant, requant) and not requant.attribute and not dequant.attribute:
             shape_op.input[0] = dequant.input[0]

@@ -103,6 +103,14 @@ def _candidate_losses(x: torch.Tensor, low: torch.Tensor, high: torch.Tensor, sc
     return torch.cat(losses)
 
 
+def _histogram(x: torch.Tensor, bins: int, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+    """`torch.histc(x, bins, lo, hi)` (float counts), bin for bin: the same float32 index arithmetic as its
+    CPU kernel, `(x - lo) * bins / (hi - lo)` truncated, the maximum in the last bin; then `bincount`,
+    1.4x faster than histc on the Fashion CNN's 1.6M calibration values (one thread)."""
+    index = x.sub(lo).mul_(bins).div_(hi - lo).to(torch.int32).clamp_(max=bins - 1)
+    return torch.bincount(index, minlength=bins).to(torch.float32)
+
+
 def _histogram_losses(x: torch.Tensor, low: torch.Tensor, high: torch.Tensor, scales: torch.Tensor, bins: int):
     """The candidates' MSE over a `bins`-bin histogram of x: each bin's centre stands for its values.
 
@@ -112,10 +120,11 @@ def _histogram_losses(x: torch.Tensor, low: torch.Tensor, high: torch.Tensor, sc
     same operations in the same order as one [candidates, bins] expression, done in place on a
     cache-sized chunk of candidates (2.4x faster on 60 x 65,536).
     """
-    lo, hi = (float(v) for v in torch.aminmax(x))
+    lo_t, hi_t = torch.aminmax(x)
+    lo, hi = float(lo_t), float(hi_t)
     if hi <= lo:
         return _candidate_losses(x[:1], low, high, scales)
-    counts = torch.histc(x, bins, lo, hi)
+    counts = _histogram(x, bins, lo_t, hi_t)
     width = (hi - lo) / bins
     centres = lo + width * (torch.arange(bins, dtype=torch.float32, device=x.device) + 0.5)
     keep = counts > 0
