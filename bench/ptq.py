@@ -37,7 +37,7 @@ Mixed precision (``mixed_precision_points``): ``auto_mixed_precision`` at severa
 the deploy ONNX bytes against its test top-1 (docs/spec/engine.md §4.12), beside FP32, all-INT8 and
 ORT's model; ``--plot`` draws them.
 
-``make bench`` runs it as its ``ptq`` section (``run``: ``OMP_NUM_THREADS=1``, one torch thread; bench/report.py
+``make bench`` runs it as its ``ptq`` section (``run``: ``OMP_NUM_THREADS=1``, two torch threads; bench/report.py
 renders the tables and the plot). Run on its own: ``python bench/ptq.py [--quick] [--threads N] [--rounds N]
 [--plot PNG] [--json FILE]``, or its rows in the engine table ``python bench/engine_table.py --quick --only ptq``.
 """

@@ -604,8 +604,9 @@ def crepe_md(results: Mapping[str, Any]) -> list[str]:
     s = c["setup"]
     lines += [
         f"Synthetic harmonic tones, {s['range_hz'][0]:g}–{s['range_hz'][1]:g} Hz, 16 kHz frames of 1,024 samples: "
-        f"{s['train_tones']} for training, {s['test_tones']} held out. {s['epochs']} epochs, Adam {s['lr']:g}, "
-        f"batch {s['batch']}, BCE against the teacher's 360 activations (no labels).", "",
+        f"{s['train_tones']} for training, {s['test_tones']} held out. {s['epochs']} epochs, Adam {s['lr']:g} "
+        f"decaying to {s['lr'] / 100:g} on a cosine, batch {s['batch']}, "
+        "BCE against the teacher's 360 activations (no labels).", "",
         format_markdown([{"model": name, "median error Hz": f"{e['median_hz']:.2f}",
                           "mean error Hz": f"{e['mean_hz']:.2f}", "median error cents": f"{e['median_cents']:.1f}",
                           "mean error cents": f"{e['mean_cents']:.1f}", "within 50 cents": f"{e['rpa_50c']:.3f}"}
@@ -814,7 +815,7 @@ def ptq_md(results: Mapping[str, Any], images: Path, md_dir: Path) -> list[str]:
     lines, p = _section_head(results, "ptq", PTQ_TITLE)
     if p is None:
         return lines
-    lines += [_command(results, "ptq", "OMP_NUM_THREADS=1 python bench/ptq.py --threads 1 --plot "
+    lines += [_command(results, "ptq", "OMP_NUM_THREADS=1 python bench/ptq.py --threads 2 --plot "
                                        "docs/images/bench_mixed_precision.png"), ""]
     lines += ptq_accuracy_md(p) + ptq_timing_md(p)
     if not p.get("mixed_precision"):

@@ -350,7 +350,7 @@ def test_each_section_renders_its_table(page, name):
 
 def test_ptq_section_says_the_command_the_target_and_where_ours_loses(page):
     body = _body(page, report.PTQ_TITLE)
-    assert "`OMP_NUM_THREADS=1`" in body and "OMP_NUM_THREADS=1 python bench/ptq.py --threads 1" in body
+    assert "`OMP_NUM_THREADS=1`" in body and "OMP_NUM_THREADS=1 python bench/ptq.py --threads 2" in body
     assert "avx2, avx512_vnni" in body and "load average 2.00 / 2.00 / 2.00 before" in body
     assert "| **amct PTQ (IFMR, INT8)** | 0.8983 | +0.05 pt | 24,220 | 0.292× |" in body
     assert "unavailable: ModuleNotFoundError: nncf" in body
