@@ -391,6 +391,7 @@ def _shape_ops_on_codes(model: onnx.ModelProto) -> None:
     for name in (i for n in graph.node for i in n.input):
         read_by[name] += 1
     values = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    outputs = {o.name for o in graph.output}
 
     def same(a: onnx.NodeProto, b: onnx.NodeProto) -> bool:
         if len(a.input) != 3 or len(b.input) != 3 or not all(n in values for n in (*a.input[1:], *b.input[1:])):
@@ -403,7 +404,7 @@ def _shape_ops_on_codes(model: onnx.ModelProto) -> None:
     for requant in graph.node:
         shape_op = producer.get(requant.input[0]) if requant.op_type == "QuantizeLinear" else None
         if shape_op is None or shape_op.op_type not in SHAPE_OPS or read_by[shape_op.output[0]] != 1 \
-                or shape_op.output[0] in {o.name for o in graph.output}:
+                or shape_op.output[0] in outputs:
             continue
         dequant = producer.get(shape_op.input[0])
         if dequant is None or dequant.op_type != "DequantizeLinear":
