@@ -43,7 +43,7 @@ if __package__ in (None, ""):  # run as a script: make `bench`, `tests` and `amc
 
 import amct_engine as amct  # noqa: E402
 from amct_engine.export.deploy_target import cpu_flags, detect_deploy_target  # noqa: E402
-from amct_engine.export.qdq_graph import deploy_report, optimized_op_counts  # noqa: E402
+from amct_engine.export.qdq_graph import deploy_report  # noqa: E402
 from amct_engine.export.save import export_onnx  # noqa: E402
 from bench.common import (  # noqa: E402
     error_summary,
@@ -222,14 +222,9 @@ def cnn_section(name: str, model: nn.Module, calibration: torch.Tensor, batches:
     peer = best.get(f"b{big}", {}).get("peer")
     return {"name": name, "params": sum(p.numel() for p in model.parameters()), "rows": rows, "notes": notes,
             "ours_vs_best_peer": best, "load_avg": [load, os.getloadavg()],
-            "export_s": export_s, "report": ours_report(files["ours"]),
+            "export_s": export_s, "report": deploy_report(files["ours"]),
             "profile_ours": op_profile(files["ours"], big, 5 if quick else 10),
             "profile_best_peer": op_profile(files[peer], big, 5 if quick else 10) if peer else {}}
-
-
-def ours_report(path: str) -> dict:
-    """The deploy file's fusion report, with the op counts ORT runs after its optimiser."""
-    return {**deploy_report(path), "optimized_op_counts": optimized_op_counts(path)}
 
 
 def measure(files: dict[str, str], batches, quick: bool, feeds=None) -> tuple[dict, dict]:
@@ -309,7 +304,7 @@ def minilm_section(quick: bool, folder: Path) -> dict[str, Any]:
     timings = measure(files, batches, quick, lambda b: _feeds(ids, mask, b))
     rows = latency_rows(files, fp32, timings, batches, {label: {"cos_fp32": c} for label, c in cosine.items()})
     return {"name": "MiniLM", "rows": rows, "ours_vs_best_peer": ours_vs_best_peer(rows, batches),
-            "load_avg": [load, os.getloadavg()], "report": ours_report(paths["deploy"]),
+            "load_avg": [load, os.getloadavg()], "report": deploy_report(paths["deploy"]),
             "profile_ours": op_profile(paths["deploy"], 1, 5, _feeds(ids, mask, 1)),
             "profile_best_peer": op_profile(dynamic, 1, 5, _feeds(ids, mask, 1))}
 

@@ -43,11 +43,11 @@ def _packed_bytes(codes: np.ndarray) -> bytes:
     return (nibbles[0::2] | (nibbles[1::2] << 4)).tobytes()
 
 
-def pack_int4_weights(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
-    """The model with every INT4-range weight stored as INT4 + Cast, and the packed names."""
+def pack_int4_weights(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model with every INT4-range weight stored as INT4 + Cast (`deploy_report` lists them)."""
     names = int4_candidates(model)
     if not names:
-        return model, []
+        return model
     if {o.domain: o.version for o in model.opset_import}.get("", 0) < INT4_OPSET:
         model = onnx.version_converter.convert_version(model, INT4_OPSET)
     graph = model.graph
@@ -63,4 +63,4 @@ def pack_int4_weights(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str
         tensor.CopyFrom(packed)
     for cast in reversed(casts):
         graph.node.insert(0, cast)
-    return model, names
+    return model

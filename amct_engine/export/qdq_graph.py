@@ -588,6 +588,9 @@ def fusion_report(model: onnx.ModelProto, deploy_target: str) -> dict:
         layer_op = node.op_type in FUSED_OPS or node.op_type in LAYER_OPS | {"FusedConv", "FusedGemm"}
         if layer in layers and layer_op and runs_as.get(layer) not in FUSED_OPS:
             runs_as[layer] = node.op_type
+    ops: dict[str, int] = defaultdict(int)
+    for node in optimized.graph.node:
+        ops[node.op_type] += 1
     not_fused = {layer: f"runs as float {op}: {_why_not_fused(model, layer)}"
                  for layer, op in runs_as.items() if op not in FUSED_OPS}
     for node in model.graph.node:  # layers the writer could not give an int8 kernel (QdqDeployBackend)
@@ -596,7 +599,8 @@ def fusion_report(model: onnx.ModelProto, deploy_target: str) -> dict:
             runs_as[layer] = "float (integer-valued)"
             not_fused[layer] = ("INT16 activations or a transposed conv: onnxruntime has no int8 kernel for it, "
                                 "so it runs the fake-quant form (integer-valued floats, exact)")
-    return {"deploy_target": deploy_target, "layers": runs_as, "not_fused": not_fused}
+    return {"deploy_target": deploy_target, "layers": runs_as, "not_fused": not_fused,
+            "optimized_op_counts": dict(sorted(ops.items()))}
 
 
 def finalize_qdq_deploy(model: onnx.ModelProto, feeds: dict[str, np.ndarray], deploy_target: str) -> onnx.ModelProto:
@@ -609,7 +613,7 @@ def finalize_qdq_deploy(model: onnx.ModelProto, feeds: dict[str, np.ndarray], de
                  "float_stems": float_stems(model) if deploy_target == "x86_vnni" else [],
                  "padded_input_channels": pad_input_channels(model) if deploy_target == "x86_vnni" else [],
                  "matmul_integer_to_float": matmuls_to_integer_to_float(model)}
-    model, _ = pack_int4_weights(model)
+    model = pack_int4_weights(model)
     model = drop_default_attributes(short_activation_names(model))  # after the packing: it writes value_info
     model.producer_name = PRODUCER
     kept = [p for p in model.metadata_props if p.key != REPORT_KEY]
@@ -621,20 +625,11 @@ def finalize_qdq_deploy(model: onnx.ModelProto, feeds: dict[str, np.ndarray], de
     return model
 
 
-def optimized_op_counts(model: str | onnx.ModelProto) -> dict[str, int]:
-    """How many nodes of each op type ORT's CPU provider runs after its optimiser."""
-    model = onnx.load(model) if isinstance(model, str) else model
-    ops: dict[str, int] = defaultdict(int)
-    for node in optimized_ops(model).graph.node:
-        ops[node.op_type] += 1
-    return dict(sorted(ops.items()))
-
-
 def deploy_report(model: str | onnx.ModelProto) -> dict:
     """A deploy model's report ({} for a file `finalize_qdq_deploy` did not write): the export's decisions
     stored in the file (deploy target, conv layout rewrites, float-output MatMuls), the INT4 weights, and
     which op each quantised layer runs as after this onnxruntime's optimiser, with the layers that did not
-    fuse and why (`fusion_report`, computed now: an onnxruntime session)."""
+    fuse and why and the op counts of that graph (`fusion_report`, computed now: an onnxruntime session)."""
     import json
 
     model = onnx.load(model) if isinstance(model, str) else model
