@@ -23,7 +23,9 @@ from amct_engine.config.calibration_cfg import PtqConfig, load_calibration_cfg, 
 from amct_engine.config.cfg_document import CfgDocument
 from amct_engine.config.errors import ConfigError
 from amct_engine.config.ptq_json import read_ptq_config, write_ptq_config
-from amct_engine.export.save import export_onnx, quant_layers, save_quantized_onnx
+from amct_engine.export.backends import FloatLayerWriter
+from amct_engine.export.layer_graph import LayerPlaceholder, export_layer_graph, splice_layers
+from amct_engine.export.save import quant_layers, save_quantized_onnx, write_onnx_file
 from amct_engine.graph.analysis import RETRAIN_TYPES, conv_bn_act_chains, quantizable_layers
 from amct_engine.graph.capture import CapturedModel, as_input_tuple, capture_model
 from amct_engine.quant.arq import ArqWeightQuantizer
@@ -117,8 +119,8 @@ def quantize_model(
     if config.do_fusion:
         _fold_bn(cm, set(config.skip_fusion_layers))
     qmodel = cm.module.eval()
-    export_onnx(qmodel, str(modfied_onnx_file), tuple(t.detach().cpu() for t in inputs), input_names,
-                output_names, dynamic_axes)
+    layer_graph = _write_float_model(qmodel, config.enabled_layers(), str(modfied_onnx_file), inputs, input_names,
+                                     output_names, dynamic_axes)
     record = RecordFile(record_file)
     record.create_empty()
     convs = [name for name in config.enabled_layers() if type(qmodel.get_submodule(name)) is nn.Conv2d]
@@ -136,9 +138,28 @@ def quantize_model(
     qmodel.register_forward_pre_hook(_RecordHook(record, hold=True))
     qmodel.register_forward_hook(_RecordHook(record, hold=False), always_call=True)
     setattr(qmodel, PTQ_ATTR, dict(record_file=str(record_file), input_data=inputs, batch_num=config.batch_num,
-                                   input_names=input_names, output_names=output_names, dynamic_axes=dynamic_axes))
+                                   input_names=input_names, output_names=output_names, dynamic_axes=dynamic_axes,
+                                   layer_graph=layer_graph))
     _CALIBRATION_MODELS[os.path.abspath(str(modfied_onnx_file))] = weakref.ref(qmodel)
     return qmodel
+
+
+def _write_float_model(model: nn.Module, layer_names: list[str], path: str, inputs: tuple, input_names,
+                       output_names, dynamic_axes):
+    """Write the BN-folded float model to `path`; returns its trace with `layer_names` as placeholders
+    (export.layer_graph), from which save_model writes the fake-quant and deploy models without tracing again."""
+    layers = {name: model.get_submodule(name) for name in layer_names}
+    for name, layer in layers.items():
+        model.set_submodule(name, LayerPlaceholder(name, layer))
+    try:
+        layer_graph = export_layer_graph(model, tuple(t.detach().cpu() for t in inputs), input_names,
+                                         output_names, dynamic_axes)
+    finally:
+        for name, layer in layers.items():
+            model.set_submodule(name, layer)
+    placeholders = {name: LayerPlaceholder(name, layer) for name, layer in layers.items()}
+    write_onnx_file(splice_layers(layer_graph, placeholders, FloatLayerWriter), path)
+    return layer_graph
 
 
 def _channels_last_runs_the_same(model: nn.Module, conv_names: list[str], inputs: tuple) -> bool:
@@ -227,7 +248,8 @@ def save_model(modfied_onnx_file, record_file, save_path, model=None, deploy_for
             f"record_file {record_file} has no quantisation factors for {', '.join(pending[:5])}: run "
             f"batch_num={state['batch_num']} calibration batches through the model (model(x)) before save_model")
     return save_quantized_onnx(model, records, str(save_path), state["input_data"], state["input_names"],
-                               state["output_names"], state["dynamic_axes"], deploy_format)
+                               state["output_names"], state["dynamic_axes"], deploy_format,
+                               layer_graph=state["layer_graph"])
 
 
 __all__ = ["ConfigError", "calibration_model_of", "create_quant_config", "quantize_model", "save_model"]

@@ -1,7 +1,9 @@
-"""ONNX layer writers: how one quantised layer is written into the exported graph.
+"""ONNX layer writers: how one layer is written into the traced graph (export.layer_graph).
 
-Every writer receives the same `ExportQuantLayer` (folded layer + factors from the record); an
-`OnnxFormat` (amct_engine.export.onnx_formats) names the writer of its file:
+Every quantised-layer writer receives the same `ExportQuantLayer` (folded layer + factors from the
+record); an `OnnxFormat` (amct_engine.export.onnx_formats) names the writer of its file:
+- `FloatLayerWriter`: the layer as the exporter writes a float layer (the BN-folded model of PTQ's
+  quantize_model);
 - `FakeQuantBackend`: standard QuantizeLinear/DequantizeLinear on the activation and the weight;
   onnxruntime runs it and matches the PyTorch QAT model (the fake-quant model).
 - `QdqDeployBackend`: the deploy model in onnxruntime's QDQ form (input QuantizeLinear ->
@@ -9,9 +11,10 @@ Every writer receives the same `ExportQuantLayer` (folded layer + factors from t
   then quantises the tensors between layers so ORT fuses every layer into its int8 kernels.
 - `AscendDeployBackend`: AMCT's AscendQuant/AscendDequant layout for the ATC converter.
 
-We emit nodes from the autograd function's `symbolic` of the TorchScript-based exporter: it lets a
-layer write exactly the subgraph we want in one pass and costs a fraction of a second, where the
-dynamo exporter would need a custom translation table and seconds per export.
+The graph around the layers comes from the TorchScript-based exporter: a layer placeholder is one
+autograd function `symbolic`, and the export costs a fraction of a second, where the dynamo exporter
+would need a custom translation table and seconds per export. Writers call `g.op` as a torch.onnx
+symbolic does, on export.layer_graph's OnnxBuilder.
 """
 
 from __future__ import annotations
@@ -19,7 +22,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 from torch import nn
-from torch.onnx import symbolic_helper
 
 from amct_engine.export.ascend import ASCEND_DOMAIN, LAYER_ATTR, WTS_TYPE_ATTR, pack_dequant_param
 from amct_engine.export.quant_layer import ExportQuantLayer
@@ -114,6 +116,19 @@ def _rescale(g, y, module: ExportQuantLayer):
     return g.op("Mul", y, _const(g, deq.reshape(shape)))
 
 
+class FloatLayerWriter:
+    """The float layer, as torch.onnx writes nn.Linear / nn.Conv*: Gemm on 2-D inputs, else MatMul + Add."""
+
+    @staticmethod
+    def emit(g, x, module):
+        layer = module.layer
+        weight = _const(g, layer.weight.detach())
+        bias = _const(g, layer.bias.detach()) if layer.bias is not None else None
+        if isinstance(layer, nn.Linear) and g.rank(x) == 2:
+            return g.op("Gemm", x, weight, *([bias] if bias is not None else []), transB_i=1)
+        return _layer_op(g, x, layer, weight, bias)
+
+
 class FakeQuantBackend:
     """Standard QuantizeLinear/DequantizeLinear on activation and weight, computed in the integer
     domain like AMCT's fake-quant model: layer(q_x - o, q_w) + q_b, then one rescale. The QAT eval
@@ -173,7 +188,7 @@ class QdqDeployBackend:
         tag = {f"{LAYER_ATTR}_s": module.layer_name}
         x_hat = _activation_qdq(g, x, f.scale_d, f.offset_d, tag)
         per_channel = f.scale_w.numel() > 1
-        rank = symbolic_helper._get_tensor_rank(x)
+        rank = g.rank(x)
         linear = isinstance(layer, nn.Linear)
         matmul = linear and rank != 2  # Gemm takes 2-D inputs only; MatMul has W^T, channels on axis 1
         axis = {"axis_i": 1 if matmul else 0} if per_channel else {}

@@ -26,10 +26,10 @@ def _as_written(model: onnx.ModelProto) -> onnx.ModelProto:
 class OnnxFormat:
     """How one kind of ONNX file is written, finished and checked.
 
-    - `layer_writer`: emits each quantised layer (its `emit(g, x, module)` is the layer's symbolic);
+    - `layer_writer`: emits each quantised layer into the traced graph (export.layer_graph);
     - `finalize_with_inputs`: like `finalize`, also given the example input feeds (name -> array)
       and the resolved deploy target (export.qdq_graph calibrates the quantisers it adds);
-    - `custom_opsets`: domain -> version for custom ops the writer emits (torch.onnx.export);
+    - `custom_opsets`: domain -> version for custom ops the writer emits (the file's opset imports);
     - `finalize`: applied to the written file (None: kept as the exporter wrote it);
     - `to_reference_onnx`: a standard-ONNX model computing the same, which `check_onnx` runs in
       onnxruntime (the identity for a standard-ONNX format).

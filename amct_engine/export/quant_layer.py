@@ -1,9 +1,9 @@
 """Export form of one quantised layer: BN folded, record factors applied, integer weights ready.
 
-`ExportQuantLayer.forward` computes the deployed result in PyTorch (so tracing sees real shapes
-and values); its autograd function's `symbolic` hands the ONNX emission to the layer writer the
-layer was built with (an `OnnxFormat`'s `layer_writer`, amct_engine.export.backends), which is
-how one export pipeline writes several formats.
+`ExportQuantLayer` computes the deployed result in PyTorch, so tracing sees real shapes and values,
+and is a placeholder in the traced graph (export.layer_graph); each file's layer writer (an
+`OnnxFormat`'s `layer_writer`, amct_engine.export.backends) then writes its nodes there, which is
+how one traced graph gives several formats.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Protocol
 import torch
 from torch import nn
 
+from amct_engine.export.layer_graph import LayerPlaceholder
 from amct_engine.quant.deployed import (
     QuantFactors,
     compute_factors,  # noqa: F401  (its import path before quant.deployed)
@@ -21,42 +22,21 @@ from amct_engine.quant.deployed import (
 
 
 class LayerWriter(Protocol):
-    """Writes one quantised layer into the graph being exported (a torch.onnx symbolic)."""
+    """Writes one layer into a graph (`g` is an export.layer_graph.OnnxBuilder, `x` the input tensor's name)."""
 
-    def emit(self, g, x, module: ExportQuantLayer): ...
-
-
-class _ModuleRef:
-    """Opaque holder: the tracer rejects an nn.Module passed straight to Function.apply."""
-
-    def __init__(self, module: ExportQuantLayer):
-        self.module = module
+    def emit(self, g, x, module: nn.Module): ...
 
 
-class _QuantLayerFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, ref: _ModuleRef):
-        module = ref.module
-        return deployed_forward(module.layer, module.factors, x)
-
-    @staticmethod
-    def symbolic(g, x, ref: _ModuleRef):
-        return ref.module.writer.emit(g, x, ref.module)
-
-
-class ExportQuantLayer(nn.Module):
+class ExportQuantLayer(LayerPlaceholder):
     """Eval-only stand-in for a QuantRetrainLayer while exporting: BN folded, factors fixed.
 
     The factors are plain tensors, not parameters: the TorchScript tracer fails on parameters
     read inside an autograd Function's forward.
     """
 
-    def __init__(self, name: str, layer: nn.Module, factors: QuantFactors, writer: LayerWriter):
-        super().__init__()
-        self.layer_name = name
-        self.layer = layer
-        self.writer = writer
+    def __init__(self, name: str, layer: nn.Module, factors: QuantFactors):
+        super().__init__(name, layer)
         self.factors = factors
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _QuantLayerFunction.apply(x, _ModuleRef(self))
+    def compute(self, x: torch.Tensor) -> torch.Tensor:
+        return deployed_forward(self.layer, self.factors, x)

@@ -1,16 +1,16 @@
 """Write the fake-quant and deploy ONNX models of a quantised model (docs/spec/engine.md §1.1, §5).
 
-Pipeline: swap every QuantRetrainLayer for an ExportQuantLayer (BN folded, record factors applied),
-once for both files; then per file, hand those layers the file's `OnnxFormat` writer, export, apply
-the format's finaliser, and check the file with onnx.checker and onnxruntime (through the format's
-reference rewrite).
+Pipeline: make an ExportQuantLayer (BN folded, record factors applied) of every QuantRetrainLayer,
+once for both files; trace the model with them as placeholders, once (export.layer_graph), unless
+PTQ's quantize_model traced it already; then per file, splice in the layers as the file's
+`OnnxFormat` writer writes them, apply the format's finaliser, and check the file with onnx.checker
+and onnxruntime (through the format's reference rewrite).
 """
 
 from __future__ import annotations
 
 import copy
 import os
-import warnings
 from collections.abc import Sequence
 
 import numpy as np
@@ -20,15 +20,14 @@ import torch
 from torch import nn
 
 from amct_engine.export.deploy_target import DEFAULT_DEPLOY_TARGET, resolve_deploy_target, signed_weights
-from amct_engine.export.dynamic_shapes import traceable_sizes
 from amct_engine.export.formats import check_deploy_format
+from amct_engine.export.layer_graph import export_layer_graph, splice_layers
 from amct_engine.export.onnx_formats import FAKE_QUANT, OnnxFormat
 from amct_engine.export.quant_layer import ExportQuantLayer
 from amct_engine.quant.deployed import compute_factors, fold_batch_norm
 from amct_engine.quant.retrain_layer import QuantRetrainLayer
 from amct_engine.record import LayerQuantRecord
 
-OPSET = 17
 FILE_MODE = 0o640  # docs/spec/engine.md §1.1
 
 
@@ -43,26 +42,30 @@ def quant_layers(model: nn.Module) -> dict[str, QuantRetrainLayer]:
     return {name: m for name, m in model.named_modules() if isinstance(m, QuantRetrainLayer)}
 
 
-def build_export_model(
-    model: nn.Module, records: dict[str, LayerQuantRecord], onnx_format: OnnxFormat,
-    deploy_target: str = DEFAULT_DEPLOY_TARGET,
-) -> nn.Module:
-    """A CPU copy of `model` whose quantised layers are ExportQuantLayers written by `onnx_format`.
+def export_layers(
+    model: nn.Module, records: dict[str, LayerQuantRecord], deploy_target: str = DEFAULT_DEPLOY_TARGET,
+) -> dict[str, ExportQuantLayer]:
+    """Module path -> the ExportQuantLayer of each quantised layer of `model`, on the CPU.
 
-    Every back end folds BN and takes every factor from the record (docs/spec/engine.md §5).
+    Every format folds BN and takes every factor from the record (docs/spec/engine.md §5).
     `deploy_target` (export.deploy_target) picks int8 or uint8 + 128 weight codes.
     """
-    wrappers = quant_layers(model)
-    # Each wrapper is replaced below: the copy shares them instead of copying their quantisers, observers
-    # and caches (most of the copy's time), and moves to the CPU only once they are out of it.
-    export_model = copy.deepcopy(model, memo={id(w): w for w in wrappers.values()})
-    for path, wrapper in wrappers.items():
-        layer = fold_batch_norm(wrapper.layer, wrapper.bn)
-        record = records[wrapper.layer_name]
-        factors = compute_factors(wrapper.layer_name, layer, record)
-        new = ExportQuantLayer(wrapper.layer_name, layer, factors, onnx_format.layer_writer)
-        new.signed_weights = signed_weights(deploy_target)
-        export_model.set_submodule(path, new)
+    layers = {}
+    for path, wrapper in quant_layers(model).items():
+        layer = fold_batch_norm(wrapper.layer, wrapper.bn).cpu()  # a copy
+        factors = compute_factors(wrapper.layer_name, layer, records[wrapper.layer_name])
+        layers[path] = ExportQuantLayer(wrapper.layer_name, layer, factors)
+        layers[path].signed_weights = signed_weights(deploy_target)
+    return layers
+
+
+def build_export_model(model: nn.Module, layers: dict[str, ExportQuantLayer]) -> nn.Module:
+    """A CPU copy of `model` with `layers` (export_layers) in place of its QuantRetrainLayers, to trace."""
+    # The copy shares the wrappers instead of copying their quantisers, observers and caches (most of
+    # the copy's time): each is replaced below.
+    export_model = copy.deepcopy(model, memo={id(w): w for w in quant_layers(model).values()})
+    for path, layer in layers.items():
+        export_model.set_submodule(path, layer)
     return export_model.cpu().eval()
 
 
@@ -73,27 +76,9 @@ def export_onnx(
     input_names: Sequence[str] | None = None,
     output_names: Sequence[str] | None = None,
     dynamic_axes: dict | None = None,
-    custom_opsets: dict | None = None,
 ) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    with warnings.catch_warnings(), torch.no_grad():
-        # The TorchScript-based exporter warns that it is legacy; see backends.py for why we use it.
-        warnings.simplefilter("ignore")
-        torch.onnx.export(
-            traceable_sizes(model),
-            input_data,
-            path,
-            dynamo=False,
-            opset_version=OPSET,
-            input_names=list(input_names) if input_names else None,
-            output_names=list(output_names) if output_names else None,
-            dynamic_axes=dynamic_axes,
-            do_constant_folding=True,
-            custom_opsets=custom_opsets,
-            autograd_inlining=False,
-        )
-    os.chmod(path, FILE_MODE)
+    """torch.onnx.export of a float model to `path` (the exporter and settings of export.layer_graph)."""
+    write_onnx_file(export_layer_graph(model, input_data, input_names, output_names, dynamic_axes), path)
 
 
 def check_onnx(
@@ -135,6 +120,7 @@ def save_quantized_onnx(
     dynamic_axes=None,
     deploy_format: str = "onnx",
     deploy_target: str = DEFAULT_DEPLOY_TARGET,
+    layer_graph: onnx.ModelProto | None = None,
 ) -> dict[str, str]:
     """Write both models; returns {"fake_quant": path, "deploy": path}.
 
@@ -143,6 +129,8 @@ def save_quantized_onnx(
     AscendQuant/AscendDequant for the ATC converter (docs/spec/engine.md §5). `deploy_target`
     ("auto", "x86_vnni", "x86_avx2", "arm"; export.deploy_target) is the CPU the "onnx" deploy
     model is written for; "auto" is the exporting machine's kind, and the deploy file's report says which.
+    `layer_graph`: the model traced with its quantised layers as placeholders (export.layer_graph), when
+    the caller has it (PTQ's quantize_model); by default traced here.
     """
     deploy = check_deploy_format(deploy_format).load()
     deploy_target = resolve_deploy_target(deploy_target)
@@ -150,40 +138,40 @@ def save_quantized_onnx(
     cpu_inputs = tuple(t.detach().cpu() for t in input_data)
     paths = output_paths(save_path)
     formats = {"fake_quant": FAKE_QUANT, "deploy": deploy}
-    # One export model for both files (a copy of `model`, BN folded, factors computed once); each
-    # file's export only hands its layers the file format's writer.
-    export_model = build_export_model(model, records, FAKE_QUANT, deploy_target)
+    # The export layers (BN folded, factors computed) and the traced graph, once for both files.
+    layers = export_layers(model, records, deploy_target)
+    if layer_graph is None:
+        layer_graph = export_layer_graph(build_export_model(model, layers), cpu_inputs, input_names, output_names,
+                                         dynamic_axes)
     for kind, path in paths.items():
-        write_export_model(export_model, formats[kind], path, cpu_inputs, input_names, output_names,
-                           dynamic_axes, deploy_target)
+        write_format(layer_graph, layers, formats[kind], path, cpu_inputs, deploy_target)
     return paths
 
 
-def write_export_model(
-    export_model: nn.Module,
+def write_onnx_file(model: onnx.ModelProto, path: str) -> None:
+    """Save `model` at `path` with the mode of our files (docs/spec/engine.md §1.1)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    onnx.save(model, path)
+    os.chmod(path, FILE_MODE)
+
+
+def write_format(
+    layer_graph: onnx.ModelProto,
+    layers: dict[str, ExportQuantLayer],
     onnx_format: OnnxFormat,
     path: str,
     input_data: tuple[torch.Tensor, ...],
-    input_names=None,
-    output_names=None,
-    dynamic_axes=None,
     deploy_target: str = DEFAULT_DEPLOY_TARGET,
 ) -> None:
-    """Write a `build_export_model` model in `onnx_format` (its layers take the format's writer): export,
-    finalise, check. `deploy_target` must be resolved (the one the model was built for)."""
-    for layer in export_model.modules():
-        if isinstance(layer, ExportQuantLayer):
-            layer.writer = onnx_format.layer_writer
-    export_onnx(export_model, path, input_data, input_names, output_names, dynamic_axes,
-                dict(onnx_format.custom_opsets) or None)
-    written = None  # the file is loaded, finalised and saved once, and checked from memory
+    """Write the traced graph with `layers` (export_layers) spliced in by `onnx_format`'s writer: splice,
+    finalise, save, check. `deploy_target` must be resolved (the one the layers were made for)."""
+    by_name = {layer.layer_name: layer for layer in layers.values()}
+    written = splice_layers(layer_graph, by_name, onnx_format.layer_writer, onnx_format.custom_opsets)
     if onnx_format.finalize is not None:
-        written = onnx_format.finalize(onnx.load(path))
+        written = onnx_format.finalize(written)
     if onnx_format.finalize_with_inputs is not None:
-        written = written if written is not None else onnx.load(path)
         names = [i.name for i in written.graph.input]
         feeds = {n: t.numpy() for n, t in zip(names, input_data, strict=False)}
         written = onnx_format.finalize_with_inputs(written, feeds, deploy_target)
-    if written is not None:
-        onnx.save(written, path)  # over the exported file: it keeps that file's mode
-    check_onnx(path if written is None else written, input_data, onnx_format)
+    write_onnx_file(written, path)
+    check_onnx(written, input_data, onnx_format)
