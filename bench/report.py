@@ -980,9 +980,10 @@ def ptq_losses(p: Mapping[str, Any]) -> list[dict[str, str]]:
     return losses
 
 
-PTQ_TIME_CAUSE = ("ours exports the model three times (AMCT's fused float model, then the fake-quant and deploy "
-                  "models), checks both quantised files in onnxruntime and searches each layer's range with IFMR "
-                  "(a 65,536-bin histogram, 60 candidates), where ORT exports once and takes the min and max")
+PTQ_TIME_CAUSE = ("ours writes three ONNX files (AMCT's fused float model, then the fake-quant and deploy models, "
+                  "all from one trace: docs/spec/engine.md §5.1), checks both quantised files in onnxruntime and "
+                  "searches each layer's range with IFMR (a 65,536-bin histogram, 60 candidates), where ORT writes "
+                  "one quantised file and takes the min and max")
 
 
 def _loss(metric: str, peer: str, peer_value: str, ours: str, our_value: str, cause: str) -> dict[str, str]:

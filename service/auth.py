@@ -204,7 +204,7 @@ def _caller(request: Request,
 
 
 def _requires(scope: str):
-    def check(caller: Annotated[Caller, Depends(_caller)]) -> Caller:
+    async def check(caller: Annotated[Caller, Depends(_caller)]) -> Caller:  # no I/O: on the event loop
         if scope not in caller.scopes:
             raise Problem(403, f"this API key lacks the {scope!r} scope (it has: "
                                f"{', '.join(sorted(caller.scopes))})", field="Authorization", required_scope=scope)

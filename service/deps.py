@@ -1,10 +1,18 @@
-"""Route dependencies, declared with Annotated so a route's signature reads as its contract."""
+"""Route dependencies, declared with Annotated so a route's signature reads as its contract.
+
+FastAPI runs a plain `def` dependency in its thread pool, one hand-over per dependency (and two for a
+generator: its start and its end), each a cross-thread wake-up of the event loop. The ones here do no
+I/O to start (a Session checks out a connection at its first statement), so they are `async def` and run
+on the event loop; only a session's close, which may talk to the database, goes to the thread pool
+(docs/scaling.md, "The API").
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from typing import Annotated
 
+import anyio
 from fastapi import Depends, Request
 from sqlalchemy.orm import Session
 
@@ -13,25 +21,41 @@ from service.settings import Settings
 from service.storage import BlobStore
 
 
-def _settings(request: Request) -> Settings:
+async def _settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
-def _session(request: Request) -> Iterator[Session]:
-    with request.app.state.sessions() as session:
+async def _close(session: Session) -> None:
+    # Returns its connection, a ROLLBACK when a transaction is open: that may free a row lock the thread
+    # pool's threads all wait on, so it takes a thread outside the pool's limit, and a cancelled request
+    # still closes it (as FastAPI's own exit of a generator dependency does).
+    with anyio.CancelScope(shield=True):
+        await anyio.to_thread.run_sync(session.close, limiter=anyio.CapacityLimiter(1))
+
+
+# Each generator closes its session itself: one generator iterating another would leave the inner one's
+# `finally` to the garbage collector when the route raises.
+async def _session(request: Request) -> AsyncIterator[Session]:
+    session = request.app.state.sessions()
+    try:
         yield session
+    finally:
+        await _close(session)
 
 
-def _read_session(request: Request) -> Iterator[Session]:
-    with request.app.state.read_sessions() as session:
+async def _read_session(request: Request) -> AsyncIterator[Session]:
+    session = request.app.state.read_sessions()
+    try:
         yield session
+    finally:
+        await _close(session)
 
 
-def _store(request: Request) -> BlobStore:
+async def _store(request: Request) -> BlobStore:
     return request.app.state.store
 
 
-def _dispatcher(request: Request) -> Dispatcher:
+async def _dispatcher(request: Request) -> Dispatcher:
     return request.app.state.dispatcher
 
 
