@@ -3,7 +3,7 @@
 FastAPI runs a plain `def` dependency in its thread pool, one hand-over per dependency (and two for a
 generator: its start and its end), each a cross-thread wake-up of the event loop. The ones here do no
 I/O to start (a Session checks out a connection at its first statement), so they are `async def` and run
-on the event loop; only a session's close, which may talk to the database, goes to the thread pool
+on the event loop; only a session's close, which may talk to the database, goes to a worker thread
 (docs/scaling.md, "The API").
 """
 
