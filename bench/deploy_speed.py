@@ -55,6 +55,7 @@ from bench.common import (  # noqa: E402
 )
 from bench.peers import torchao_ptq_onnx  # noqa: E402
 from bench.ptq import ArrayReader  # noqa: E402
+from examples.models import FashionCnn459k  # noqa: E402
 
 THREADS = 2
 ISA_FLAGS = ("avx2", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "amx_int8", "asimddp", "i8mm")
@@ -103,22 +104,6 @@ class ResNet18(nn.Module):
         x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
         x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
         return self.fc(torch.flatten(self.avgpool(x), 1))
-
-
-class FashionCnn459k(nn.Module):
-    """conv32-conv64-conv64 (3x3, BN, ReLU; max-pool after the first two) + FC128 + FC10: 459k parameters."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        def block(cin, cout):
-            return [nn.Conv2d(cin, cout, 3, padding=1), nn.BatchNorm2d(cout), nn.ReLU()]
-        self.features = nn.Sequential(*block(1, 32), nn.MaxPool2d(2), *block(32, 64), nn.MaxPool2d(2), *block(64, 64))
-        self.fc1 = nn.Linear(64 * 7 * 7, 128)
-        self.relu = nn.ReLU()
-        self.fc2 = nn.Linear(128, 10)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(self.relu(self.fc1(torch.flatten(self.features(x), 1))))
 
 
 def _randomised_bn(model: nn.Module, seed: int = 0) -> nn.Module:

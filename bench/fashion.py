@@ -1,9 +1,10 @@
 """The shared Fashion-MNIST setting of the engine benchmark: one FP32 base model, one data order, one deploy check.
 
-``prepare`` loads the data and trains SmallFashionCnn in FP32 once (``base_epochs`` on the first
-``base_images`` training images, Adam 2e-3, batch 128). Every method of the engine table (bench/qat.py,
-bench/compress.py, bench/ptq.py) starts from a copy of that base and gets the same extra ``epochs`` on
-the same ``train_limit`` images in the same batch order (``setup.loader()``), with the same Adam lr.
+``prepare`` loads the data and trains a CNN (SmallFashionCnn unless told: ``MODELS``) in FP32 once
+(``base_epochs`` on the first ``base_images`` training images, Adam 2e-3, batch 128). Every method of the
+engine table (bench/qat.py, bench/compress.py, bench/ptq.py) starts from a copy of that base and gets the
+same extra ``epochs`` on the same ``train_limit`` images in the same batch order (``setup.loader()``), with the
+same Adam lr.
 
 Each method returns a *row*: ``{name, family, status, torch_accuracy, onnx, step_s, losses, ...}``.
 ``measure_deploy`` then scores every row's deploy ONNX in onnxruntime on the test set and times all of
@@ -38,7 +39,7 @@ from bench.common import (  # noqa: E402
     summarize,
 )
 from examples.fashion_mnist import load_fashion_mnist  # noqa: E402
-from examples.models import SmallFashionCnn  # noqa: E402
+from examples.models import FashionCnn459k, SmallFashionCnn  # noqa: E402
 from job_process.training import evaluate_accuracy, make_loader, train_epochs  # noqa: E402
 
 BASELINE = "FP32"
@@ -47,6 +48,8 @@ PROFILED = (BASELINE, "ORT static PTQ (QDQ, per-channel)", "torchao PT2E QAT (x8
 IO_NAMES = {"input_names": ["x"], "output_names": ["logits"]}
 DYNAMIC_AXES = {"x": {0: "n"}, "logits": {0: "n"}}
 Row = dict[str, Any]
+# The CNNs a setting can train: the engine table's (20k) and the deploy-speed section's larger one.
+MODELS = {"small": SmallFashionCnn, "459k": FashionCnn459k}
 
 
 @dataclass
@@ -70,6 +73,7 @@ class FashionSetup:
     latency_rounds: int = 20
     fp32_model: nn.Module | None = None  # the FP32 row's trained model, set by fp32_control
     cache: dict[str, Any] = field(default_factory=dict)  # rows that later rows build on (e.g. PTQ of a pruned model)
+    model: str = "small"  # a key of MODELS
 
     @property
     def example(self) -> torch.Tensor:
@@ -89,21 +93,23 @@ class FashionSetup:
         return path
 
     def describe(self) -> dict[str, Any]:
-        return {"model": "SmallFashionCnn (20,586 params)", "base_epochs": self.base_epochs,
+        params = sum(p.numel() for p in self.base.parameters())
+        return {"model": f"{type(self.base).__name__} ({params:,} params)", "base_epochs": self.base_epochs,
                 "base_images": self.base_images, "base_lr": 2e-3, "base_accuracy": self.base_accuracy,
                 "base_train_s": self.base_train_s, "train_limit": self.train_limit, "epochs": self.epochs,
                 "lr": self.lr, "optimizer": "adam", "batch_size": self.batch_size, "seed": self.seed,
                 "threads": self.threads, "test_images": len(self.x_test), "latency_rounds": self.latency_rounds}
 
 
-def prepare(workdir: Path, quick: bool = False, seed: int = 0, threads: int = 2) -> FashionSetup:
-    """Load Fashion-MNIST and train the FP32 base once. ``quick``: a few thousand images, for smoke runs."""
+def prepare(workdir: Path, quick: bool = False, seed: int = 0, threads: int = 2, model: str = "small") -> FashionSetup:
+    """Load Fashion-MNIST and train the FP32 base (``MODELS[model]``) once. ``quick``: a few thousand images, for
+    smoke runs."""
     sizes = dict(base_images=4000, train_limit=2000, test=2000, epochs=1, rounds=5) if quick else \
         dict(base_images=60000, train_limit=20000, test=10000, epochs=1, rounds=20)
     x_train, y_train = load_fashion_mnist("train")
     x_test, y_test = load_fashion_mnist("test", limit=sizes["test"])
     torch.manual_seed(seed)
-    base = SmallFashionCnn()
+    base = MODELS[model]()
     start = time.perf_counter()
     loader = make_loader(x_train[: sizes["base_images"]], y_train[: sizes["base_images"]], 128, seed=seed)
     train_epochs(base, loader, 1, 2e-3)
@@ -111,7 +117,7 @@ def prepare(workdir: Path, quick: bool = False, seed: int = 0, threads: int = 2)
     base.eval()
     return FashionSetup(x_train, y_train, x_test, y_test, base, evaluate_accuracy(base, x_test, y_test),
                         base_train_s, workdir, 1, sizes["base_images"], sizes["train_limit"], sizes["epochs"],
-                        seed=seed, threads=threads, latency_rounds=sizes["rounds"])
+                        seed=seed, threads=threads, latency_rounds=sizes["rounds"], model=model)
 
 
 def export_fp32(model: nn.Module, path: Path, example: torch.Tensor) -> str:

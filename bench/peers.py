@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 if __package__ in (None, ""):  # run as a script: make `bench` and `amct_engine` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -140,8 +141,10 @@ def torch_pruning(setup, ratio: float) -> Row:
     torch.manual_seed(setup.seed + 1)
     start = time.perf_counter()
     model = setup.base_copy()
+    classifier = _classifier(model)
     pruner = tp.pruner.MetaPruner(model, setup.example, importance=tp.importance.GroupMagnitudeImportance(p=2),
-                                  pruning_ratio=ratio, ignored_layers=[model.fc])
+                                  pruning_ratio=ratio, pruning_ratio_dict=_same_counts(model, ratio, classifier),
+                                  ignored_layers=[classifier])
     pruner.step()
     prepare_s = time.perf_counter() - start
     after_pruning = evaluate_accuracy(model, setup.x_test, setup.y_test)  # before fine-tuning, as ours report it
@@ -153,6 +156,20 @@ def torch_pruning(setup, ratio: float) -> Row:
            "onnx": export_fp32(model, setup.folder(f"tp{ratio}") / "tp.onnx", setup.example)}
     setup.cache[f"torch-pruning {ratio}"] = row
     return row
+
+
+def _same_counts(model: nn.Module, ratio: float, classifier: nn.Module) -> dict[nn.Module, float]:
+    """Per layer, the ratio at which Torch-Pruning keeps the channels ours keeps: ours prunes round(N·ratio)
+    (AMCT's count, docs/spec/engine.md §4.4 "Count"), Torch-Pruning keeps int(N·(1 − ratio)), one channel fewer
+    on a layer of 64 at 30 %. round(N·ratio)/N gives its count back exactly for the power-of-two widths here."""
+    layers = [m for m in model.modules() if isinstance(m, (nn.Conv2d, nn.Linear)) and m is not classifier]
+    width = {m: m.out_channels if isinstance(m, nn.Conv2d) else m.out_features for m in layers}
+    return {m: round(n * ratio) / n for m, n in width.items()}
+
+
+def _classifier(model: nn.Module) -> nn.Module:
+    """The last Linear: the class scores, which neither pruner may shrink (ours leaves the output layer whole)."""
+    return [m for m in model.modules() if isinstance(m, nn.Linear)][-1]
 
 
 def torch_pruning_ptq(setup, ratio: float) -> Row:

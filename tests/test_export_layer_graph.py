@@ -84,3 +84,11 @@ def test_a_placeholder_is_typed_as_onnx_types_a_conv_and_the_trace_is_silent(cap
     assert isinstance(dims[0], str) if dynamic else dims[0] == 2
     assert ("Shape" in {n.op_type for n in graph.graph.node}) == dynamic
     assert "shape inference" not in capfd.readouterr().err
+
+
+def test_a_float_model_traces_without_the_placeholder_domain_or_a_warning(capfd):
+    """A model with no quantised layer (an FP32 export) declares no `amct.layer` domain, so torch does not warn
+    on stderr that the domain is unused."""
+    graph = export_layer_graph(_model(), (torch.randn(2, 3, 6, 6),), ["x"], ["y"], DYNAMIC)
+    assert PLACEHOLDER_DOMAIN not in {o.domain for o in graph.opset_import}
+    assert PLACEHOLDER_DOMAIN not in capfd.readouterr().err

@@ -91,6 +91,8 @@ def export_layer_graph(
 ) -> onnx.ModelProto:
     """The TorchScript export of `model` (its LayerPlaceholders as placeholder nodes), in memory."""
     buffer = io.BytesIO()
+    # Declared only when used: torch's C++ side warns on stderr about an unused custom domain (a float model).
+    has_layers = any(isinstance(m, LayerPlaceholder) for m in model.modules())
     with warnings.catch_warnings(), torch.no_grad():
         # The TorchScript-based exporter warns that it is legacy; export/backends.py says why we use it.
         warnings.simplefilter("ignore")
@@ -98,8 +100,8 @@ def export_layer_graph(
             traceable_sizes(model), input_data, buffer, dynamo=False, opset_version=OPSET,
             input_names=list(input_names) if input_names else None,
             output_names=list(output_names) if output_names else None,
-            dynamic_axes=dynamic_axes, do_constant_folding=True, custom_opsets={PLACEHOLDER_DOMAIN: 1},
-            autograd_inlining=False,
+            dynamic_axes=dynamic_axes, do_constant_folding=True,
+            custom_opsets={PLACEHOLDER_DOMAIN: 1} if has_layers else None, autograd_inlining=False,
         )
     return onnx.load_from_string(buffer.getvalue())
 
