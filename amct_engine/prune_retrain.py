@@ -148,7 +148,7 @@ def save_compressed_retrain_model(
     Without quantised layers (a prune-only cfg) the float model is written twice (docs/spec/engine.md §1.4).
     deploy_format: a name in amct_engine.export.formats.DEPLOY_FORMATS: "onnx" (integer model for
     onnxruntime) or "ascend" (AMCT layout, docs/spec/engine.md §5).
-    deploy_target: the CPU the "onnx" deploy model is for ("auto": this machine; "x86_vnni", "x86_avx2",
+    deploy_target: the CPU the "onnx" deploy model is for ("auto": this machine; "x86_amx", "x86_vnni", "x86_avx2",
     "arm"), which picks int8 or exact uint8 + 128 weight codes (amct_engine.export.deploy_target).
     """
     _check_path(record_file, "record_file")

@@ -106,7 +106,7 @@ def save_quant_retrain_model(
 
     deploy_format: a name in amct_engine.export.formats.DEPLOY_FORMATS: "onnx" (integer model for
     onnxruntime) or "ascend" (AMCT layout, docs/spec/engine.md §5).
-    deploy_target: the CPU the "onnx" deploy model is for ("auto": this machine; "x86_vnni", "x86_avx2",
+    deploy_target: the CPU the "onnx" deploy model is for ("auto": this machine; "x86_amx", "x86_vnni", "x86_avx2",
     "arm"), which picks int8 or exact uint8 + 128 weight codes (amct_engine.export.deploy_target).
     """
     if getattr(model, CONFIG_ATTR, None) is None or not quant_layers(model):

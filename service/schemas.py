@@ -151,8 +151,9 @@ class JobCreate(BaseModel):
         "onnx", description="deploy model layout (GET /v1/meta lists each format with what it is for)"
     )
     deploy_target: DeployTarget = Field(
-        "auto", description="CPU the onnx deploy model is written for: int8 weights for VNNI x86 and ARM, exact "
-                            "uint8 + 128 codes for x86 without VNNI; auto: the worker's CPU (the report says which)"
+        "auto", description="CPU the onnx deploy model is written for: int8 weights for VNNI x86 and ARM (x86_amx: "
+                            "big convs on onnxruntime's AMX kernels), exact uint8 + 128 codes for x86 without VNNI; "
+                            "auto: the worker's CPU (the report says which)"
     )
     objective: Objective | None = Field(
         None, description="what a retrain kind trains for: cross_entropy (against `labels`), mse / l1 (against "

@@ -1,6 +1,7 @@
 """Conv layouts of the "onnx" deploy model (amct_engine/export/conv_layout.py): (k x 1) kernels run as
-(1 x k), convs on 1-3 input channels get zero channels up to 4; both leave every output bit-identical
-to the graph without the rewrite, and ORT still runs every layer in its int8 kernels."""
+(1 x k), convs on 1-3 input channels get zero channels up to 4, big convs go to ORT's QGEMM path on AMX;
+each leaves every output bit-identical to the graph without the rewrite, and ORT still runs every layer in
+its int8 kernels."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from torch import nn
 
 import amct_engine as amct
 import amct_engine.export.qdq_graph as qdq_graph
-from amct_engine.export.deploy_target import detect_deploy_target
+from amct_engine.export.deploy_target import detect_deploy_target, signed_weights
 from amct_engine.export.qdq_graph import FUSED_OPS, deploy_report, optimized_ops
 from job_process.report import onnx_parameters
 
@@ -112,7 +113,7 @@ def test_convs_on_three_channels_get_a_fourth_zero_channel_on_vnni_only(tmp_path
                                                                if n.endswith("weight"))
     ops = [n.op_type for n in optimized_ops(model).graph.node]
     assert ops.count("QLinearConv") == 2 and "Conv" not in ops and ops.count("Pad") == int(padded)
-    if detect_deploy_target() != "x86_vnni":
+    if not signed_weights(detect_deploy_target()):
         return  # the int8-weight kernels saturate on this CPU: nothing exact to compare (export.deploy_target)
     monkeypatch.setattr(qdq_graph, "pad_input_channels", lambda model: [])
     _, reference = _save(RgbNet, x, tmp_path, f"{target}_ref", deploy_target=target)
@@ -170,7 +171,7 @@ def test_a_one_channel_stem_runs_float_on_its_codes_and_stays_exact(tmp_path, mo
     assert ops.count("QLinearConv") == 1 and "ConvInteger" not in ops and "QGemm" in ops
     assert onnx_parameters(paths["deploy"])["weights"] == sum(p.numel() for n, p in GreyStemNet().named_parameters()
                                                                if n.endswith("weight"))
-    if detect_deploy_target() != "x86_vnni":
+    if not signed_weights(detect_deploy_target()):
         return  # the int8-weight kernels saturate on this CPU: nothing exact to compare (export.deploy_target)
     np.testing.assert_array_equal(_run(paths["deploy"], x), expected)
     monkeypatch.setattr(qdq_graph, "float_stems", lambda model: [])
@@ -194,5 +195,46 @@ def test_a_stem_whose_sums_float32_cannot_hold_stays_an_int8_conv(tmp_path):
     expected, paths = _save(BigBiasStemNet, x, tmp_path, "big_bias", deploy_target="x86_vnni")
     report = deploy_report(paths["deploy"])
     assert report["conv_layout"]["float_stems"] == [] and report["layers"]["conv1"] == "QLinearConv"
-    if detect_deploy_target() == "x86_vnni":
+    if signed_weights(detect_deploy_target()):
         np.testing.assert_array_equal(_run(paths["deploy"], x), expected)
+
+
+class WideNet(nn.Module):
+    """A 3x3 conv on 3 channels (too shallow for AMX), a 64 -> 64 3x3 conv on 16x16 outputs (9.4M multiply-adds
+    an image: AMX pays), a 1x1 conv (too shallow), a Linear."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 64, 3, padding=1)
+        self.conv2 = nn.Conv2d(64, 64, 3, padding=1)
+        self.conv3 = nn.Conv2d(64, 16, 1, stride=4)
+        self.fc = nn.Linear(16 * 4 * 4, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.conv3(torch.relu(self.conv2(torch.relu(self.conv1(x))))))
+        return self.fc(torch.flatten(x, 1))
+
+
+def test_amx_moves_big_convs_to_the_gemm_path_with_the_same_integers(tmp_path):
+    """x86_amx (conv_layout.convs_on_the_gemm_path): a big conv's weight zero point becomes an overridable
+    initialiser of zeros, so onnxruntime's QLinearConv leaves its symmetric kernel for QGEMM (AMX tiles where
+    the CPU has them). The user still sees one input, ORT still fuses, the outputs are the x86_vnni file's."""
+    x = torch.randn(4, 3, 16, 16, generator=torch.Generator().manual_seed(6))
+    expected, amx = _save(WideNet, x, tmp_path, "amx", deploy_target="x86_amx")
+    _, vnni = _save(WideNet, x, tmp_path, "vnni", deploy_target="x86_vnni")
+    report = deploy_report(amx["deploy"])
+    assert report["conv_layout"]["gemm_path_convs"] == ["conv2/Conv"]
+    assert report["not_fused"] == {} and {report["layers"][c] for c in ("conv1", "conv2", "conv3")} == {"QLinearConv"}
+    assert deploy_report(vnni["deploy"])["conv_layout"]["gemm_path_convs"] == []
+    model = onnx.load(amx["deploy"])
+    onnx.checker.check_model(model, full_check=True)
+    user_input = model.graph.input[0].name
+    assert [i.name for i in model.graph.input] == [user_input, "conv2.weight_zero_point"]
+    zero_point = next(t for t in model.graph.initializer if t.name == "conv2.weight_zero_point")
+    assert zero_point.data_type == onnx.TensorProto.INT8 and not numpy_helper.to_array(zero_point).any()
+    session = ort.InferenceSession(amx["deploy"], providers=["CPUExecutionProvider"])
+    assert [i.name for i in session.get_inputs()] == [user_input]
+    if not signed_weights(detect_deploy_target()):
+        return  # the int8-weight kernels saturate on this CPU: nothing exact to compare (export.deploy_target)
+    np.testing.assert_array_equal(_run(amx["deploy"], x), _run(vnni["deploy"], x))
+    assert np.abs(_run(amx["deploy"], x) - expected).max() <= 0.02 * np.abs(expected).max()

@@ -16,6 +16,7 @@ from tests.test_quant_retrain import INPUT, trained_qat_model
 
 
 @pytest.mark.parametrize("machine, flags, target", [
+    ("x86_64", {"avx2", "avx512f", "avx512_vnni", "amx_tile", "amx_int8"}, "x86_amx"),
     ("x86_64", {"avx2", "avx512f", "avx512_vnni"}, "x86_vnni"),
     ("x86_64", {"avx2", "avx_vnni"}, "x86_vnni"),
     ("x86_64", {"avx2", "fma"}, "x86_avx2"),
@@ -44,16 +45,16 @@ def qat(tmp_path_factory):
     return tmp_path, *trained_qat_model(tmp_path)
 
 
-@pytest.mark.parametrize("target, dtype, zero", [("x86_vnni", np.int8, 0), ("arm", np.int8, 0),
-                                                 ("x86_avx2", np.uint8, 128)])
+@pytest.mark.parametrize("target, dtype, zero", [("x86_amx", np.int8, 0), ("x86_vnni", np.int8, 0),
+                                                 ("arm", np.int8, 0), ("x86_avx2", np.uint8, 128)])
 def test_weight_codes_follow_the_target_and_the_report_says_which(qat, target, dtype, zero):
     tmp_path, config, qmodel, record, expected = qat
     paths = amct.save_quant_retrain_model(str(config), qmodel, str(record), str(tmp_path / target), INPUT,
                                           deploy_target=target)
     assert _weight_codes(paths["deploy"]) == {layer: (np.dtype(dtype), {zero}) for layer in ("conv1", "conv2", "fc")}
     # One input channel under a 3x3 kernel: on x86_vnni conv1 runs float on its int8 codes (conv_layout.float_stems).
-    assert deploy_report(paths["deploy"])["conv_layout"]["float_stems"] == (["conv1/Conv"] if target == "x86_vnni"
-                                                                             else [])
+    x86_signed = target in ("x86_vnni", "x86_amx")
+    assert deploy_report(paths["deploy"])["conv_layout"]["float_stems"] == (["conv1/Conv"] if x86_signed else [])
     assert deploy_report(paths["deploy"])["deploy_target"] == target
     if target == "x86_avx2" or detect_deploy_target() != "x86_avx2":
         # Exact kernels for this target on this CPU: the deploy model computes the eval model bit for bit
@@ -66,3 +67,4 @@ def test_auto_is_the_exporting_machine(qat):
     tmp_path, config, qmodel, record, _ = qat
     paths = amct.save_quant_retrain_model(str(config), qmodel, str(record), str(tmp_path / "auto"), INPUT)
     assert deploy_report(paths["deploy"])["deploy_target"] == detect_deploy_target()
+

@@ -169,7 +169,7 @@ def test_the_benchmarks_20k_cnn_in_a8w4_is_under_a_sixth_of_fp32_and_exact(tmp_p
     producer = {out: n.op_type for n in graph.node for out in n.output}
     assert [producer[n.input[0]] for n in graph.node if n.op_type == "Flatten"] == ["QuantizeLinear"]
     assert sum(n.op_type == "QuantizeLinear" for n in graph.node) == 3  # the input, conv2's, the Linear's
-    layers = deploy_report(paths["deploy"])["layers"]  # conv1: a float stem on x86_vnni, else QLinearConv
+    layers = deploy_report(paths["deploy"])["layers"]  # conv1: a float stem on x86_vnni/amx, else QLinearConv
     assert layers["conv2"] == "QLinearConv" and layers["fc"] == "QGemm"
     np.testing.assert_array_equal(_ort(paths["deploy"], images[:8]), expected)
 

@@ -1,6 +1,6 @@
 """Conv shapes onnxruntime's int8 kernels run fast: same integers, another layout (deploy graph only).
 
-Two rewrites of the QDQ deploy graph, each exact (the same integer sums, so the same outputs bit for bit),
+Rewrites of the QDQ deploy graph, each exact (the same integer sums, so the same outputs bit for bit),
 chosen by measurement on onnxruntime 1.32's CPU kernels (figures in
 docs/benchmarks.md#deploy-speed-our-int8-onnx-vs-fp32-and-onnxruntimes-own-ptq):
 
@@ -19,7 +19,17 @@ docs/benchmarks.md#deploy-speed-our-int8-onnx-vs-fp32-and-onnxruntimes-own-ptq):
   the output is the same. Only where the weights are int8 with zero point 0 (deploy_target x86_vnni):
   uint8 weights (x86_avx2) never take the symmetric path, and ARM's symmetric conv refuses convs under 64
   input channels.
-- `float_stems` (x86_vnni, before the padding): a conv on one input channel with a 2-D kernel up to 3x3 (a
+- `convs_on_the_gemm_path` (x86_amx): each conv's int8 weight gets its zero point (0) as an initialiser that is
+  also a graph input. ORT's QLinearConv takes MLAS's symmetric conv (AVX512-VNNI) only when the weight zero
+  point is a *constant* all-zero tensor, and its im2col + QGEMM path otherwise; on a CPU with AMX-INT8 that
+  QGEMM runs on AMX tiles. A graph input with an initialiser is overridable, so not constant to the kernel,
+  and holds the same zeros: the same sums, outputs bit for bit the same. ORT's QDQ fusion still makes the
+  QLinearConv (it checks the activations' quantisers, not the weight's zero point). Only convs big enough
+  for AMX to pay (`_gemm_pays`): per node at 2 threads, ResNet-18's 3x3 convs took 0.55-0.93x the time,
+  its 1x1 downsamples and 7x7 stem 1.2-1.9x, the 459k Fashion CNN's 3x3 convs (7x7 and 14x14 outputs)
+  1.46x, CREPE's 1.06-1.94x. Whole ResNet-18 at 112x112, batch 8: wall 0.262x FP32 against 0.332x on the
+  symmetric path, 0.183x against 0.300x in one-thread CPU time; batch 1: 0.227x against 0.250x.
+- `float_stems` (x86_vnni and x86_amx, before the padding): a conv on one input channel with a 2-D kernel up to 3x3 (a
   greyscale image's stem) has too little depth per output for the int8 GEMM: QLinearConv took 702 µs per
   batch of 64 on the 20k-parameter Fashion-MNIST CNN's 28x28 stem, padded or not, where onnxruntime's
   float NCHWc conv took 157 µs (one thread, minimum). Such a conv runs float on its integer codes (input
@@ -50,6 +60,8 @@ CHANNEL_MULTIPLE = 4  # MLAS's KernelInputChannelAlignment of its x86 symmetric 
 MAX_TAPS = 9  # see _padding_pays
 MIN_OUTPUT_CHANNELS = 16  # its FilterOutputChannelPackCount: fewer output channels never take that path
 STEM_MAX_CHANNELS, STEM_MAX_TAPS = 1, 9  # the image stems float_stems runs float (measured: its doc)
+# The convs convs_on_the_gemm_path moves (measured: _gemm_pays): depth per output, filters, MACs per image.
+GEMM_MIN_DEPTH, GEMM_MIN_FILTERS, GEMM_MIN_MACS = 576, 64, 8_000_000
 
 
 class _Shapes:
@@ -353,6 +365,47 @@ def _rewrite_stem(model: onnx.ModelProto, conv, shapes: _Shapes, x_dq, w_dq, b_d
     graph.initializer.extend(kept)
     if not any(x_dq.output[0] in n.input for n in graph.node):
         graph.node.remove(x_dq)
+
+
+def convs_on_the_gemm_path(model: onnx.ModelProto) -> list[str]:
+    """Give each one-group int8 conv's weight an overridable zero-point initialiser of zeros (module doc), so
+    that onnxruntime runs it on its QGEMM path (AMX tiles where the CPU has them). Returns those convs."""
+    shapes = _Shapes(model)
+    inputs = {v.name for v in model.graph.input}
+    moved = []
+    for conv in [n for n in model.graph.node if n.op_type == "Conv"]:
+        x_dq, w_dq = shapes.producer.get(conv.input[0]), shapes.producer.get(conv.input[1])
+        weight = shapes.initializers.get(w_dq.input[0]) if _is_dq(w_dq) else None
+        if _attr(conv, "group", 1) != 1 or not _is_dq(x_dq) or weight is None \
+                or weight.data_type != TensorProto.INT8 or not _zero_point_zero(w_dq, shapes) \
+                or not _gemm_pays(tuple(weight.dims), shapes.dims.get(conv.output[0])):
+            continue
+        name = w_dq.input[2] if len(w_dq.input) > 2 and w_dq.input[2] else f"{w_dq.input[0]}_zero_point"
+        if name not in shapes.initializers:
+            scale = numpy_helper.to_array(shapes.initializers[w_dq.input[1]])
+            shapes.initializers[name] = numpy_helper.from_array(np.zeros(scale.shape, np.int8), name)
+            model.graph.initializer.append(shapes.initializers[name])
+            w_dq.input.extend([""] * (3 - len(w_dq.input)))
+            w_dq.input[2] = name
+        if name not in inputs:
+            dims = list(shapes.initializers[name].dims)
+            model.graph.input.append(helper.make_tensor_value_info(name, TensorProto.INT8, dims))
+            inputs.add(name)
+        moved.append(conv.name)
+    return moved
+
+
+def _gemm_pays(weight_shape: tuple[int, ...], output_dims: list[int | None] | None) -> bool:
+    """Whether AMX's QGEMM beats the symmetric conv on this conv (module doc): a deep (Cin x taps >= 576), wide
+    (>= 64 filters) conv with >= 8M multiply-adds per image. Below that the QGEMM path's per-image set-up
+    outweighs the tiles (the 459k Fashion CNN's 64x64 3x3 conv on 7x7 outputs, 1.8M: 1.48x the time;
+    ResNet-18's on 28x28, 29M: 0.82-0.92x; its 512x512 3x3 on 4x4, 19M: 0.88-0.93x). Unknown output sizes
+    (a dynamic image size) keep the symmetric path."""
+    filters, depth = weight_shape[0], int(np.prod(weight_shape[1:]))
+    spatial = output_dims[2:] if output_dims else [None]
+    if depth < GEMM_MIN_DEPTH or filters < GEMM_MIN_FILTERS or not spatial or None in spatial:
+        return False
+    return int(np.prod(spatial)) * filters * depth >= GEMM_MIN_MACS
 
 
 def _is_dq(node: onnx.NodeProto | None) -> bool:

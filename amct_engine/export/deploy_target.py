@@ -5,6 +5,9 @@ in saturating 16-bit lanes: 2 x 255 x 127 > 32767, so full-range int8 weights gi
 (docs/spec/engine.md §5, "Weight codes of the deploy model"). VNNI (`vpdpbusd`, 32-bit sums) and ARM's
 dot-product kernels are exact. So:
 - "x86_vnni", "arm": signed int8 weights with zero point 0, ORT's fast U8S8 kernels;
+- "x86_amx" (AMX-INT8, e.g. Xeon Sapphire Rapids): as "x86_vnni", and each conv's weight zero point written
+  so that ORT runs the conv on its QGEMM path, which uses AMX tiles (export.conv_layout
+  `convs_on_the_gemm_path`: the same zeros, not constant to the kernel);
 - "x86_avx2": the same integers as uint8 codes + 128 (zero point 128), ORT's exact u8u8 kernels;
 - "auto": the exporting machine's kind (`/proc/cpuinfo` flags, `platform.machine()`).
 Torch-free so that the API and the CLI can list the choices.
@@ -14,7 +17,7 @@ from __future__ import annotations
 
 import platform
 
-DEPLOY_TARGETS = ("auto", "x86_vnni", "x86_avx2", "arm")
+DEPLOY_TARGETS = ("auto", "x86_amx", "x86_vnni", "x86_avx2", "arm")
 DEFAULT_DEPLOY_TARGET = "auto"
 
 
@@ -36,11 +39,14 @@ def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> set[str]:
 
 
 def detect_deploy_target(machine: str | None = None, flags: set[str] | None = None) -> str:
-    """The kind of this machine: "arm", "x86_vnni" (AVX512-VNNI or AVX-VNNI) or "x86_avx2"."""
+    """The kind of this machine: "arm", "x86_amx" (AMX-INT8), "x86_vnni" (AVX512-VNNI or AVX-VNNI) or
+    "x86_avx2"."""
     machine = (machine or platform.machine()).lower()
     if machine.startswith(("aarch64", "arm")):
         return "arm"
     flags = cpu_flags() if flags is None else flags
+    if "amx_int8" in flags:
+        return "x86_amx"
     return "x86_vnni" if flags & {"avx512_vnni", "avx_vnni"} else "x86_avx2"
 
 

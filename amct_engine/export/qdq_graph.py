@@ -27,7 +27,12 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from amct_engine.export.ascend import LAYER_ATTR
-from amct_engine.export.conv_layout import float_stems, pad_input_channels, tall_kernels_as_wide
+from amct_engine.export.conv_layout import (
+    convs_on_the_gemm_path,
+    float_stems,
+    pad_input_channels,
+    tall_kernels_as_wide,
+)
 from amct_engine.export.float_output_matmul import matmuls_to_integer_to_float
 from amct_engine.export.int4_pack import INT4_SUFFIX, pack_int4_weights
 from amct_engine.export.onnx_graph import constants_to_initializers, drop_default_attributes
@@ -609,9 +614,12 @@ def finalize_qdq_deploy(model: onnx.ModelProto, feeds: dict[str, np.ndarray], de
     import json
 
     model = name_after_layers(batch_norms_as_depthwise_convs(quantize_boundaries(model, feeds)))
+    x86_signed = deploy_target in ("x86_vnni", "x86_amx")
     decisions = {"deploy_target": deploy_target, "wide_kernels": tall_kernels_as_wide(model),
-                 "float_stems": float_stems(model) if deploy_target == "x86_vnni" else [],
+                 "float_stems": float_stems(model) if x86_signed else [],
+                 # export.conv_layout: padding serves the symmetric conv, which x86_amx steers away from.
                  "padded_input_channels": pad_input_channels(model) if deploy_target == "x86_vnni" else [],
+                 "gemm_path_convs": convs_on_the_gemm_path(model) if deploy_target == "x86_amx" else [],
                  "matmul_integer_to_float": matmuls_to_integer_to_float(model)}
     model = pack_int4_weights(model)
     model = drop_default_attributes(short_activation_names(model))  # after the packing: it writes value_info
@@ -637,7 +645,8 @@ def deploy_report(model: str | onnx.ModelProto) -> dict:
     if stored is None:
         return {}
     report = fusion_report(model, stored["deploy_target"])
-    layout = {key: stored.get(key, []) for key in ("wide_kernels", "float_stems", "padded_input_channels")}
+    layout = {key: stored.get(key, []) for key in ("wide_kernels", "float_stems", "padded_input_channels",
+                                                   "gemm_path_convs")}
     for layer in (name.split("/")[0] for name in layout["float_stems"]):  # ORT renames them (NCHWc)
         report["layers"][layer] = "Conv"
         report["not_fused"][layer] = FLOAT_STEM_REASON

@@ -127,7 +127,7 @@ def save_quantized_onnx(
     `deploy_format` names the deploy model's format in `amct_engine.export.formats.DEPLOY_FORMATS`:
     "onnx", the portable integer model onnxruntime runs; "ascend", AMCT's layout with
     AscendQuant/AscendDequant for the ATC converter (docs/spec/engine.md §5). `deploy_target`
-    ("auto", "x86_vnni", "x86_avx2", "arm"; export.deploy_target) is the CPU the "onnx" deploy
+    ("auto", "x86_amx", "x86_vnni", "x86_avx2", "arm"; export.deploy_target) is the CPU the "onnx" deploy
     model is written for; "auto" is the exporting machine's kind, and the deploy file's report says which.
     `layer_graph`: the model traced with its quantised layers as placeholders (export.layer_graph), when
     the caller has it (PTQ's quantize_model); by default traced here.
