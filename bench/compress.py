@@ -120,7 +120,7 @@ RECIPES = (
     Recipe("group-L2 … progressive + BN recal", "group_l2", recalibrate=True, schedule_steps=4, schedule_start=0.5),
     Recipe("Taylor … + BN recal + KD α0.3 T4", "taylor", recalibrate=True, teacher=True, kd_alpha=0.3,
            kd_temperature=4.0),
-    Recipe("group-L2 … + BN recal, FP32 epoch, PTQ", "group_l2", recalibrate=True, ptq=True),
+    PRUNE_THEN_PTQ := Recipe("group-L2 … + BN recal, FP32 epoch, PTQ", "group_l2", recalibrate=True, ptq=True),
     Recipe("Taylor … + BN recal, FP32 epoch, PTQ", "taylor", recalibrate=True, ptq=True),
 )
 # The engine table's 50 % rows besides AMCT's, the best and Taylor (RECIPES[:2]).
@@ -174,13 +174,9 @@ def amct_pruned_ptq(setup, name: str, cfg_text: str, recipe: Recipe) -> Row:
     from bench import ptq
 
     workdir = setup.folder(name)
-    cfg = workdir / "prune.cfg"
-    cfg.write_text(cfg_text)
     torch.manual_seed(setup.seed + 1)
     start = time.perf_counter()
-    model = create_prune_retrain_model(setup.base_copy(), setup.example, str(cfg), str(workdir / "record.txt"),
-                                       calibration_data=setup.loader() if recipe.needs_data() else None,
-                                       recalibrate_bn=recipe.recalibrate)
+    model = _pruned_float(setup, workdir, cfg_text, recipe)
     after_pruning = evaluate_accuracy(model, setup.x_test, setup.y_test)
     prepare_s = time.perf_counter() - start
     training = timed_training(model, setup.loader(), setup.epochs, setup.lr)
@@ -196,12 +192,17 @@ def amct_pruned_ptq(setup, name: str, cfg_text: str, recipe: Recipe) -> Row:
 
 def accuracy_after_pruning(setup, workdir: Path, cfg_text: str, recipe: Recipe) -> float:
     """Top-1 of the pruned float model before any training (BN recalibrated when the recipe says so)."""
+    return evaluate_accuracy(_pruned_float(setup, workdir, cfg_text, recipe), setup.x_test, setup.y_test)
+
+
+def _pruned_float(setup, workdir: Path, cfg_text: str, recipe: Recipe):
+    """create_prune_retrain_model on a copy of the base with the prune-only cfg ``cfg_text`` (the recipe's
+    calibration batches and BN recalibration)."""
     cfg = workdir / "prune_only.cfg"
     cfg.write_text(cfg_text)
-    pruned = create_prune_retrain_model(setup.base_copy(), setup.example, str(cfg), str(workdir / "prune_record.txt"),
-                                        calibration_data=setup.loader() if recipe.needs_data() else None,
-                                        recalibrate_bn=recipe.recalibrate)
-    return evaluate_accuracy(pruned, setup.x_test, setup.y_test)
+    return create_prune_retrain_model(setup.base_copy(), setup.example, str(cfg), str(workdir / "prune_record.txt"),
+                                      calibration_data=setup.loader() if recipe.needs_data() else None,
+                                      recalibrate_bn=recipe.recalibrate)
 
 
 def _recipe_row(setup, recipe: Recipe, ratio: float) -> tuple[str, str, Callable[[], Row]]:

@@ -73,7 +73,6 @@ class FashionSetup:
     latency_rounds: int = 20
     fp32_model: nn.Module | None = None  # the FP32 row's trained model, set by fp32_control
     cache: dict[str, Any] = field(default_factory=dict)  # rows that later rows build on (e.g. PTQ of a pruned model)
-    model: str = "small"  # a key of MODELS
 
     @property
     def example(self) -> torch.Tensor:
@@ -117,7 +116,7 @@ def prepare(workdir: Path, quick: bool = False, seed: int = 0, threads: int = 2,
     base.eval()
     return FashionSetup(x_train, y_train, x_test, y_test, base, evaluate_accuracy(base, x_test, y_test),
                         base_train_s, workdir, 1, sizes["base_images"], sizes["train_limit"], sizes["epochs"],
-                        seed=seed, threads=threads, latency_rounds=sizes["rounds"], model=model)
+                        seed=seed, threads=threads, latency_rounds=sizes["rounds"])
 
 
 def export_fp32(model: nn.Module, path: Path, example: torch.Tensor) -> str:

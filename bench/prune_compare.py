@@ -33,8 +33,7 @@ from bench.fashion import MODELS, prepare  # noqa: E402
 
 # The larger CNN's rows (``make bench`` section ``prune_compare_459k``): AMCT's BCP, the named best recipe, Taylor,
 # and the FP32-epoch + PTQ order of work; the other recipes tied or lost on the 20k CNN.
-LARGE_MODEL_RECIPES = [compress.AMCT.label, *(r.label for r in compress.RECIPES[:2]),
-                       "group-L2 … + BN recal, FP32 epoch, PTQ"]
+LARGE_MODEL_RECIPES = [r.label for r in (compress.AMCT, *compress.RECIPES[:2], compress.PRUNE_THEN_PTQ)]
 
 
 def recipes(parts: list[str]) -> list[compress.Recipe]:
@@ -80,8 +79,8 @@ def run(quick: bool = False, threads: int = 1, seed: int = 0, ratios: tuple[floa
     torch.set_num_threads(threads)
     load = os.getloadavg()
     if parts is None:
-        parts = LARGE_MODEL_RECIPES if model != "small" else []
-    parts = [compress.AMCT.label, compress.RECIPES[0].label] if quick else parts
+        parts = [compress.AMCT.label, compress.RECIPES[0].label] if quick else \
+            LARGE_MODEL_RECIPES if model != "small" else []
     with tempfile.TemporaryDirectory(prefix="amct-prune-compare-") as tmp:
         setup = prepare(Path(tmp), quick=quick, seed=seed, threads=threads, model=model)
         print(f"FP32 base top-1 {setup.base_accuracy:.4f}", file=sys.stderr, flush=True)

@@ -83,8 +83,9 @@ class _Shapes:
 
     @functools.cached_property
     def dims(self) -> dict[str, list[int | None]]:
-        """Shape inference runs only for the rewrite that reads shapes (the wide kernels): the stems and the
-        channel padding read the graph alone, and each rewrite builds its own `_Shapes`."""
+        """Shape inference runs only for the rewrites that read shapes (the wide kernels, and the AMX convs once a
+        candidate is found): the stems and the channel padding read the graph alone, and each rewrite builds its
+        own `_Shapes`."""
         inferred = onnx.shape_inference.infer_shapes(self.model)
         return {v.name: [d.dim_value if d.HasField("dim_value") else None for d in v.type.tensor_type.shape.dim]
                 for v in (*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output)
