@@ -700,7 +700,8 @@ def service_md(results: Mapping[str, Any]) -> list[str]:
               "terminal state after the run; 'ran twice': jobs claimed more than once, reclaimed, requeued or with "
               "attempt ≠ 1 (from the `jobs` rows and their state events). jobs/min: succeeded jobs over the span "
               "from the first start to the last finish. Each job runs the engine in a fresh child process "
-              "(import torch, capture, train, export, check): that start-up, not the queue, bounds jobs/min.", ""]
+              "forked from its worker's fork server (torch and the engine already imported and used; docs/scaling.md, "
+              "\"Fork server\"), then captures, trains, exports and checks.", ""]
     return lines
 
 
@@ -1181,7 +1182,7 @@ TRAINED_CAUSE = ("the training recipe: same data, epochs and lr; ours trains wit
 
 # --------------------------------------------------------------------------- warm start and recovery (service)
 
-WARM_TITLE = "## Warm job processes: cold vs warm start"
+WARM_TITLE = "## Warm job processes and the fork server: cold vs warm start"
 WARM_KEYS = {"submit_to_running_s": "submit → running", "running_to_training_s": "running → training",
              "running_to_first_step_s": "running → first recorded step",
              "submit_to_first_step_s": "submit → first recorded step"}
@@ -1193,8 +1194,13 @@ def warm_start_md(results: Mapping[str, Any]) -> list[str]:
         return lines
     setup, load = w["setup"], w.get("load_average") or {}
     rows = [_warm_row(f"cold (`AMCT_WARM_START=0`), median of {len(w['cold']['samples'])}", w["cold"]),
-            _warm_row(f"warm, median of {len(w['warm']['samples'])}", w["warm"]),
-            {"mode": "warm / cold", **{label: _x(w["warm_over_cold"].get(key)) for key, label in WARM_KEYS.items()}}]
+            _warm_row(f"warm process (`AMCT_FORK_SERVER=0`), median of {len(w['warm']['samples'])}", w["warm"])]
+    if "fork" in w:  # since stop 31
+        rows.append(_warm_row(f"fork server (default), median of {len(w['fork']['samples'])}", w["fork"]))
+    for mode in ("warm", "fork"):
+        if f"{mode}_over_cold" in w:
+            rows.append({"mode": f"{mode} / cold", **{label: _x(w[f"{mode}_over_cold"].get(key))
+                                                     for key, label in WARM_KEYS.items()}})
     loads = _load_pair([load["before"], load["after"]]) if load else ""
     return lines + [
         _command(results, "warm_start", f"python bench/warm_start.py --samples {setup['samples']} "
@@ -1203,11 +1209,11 @@ def warm_start_md(results: Mapping[str, Any]) -> list[str]:
         "(the 2.6k-parameter TorchScript model of bench/service_load.py, 64 samples, 1 epoch INT8 QAT). Times come "
         "from the database: submit, claim, the `training` phase and the first recorded `progress` event (an upper "
         f"bound on the first step). {setup['samples']} samples per mode, each after {setup['idle_s']:g} s idle; "
-        f"before each warm sample the worker's warm job process is ready{loads}. Seconds; min – max in brackets.",
-        "", format_markdown(rows, ["mode", *WARM_KEYS.values()]), "",
-        "The warm-up is the work a cold job does before its first step (imports, the sandbox), done ahead; what "
-        "remains after the hand-over is the job's own: its inputs, the dataset, the FP32 export and the capture "
-        "(docs/scaling.md).", ""]
+        f"before each warm sample the worker's warm job process (or fork server) is ready{loads}. Seconds; min – max "
+        "in brackets.", "", format_markdown(rows, ["mode", *WARM_KEYS.values()]), "",
+        "The warm-up is the work a cold job does before its first step (imports, the sandbox), done ahead: once "
+        "per job by a warm process, once per 100 jobs by the fork server. What remains after the hand-over is the "
+        "job's own: its inputs, the dataset, the FP32 export and the capture (docs/scaling.md).", ""]
 
 
 def _warm_row(mode: str, entry: Mapping[str, Any]) -> dict[str, str]:
@@ -1219,10 +1225,12 @@ def _warm_row(mode: str, entry: Mapping[str, Any]) -> dict[str, str]:
 
 
 def warm_start_costs(w: Mapping[str, Any]) -> list[str]:
-    ratio = w["warm_over_cold"].get("submit_to_first_step_s")
-    if ratio is None or ratio <= 1 + TIME_NOISE:
-        return []
-    return [f"warm job processes: submit → first recorded step is {ratio:.2f}× the cold start's (median)."]
+    lines = []
+    for mode, name in (("warm", "warm job processes"), ("fork", "the fork server")):
+        ratio = w.get(f"{mode}_over_cold", {}).get("submit_to_first_step_s")
+        if ratio is not None and ratio > 1 + TIME_NOISE:
+            lines.append(f"{name}: submit → first recorded step is {ratio:.2f}× the cold start's (median).")
+    return lines
 
 
 RECOVERY_TITLE = "## Crash recovery"

@@ -1,6 +1,7 @@
 """The job process: run one compression job on files in its folder; `python -m job_process.main DIR`.
 
-With `--warm` it is started before its job exists, warms up and waits for it on stdin (warm.py).
+With `--warm` it is started before its job exists, warms up and waits for it on stdin (warm.py); with
+`--fork-server FD` it warms up once and runs each job the worker sends in a forked child (zygote.py).
 
 DIR/spec.json says what to run; its `kind` picks the runner from the job-kind table (kinds.py).
 Progress goes to stdout as JSON lines (protocol.py); outputs go to DIR/out and are listed in
@@ -23,6 +24,7 @@ from job_process.errors import describe
 from job_process.protocol import CANCELLED_EXIT, ERROR_FILE, RESULT_FILE, SPEC_FILE, emit
 from job_process.sandbox import limit_self
 from job_process.warm import WARM_FLAG
+from job_process.zygote import FORK_SERVER_FLAG
 
 # Share of overall progress each stage ends at; training fills the span between.
 TRAIN_START, TRAIN_END = 0.1, 0.8
@@ -256,8 +258,17 @@ def _wait_warm() -> bool:
 def main(argv: list[str]) -> int:
     limit_self()
     workdir = Path(argv[0]).resolve()
+    if FORK_SERVER_FLAG in argv[1:]:
+        from job_process import warm, zygote
+
+        return zygote.serve(int(argv[argv.index(FORK_SERVER_FLAG) + 1]), warm.warm_up, run_job)
     if WARM_FLAG in argv[1:] and not _wait_warm():
         return 0  # the worker stopped before it had a job for us
+    return run_job(workdir)
+
+
+def run_job(workdir: Path) -> int:
+    """Run the job whose spec is in `workdir` (a fresh process, a warm one, or a child of the fork server)."""
     _relay_engine_warnings()
     spec = json.loads((workdir / SPEC_FILE).read_text())
     if distributed.world_size(spec) > 1:

@@ -117,10 +117,12 @@ def python_command(module: str, args: Sequence[str]) -> list[str]:
 
 def popen(module: str, args: Sequence[str], cwd: str | os.PathLike, memory_bytes: int | None = None,
           env: dict[str, str] | None = None, read_only: Iterable[str | os.PathLike] = (),
-          cpu_seconds: int | None = None, share_net: bool = False, **kwargs) -> subprocess.Popen:
+          cpu_seconds: int | None = None, share_net: bool = False, keep_fds: Sequence[int] = (),
+          **kwargs) -> subprocess.Popen:
     """Start `python -m module args` in the sandbox with `cwd` as its folder, the only one it may write.
 
-    `read_only`: files outside that folder it may read (a local `amct compress`'s inputs). Raises
+    `read_only`: files outside that folder it may read (a local `amct compress`'s inputs). `keep_fds`:
+    descriptors the child inherits under the same numbers (the fork server's control socket). Raises
     bubblewrap.SandboxUnavailable when there is no sandbox and no opt-out.
     """
     workdir = Path(cwd).resolve()
@@ -135,14 +137,14 @@ def popen(module: str, args: Sequence[str], cwd: str | os.PathLike, memory_bytes
         log.warning("SECURITY: %s runs a user model WITHOUT a sandbox (%s)", module, state.detail)
         extra[PARENT_ENV] = str(os.getpid())  # bwrap's --die-with-parent does this otherwise
         return subprocess.Popen(python_command(module, args), cwd=workdir, env=child_env(extra),
-                                start_new_session=True, **kwargs)
+                                start_new_session=True, pass_fds=list(keep_fds), **kwargs)
     extra.update(HOME=bubblewrap.SANDBOX_HOME, TMPDIR=bubblewrap.SANDBOX_HOME)
     command = bubblewrap.wrap(python_command(module, args), workdir, [Path(p).resolve() for p in read_only],
                               bwrap=state.bwrap, packages=[module], share_net=share_net)
     try:
         # A new session: its own process group, so a cancel or time-out kills it and all it started.
         return subprocess.Popen(command.argv, cwd=workdir, env=child_env(extra), start_new_session=True,
-                                pass_fds=command.pass_fds, **kwargs)
+                                pass_fds=[*command.pass_fds, *keep_fds], **kwargs)
     finally:
         command.close_fds()
 

@@ -85,6 +85,9 @@ class Settings(BaseSettings):
     # Each worker process keeps one sandboxed job process started ahead of its job, torch and the engine
     # imported (worker/warm.py); off: every job's child starts when the job is claimed.
     warm_start: bool = True
+    # ... as a fork server (worker/fork_server.py): warmed up once, it forks each job's child (one job at a
+    # time); off: one warm process per job, each warming up on its own.
+    fork_server: bool = True
     # Jobs across several nodes (docs/scaling.md, "Distributed jobs"): off unless the operator accepts that
     # such a job's sandboxes share the host's network. `node_address`: where this worker's node 0 is reached
     # by the others (default: the address of this host's name); how long the ranks wait for the other nodes.

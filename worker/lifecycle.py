@@ -103,7 +103,7 @@ def _start_warm_job_process(sender=None, **_) -> None:
 
     settings = current_app.amct_settings
     if settings.warm_start:
-        warm.start_pool(settings.tmp_dir)
+        warm.start_pool(settings.tmp_dir, settings.fork_server)
 
 
 @signals.worker_process_shutdown.connect

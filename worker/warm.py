@@ -15,7 +15,9 @@ the process); a killed worker leaves an empty warm folder, removed by the next p
 (`remove_stale`).
 
 Only the Celery worker uses it (worker/lifecycle.py starts one pool per pool process, when
-`AMCT_WARM_START` is on); `amct compress` and the upload check start cold children.
+`AMCT_WARM_START` is on); `amct compress` and the upload check start cold children. By default the pool
+is a fork server instead (worker/fork_server.py: one warm-up for many jobs); `AMCT_FORK_SERVER=0` keeps
+one warm child per job.
 """
 
 from __future__ import annotations
@@ -29,7 +31,9 @@ import threading
 import time
 from pathlib import Path
 
+from job_process import bubblewrap
 from job_process.launcher import JOB_MODULE, ChildProcess
+from worker.fork_server import ForkServerPool
 
 log = logging.getLogger(__name__)
 PREFIX = "warm-"
@@ -116,19 +120,23 @@ def _alive(pid: int) -> bool:
     return True
 
 
-_pool: WarmPool | None = None
+_pool: WarmPool | ForkServerPool | None = None
 
 
-def start_pool(scratch: Path) -> WarmPool:
-    """This process's pool, filled (called once per Celery pool process, worker/lifecycle.py)."""
+def start_pool(scratch: Path, fork_server: bool = True) -> WarmPool | ForkServerPool:
+    """This process's pool, filled (called once per Celery pool process, worker/lifecycle.py): a fork server
+    (worker/fork_server.py) when asked for and the sandbox is bubblewrap, else one warm child per job."""
     global _pool
     remove_stale(scratch)
-    _pool = WarmPool(scratch)
+    if fork_server and bubblewrap.state().mode != "bubblewrap":
+        log.warning("no fork server without bubblewrap (%s): one warm job process per job", bubblewrap.state().detail)
+        fork_server = False
+    _pool = ForkServerPool(scratch) if fork_server else WarmPool(scratch)
     _pool.fill()
     return _pool
 
 
-def current() -> WarmPool | None:
+def current() -> WarmPool | ForkServerPool | None:
     return _pool
 
 

@@ -52,7 +52,7 @@ def settings_env(settings: Settings) -> dict[str, str]:
            "ARTIFACT_STORE": settings.resolved_artifact_store}
     # The recovery timings (test_recovery.py shortens them so a crash heals in seconds).
     for name in ("lease_s", "cancel_grace_s", "reap_interval_s", "requeue_after_s", "checkpoint_every_steps",
-                 "worker_heartbeat_s", "worker_stale_s", "unserved_wait_s", "warm_start", "multinode",
+                 "worker_heartbeat_s", "worker_stale_s", "unserved_wait_s", "warm_start", "fork_server", "multinode",
                  "node_join_timeout_s"):
         env[f"AMCT_{name.upper()}"] = str(getattr(settings, name))
     if settings.node_address:

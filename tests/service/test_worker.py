@@ -63,9 +63,10 @@ def test_quant_retrain_job_end_to_end(stack, assets):
     progress = [e["progress"] for e in events if e["type"] == "progress"]
     assert progress == sorted(progress) and progress[-1] == pytest.approx(0.8)
     assert all(e["loss"] > 0 for e in events if e["type"] == "progress")
-    # The worker's pool process had a job process started ahead (worker/warm.py), and starts the next one.
-    assert any(e["type"] == "log" and e["message"].startswith("warm engine process") for e in events)
-    worker.wait_for("warm job process ready", timeout=120)
+    # The worker's pool process forked the job's child from its fork server (worker/fork_server.py).
+    assert any(e["type"] == "log" and e["message"].startswith(
+        "warm engine process: forked from a fork server") for e in events)
+    worker.wait_for("fork server ready", timeout=120)
 
     artifacts = {a["kind"]: a for a in api.client.get(f"/v1/jobs/{job['id']}/artifacts").json()["items"]}
     assert set(artifacts) >= {"config", "record", "checkpoint", "fake_quant", "deploy", "fp32_onnx", "report", "log"}
