@@ -2,8 +2,8 @@
 
 For each back end (the embedded `amct serve`: SQLite + filesystem queue; and PostgreSQL + Redis) this
 starts the service on a free port: `python -m service serve` with its embedded worker, or for PostgreSQL
-+ Redis the production shape (`--api-workers N` API processes of `uvicorn service.app:app_from_env` and two
-Celery workers, each with its warm job process), and measures, from client processes separate from the
++ Redis the production shape (`--api-workers N` API processes of `python -m service api` and two
+Celery workers, each with its fork server), and measures, from client processes separate from the
 server:
 
 - submit → running: client-observed seconds from ``POST /v1/jobs`` to status ``running`` on an idle
@@ -64,6 +64,12 @@ INPUT_SHAPE = (1, 1, 8, 8)
 # One engine thread per job child (2 cores, up to 2 workers); the reaper re-sends every job queued for a
 # minute, so most of a long batch gets duplicate messages that the claim must turn into no-ops.
 WORKER_ENV = {"OMP_NUM_THREADS": "1", "AMCT_REQUEUE_AFTER_S": "60"}
+FORK_SERVER_ENV = "AMCT_FORK_SERVER"  # the servers inherit it: `AMCT_FORK_SERVER=0` measures warm processes
+
+
+def _callers(*names: str) -> dict[str, str]:
+    """The variables among `names` that this process's environment sets (the servers inherit them)."""
+    return {name: os.environ[name] for name in names if name in os.environ}
 
 
 # --------------------------------------------------------------------------- the server
@@ -126,15 +132,15 @@ def running_server(data_dir: Path, env_extra: dict[str, str], max_jobs: int,
                    api_workers: int | None = None) -> Iterator[Server]:
     """`python -m service serve` (API + embedded worker) in its own process group; stopped on exit.
 
-    `api_workers`: the production API instead, `uvicorn service.app:app_from_env --factory --workers N`
-    (docker-compose.yml), with no worker: the caller starts them."""
+    `api_workers`: the production API instead, `python -m service api --workers N` (docker-compose.yml),
+    with no worker: the caller starts them."""
     port = _free_port()
     env = dict(os.environ, PYTHONPATH=str(ROOT), AMCT_MAX_ACTIVE_JOBS=str(max_jobs + 100), AMCT_DATA_DIR=str(data_dir),
                **WORKER_ENV, **env_extra)
     log = data_dir / "serve.log"
     if api_workers:
-        command = [sys.executable, "-m", "uvicorn", "service.app:app_from_env", "--factory", "--workers",
-                   str(api_workers), "--port", str(port), "--log-level", "warning"]
+        command = [sys.executable, "-m", "service", "api", "--workers", str(api_workers), "--port", str(port),
+                   "--log-level", "warning"]
     else:
         command = [sys.executable, "-m", "service", "serve", "--port", str(port), "--data-dir", str(data_dir)]
     with open(log, "wb") as out:
@@ -577,7 +583,8 @@ def run(quick: bool = False, backends: Sequence[str] = ("embedded", "postgres"),
     samples, idle_s = (2, 2.0) if quick else (5, 5.0)
     results: dict[str, Any] = {
         "setup": {"jobs": jobs, "window_s": window_s, "rate_per_endpoint": rate, "seconds": seconds,
-                  "submit_samples": samples, "idle_s": idle_s, "server_env": WORKER_ENV,
+                  "submit_samples": samples, "idle_s": idle_s,
+                  "server_env": {**WORKER_ENV, **_callers(FORK_SERVER_ENV)},
                   "model": "TorchScript conv(1→4) + linear(256→10), 64 samples of 1x8x8, 1 epoch INT8 QAT"},
         "backends": {},
     }

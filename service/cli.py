@@ -137,6 +137,17 @@ def serve(host: str = "127.0.0.1", port: int = 8000,
 
 
 @app.command()
+def api(host: str = "127.0.0.1", port: int = 8000,
+        workers: Annotated[int, typer.Option(min=1, help="API processes on the port, about one per core")] = 2,
+        log_level: str = "info") -> None:
+    """The API alone, as several processes (production: DATABASE_URL, BROKER_URL, ARTIFACT_STORE)."""
+    from service import api_processes
+
+    logging.basicConfig(level=logging.INFO)
+    api_processes.run(host, port, workers, log_level)
+
+
+@app.command()
 def worker(devices: Annotated[str, typer.Option(help="comma-separated: cpu,cuda,npu")] = "cpu",
            concurrency: Annotated[int, typer.Option(help="one per accelerator")] = 1,
            beat: Annotated[bool, typer.Option("--beat", help="also run the reaper schedule (one per "

@@ -117,9 +117,8 @@ def test_the_production_api_command_serves_from_several_processes(env, tmp_path)
     port = _free_port()
     environment = dict(os.environ, **settings_env(api.settings), PYTHONPATH=str(ROOT))
     log = open(tmp_path / "api.log", "wb")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "service.app:app_from_env", "--factory",
-                             "--workers", "2", "--port", str(port)], cwd=ROOT, env=environment, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen([sys.executable, "-m", "service", "api", "--workers", "2", "--port", str(port)],
+                            cwd=ROOT, env=environment, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 120
