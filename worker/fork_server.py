@@ -14,7 +14,7 @@ runner after the job; one job at a time. The server talks to this side over a so
 
 `ForkedJob` is the runner's handle on one job's child, a `ChildProcess` (job_process/launcher.py) as the
 supervisor knows it: the same protocol messages, result, error and log; killing it kills the whole server
-(the next job then waits for a new one's warm-up).
+(the next job starts cold while a new server warms up).
 """
 
 from __future__ import annotations
@@ -61,6 +61,10 @@ class ForkServer:
         finally:
             theirs.close()
         self.started_at, self.ready_at = time.monotonic(), 0.0
+        self.ready = threading.Event()
+        # Reads the start-up messages and logs when the warm-up is done; a job's messages are read after it.
+        self._start_up = threading.Thread(target=self._await_ready, daemon=True)
+        self._start_up.start()
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -69,21 +73,37 @@ class ForkServer:
         self.jobs += 1
         send(self.ctl, {"folder": str(folder)})
 
-    def next_message(self, want: str) -> tuple[dict | None, list[int]]:
-        """The next message of type `want` (earlier `started`/`ready` are noted and skipped); None when the
-        server is gone."""
+    def _await_ready(self) -> None:
         while True:
-            try:
-                message, fds = receive(self.ctl)
-            except OSError:
-                return None, []
-            if message is None or message.get("type") == want:
-                return message, fds
-            for fd in fds:  # only a `forked` message carries one
+            message, fds = self._receive()
+            for fd in fds:
                 os.close(fd)
+            if message is None:
+                return  # gone before its warm-up ended: its first job sees it as the job's exit status
             if message.get("type") == "ready":
                 self.ready_at = time.monotonic()
                 log.info("fork server ready in %.1f s (%s)", self.ready_at - self.started_at, self.slot.name)
+                self.ready.set()
+                return
+
+    def next_message(self, want: str) -> tuple[dict | None, list[int]]:
+        """The job's next message, which must be of type `want`; None when the server is gone (or said
+        something else: then it is killed, as a server out of step cannot be trusted)."""
+        self._start_up.join()
+        message, fds = self._receive()
+        if message is None or message.get("type") == want:
+            return message, fds
+        for fd in fds:
+            os.close(fd)
+        log.error("fork server %s sent %r while a %r was due; killing it", self.slot.name, message.get("type"), want)
+        self.kill()
+        return None, []
+
+    def _receive(self) -> tuple[dict | None, list[int]]:
+        try:
+            return receive(self.ctl)
+        except (OSError, ValueError):
+            return None, []
 
     def exit_code(self) -> int:
         """How the server ended, as Popen says it (it was killed, or died: -9 when it has not been reaped yet)."""
@@ -99,7 +119,8 @@ class ForkServer:
     def close(self) -> None:
         """Hang up (the server exits when it reads the end of the socket), then make sure it is gone."""
         with contextlib.suppress(OSError):
-            self.ctl.close()
+            self.ctl.shutdown(socket.SHUT_RDWR)  # also wakes this side's reader, if one still waits
+        self.ctl.close()
         try:
             self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:

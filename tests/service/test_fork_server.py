@@ -43,6 +43,7 @@ def test_a_forked_job_sees_nothing_an_earlier_one_left_and_cannot_reach_the_serv
     pool = ForkServerPool(scratch, module=PROBE)
     pool.fill()
     server = pool._server
+    assert server.ready.wait(60), (server.slot / SERVER_LOG).read_text()  # said before any job was sent
     try:
         planter, code, messages = _run(pool, "plant")
         assert code == 0, planter.log_tail()
