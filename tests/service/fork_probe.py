@@ -52,7 +52,8 @@ def job(folder: Path) -> int:
         return 3
     seen = look(folder) if spec["action"] == "look" else {}
     if spec["action"] == "plant":
-        for place in ("/tmp/planted", "/dev/shm/planted", str(folder.parent / "planted")):
+        Path("/tmp/planted-dir").mkdir()
+        for place in ("/tmp/planted", "/tmp/planted-dir/inner", "/dev/shm/planted", str(folder.parent / "planted")):
             Path(place).write_text("left by an earlier job")
         # A process in a session of its own, not waited for: it would outlive the job.
         subprocess.Popen(["sleep", "300"], start_new_session=True, stdin=subprocess.DEVNULL,
