@@ -182,6 +182,7 @@ class ForkedJob(ChildProcess):
             self.server.kill()
         if self._follower is not None:
             self._follower.join()
+        job_marker(self.server.slot).unlink(missing_ok=True)
         if self.last:
             self.server.close()
             shutil.rmtree(self.server.slot, ignore_errors=True)
@@ -218,6 +219,9 @@ class ForkServerPool:
             return None
         _empty(server.slot)
         folder = Path(tempfile.mkdtemp(prefix="job-", dir=server.slot))
+        # Which job the server runs, for people and tools on the host (`ps` shows only the slot): beside the
+        # slot, never in it.
+        job_marker(server.slot).write_text(job_id)
         last = server.jobs + 1 >= self.jobs_per_server
         if last:
             self._server = None  # fill(), called as the job begins, starts the next server
@@ -232,6 +236,11 @@ class ForkServerPool:
         if server is not None:
             server.close()
             shutil.rmtree(server.slot, ignore_errors=True)
+
+
+def job_marker(slot: Path) -> Path:
+    """`<scratch>/warm-<pid>-<token>.job`: the id of the job the slot's server runs now."""
+    return slot.with_name(slot.name + ".job")
 
 
 def _empty(slot: Path) -> None:

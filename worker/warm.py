@@ -105,7 +105,10 @@ def remove_stale(scratch: Path) -> int:
     for folder in scratch.glob(f"{PREFIX}*-*") if scratch.is_dir() else []:
         pid = folder.name[len(PREFIX):].split("-", 1)[0]
         if pid.isdigit() and not _alive(int(pid)):
-            shutil.rmtree(folder, ignore_errors=True)
+            if folder.is_dir():
+                shutil.rmtree(folder, ignore_errors=True)
+            else:  # a fork server's job marker (worker/fork_server.py)
+                folder.unlink(missing_ok=True)
             removed += 1
     return removed
 

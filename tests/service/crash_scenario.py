@@ -26,6 +26,7 @@ from sqlalchemy import select
 
 from service.db.models import JobEvent
 from tests.service.support import QUANT_CFG, ROOT, Api, Worker, wait_until
+from worker.fork_server import job_marker
 
 # Recovery in seconds, not minutes: a lost lease is noticed after 3 s, the reaper looks every second.
 FAST_RECOVERY = {"lease_s": 3.0, "heartbeat_s": 0.5, "reap_interval_s": 1.0, "requeue_after_s": 3.0,
@@ -99,18 +100,27 @@ def wait_terminal(api: Api, job_id: str, timeout: float) -> dict:
 
 def engine_processes(job_id: str) -> list[int]:
     """Pids of engine children still working on the job: their folder is named after it, or they were started
-    warm in `<scratch>/warm-<pid>-<token>`, which became the job's `<scratch>/job-<id>-<token>` (worker/warm.py)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                cmdline = (entry / "cmdline").read_bytes()
-            except OSError:
-                continue
-            if b"job_process.main" in cmdline and (f"job-{job_id}-".encode() in cmdline
-                                                   or _warm_folder_of(cmdline, job_id)):
-                pids.append(int(entry.name))
-    return pids
+    warm in `<scratch>/warm-<pid>-<token>`, which became the job's `<scratch>/job-<id>-<token>` (worker/warm.py),
+    or they were forked by a fork server whose job marker names the job (worker/fork_server.py)."""
+    pids, servers = [], set()
+    for pid, (_parent, _group, cmdline) in processes().items():
+        if b"job_process.main" not in cmdline:
+            continue
+        if f"job-{job_id}-".encode() in cmdline or _warm_folder_of(cmdline, job_id):
+            pids.append(pid)
+        elif b"--fork-server" in cmdline and b"bwrap" not in cmdline.split(b"\0")[0] and _serves(cmdline, job_id):
+            servers.add(pid)
+    # A forked job's child has its server's command line: it is the server's child (so are the ranks it starts).
+    return pids + [pid for pid, (parent, _group, _cmd) in processes().items() if parent in servers]
+
+
+def _serves(cmdline: bytes, job_id: str) -> bool:
+    args = cmdline.decode(errors="replace").split("\0")
+    slot = Path(args[args.index("job_process.main") + 1])
+    try:
+        return job_marker(slot).read_text() == job_id
+    except OSError:
+        return False
 
 
 def _warm_folder_of(cmdline: bytes, job_id: str) -> bool:

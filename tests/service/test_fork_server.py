@@ -10,11 +10,15 @@ forked job costs is measured in bench/service_load.py, not here.
 from __future__ import annotations
 
 import json
+import os
+import signal
+import threading
 
 import pytest
 
 from job_process import bubblewrap
-from tests.service.support import api_with_ready_model, make_settings
+from tests.service.crash_scenario import engine_processes, get_job, job_events
+from tests.service.support import api_with_ready_model, make_settings, wait_until
 from tests.service.test_warm_start import _record
 from worker.fork_server import SERVER_LOG, ForkServerPool
 from worker.runner import JobRunner
@@ -147,3 +151,36 @@ def test_a_job_forked_gives_what_the_same_job_run_cold_gives(sandboxed, runner_e
     same = [{k: v for k, v in jobs[j]["metrics"].items() if k not in timings} for j in jobs]
     assert same[0] == same[1] == same[2]
     assert _record(api, cold) == _record(api, forked[0]) == _record(api, forked[1])
+
+
+@pytest.mark.slow
+def test_a_killed_forked_child_is_retried_from_its_checkpoint_by_the_same_server(sandboxed, runner_env):
+    """kill -9 of the job's forked child mid-training (not of its server): the worker requeues the attempt and
+    runs the next one at once, forked from the same server, from the checkpoint (tests/service/test_recovery.py
+    does the same with a cold child)."""
+    api, ids = runner_env
+    job_id = api.submit(kind="quant_retrain", epochs=2, batch_size=16, lr=5e-4, seed=5, **ids).json()["id"]
+    pool = ForkServerPool(api.settings.tmp_dir)
+    pool.fill()
+    server = pool._server
+    outcome: dict = {}
+    settings = api.settings.model_copy(update={"checkpoint_every_steps": 0, "heartbeat_s": 0.5})
+    thread = threading.Thread(target=lambda: outcome.update(
+        result=JobRunner(settings, owner="forked", warm=pool).run(job_id)))
+    thread.start()
+    try:
+        wait_until(lambda: any(e["type"] == "checkpoint" for e in job_events(api, job_id)), 180, interval=0.05,
+                   what="the checkpoint of epoch 1")
+        pids = wait_until(lambda: engine_processes(job_id), 10, interval=0.05, what="the forked child")
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        thread.join(180)
+        job = get_job(api, job_id)
+        assert outcome["result"] == "succeeded" and job["status"] == "succeeded", job["error"]
+        assert job["attempt"] == 2 and pool._server is server and server.jobs == 2 and server.alive()
+        events = job_events(api, job_id)
+        assert "killed by SIGKILL" in next(e for e in events if e.get("edge") == "requeued")["reason"]
+        assert any(e["type"] == "resumed" for e in events)
+    finally:
+        thread.join(180)
+        pool.close()
