@@ -226,6 +226,17 @@ def kill_and_resume(api: Api, ids: dict, log_dir: Path, *, epochs: int = 3, batc
 
 # -- the engine child killed under a live worker ----------------------------------------------------
 
+def kill_engine_at_checkpoint(api: Api, job_id: str, timeout: float) -> dict:
+    """Wait for the job's first checkpoint, then SIGKILL its engine processes (not its worker); the checkpoint
+    event."""
+    checkpoint = wait_until(lambda: next((e for e in job_events(api, job_id) if e["type"] == "checkpoint"), None),
+                            timeout, interval=0.05, what="the checkpoint of epoch 1")
+    for pid in wait_until(lambda: engine_processes(job_id), 10, interval=0.05, what="the engine process"):
+        with contextlib.suppress(ProcessLookupError):  # bwrap and its child: killing one may end the other
+            os.kill(pid, signal.SIGKILL)
+    return checkpoint
+
+
 def kill_engine_and_resume(api: Api, ids: dict, log_dir: Path, *, epochs: int = 2, batch_size: int = 16,
                            timeout: float = 240) -> Trial:
     """Submit a job to a real Celery worker, SIGKILL its engine child once the checkpoint of epoch 1 is
@@ -236,11 +247,7 @@ def kill_engine_and_resume(api: Api, ids: dict, log_dir: Path, *, epochs: int = 
         submit = api.submit(kind="quant_retrain", epochs=epochs, batch_size=batch_size, lr=5e-4, **ids)
         assert submit.status_code == 202, submit.text
         job_id = submit.json()["id"]
-        wait_until(lambda: any(e["type"] == "checkpoint" for e in job_events(api, job_id)), timeout,
-                   interval=0.05, what="the checkpoint of epoch 1")
-        for pid in wait_until(lambda: engine_processes(job_id), 10, interval=0.05, what="the engine process"):
-            with contextlib.suppress(ProcessLookupError):  # bwrap and its child: killing one may end the other
-                os.kill(pid, signal.SIGKILL)
+        kill_engine_at_checkpoint(api, job_id, timeout)
         killed_at = time.monotonic()
         checkpoint = [e for e in job_events(api, job_id) if e["type"] == "checkpoint"][-1]
         resumed_at = wait_until(lambda: any(e["type"] == "resumed" for e in job_events(api, job_id))

@@ -10,15 +10,13 @@ forked job costs is measured in bench/service_load.py, not here.
 from __future__ import annotations
 
 import json
-import os
-import signal
 import threading
 
 import pytest
 
 from job_process import bubblewrap
-from tests.service.crash_scenario import engine_processes, get_job, job_events
-from tests.service.support import api_with_ready_model, make_settings, wait_until
+from tests.service.crash_scenario import get_job, job_events, kill_engine_at_checkpoint
+from tests.service.support import api_with_ready_model, make_settings
 from tests.service.test_warm_start import _record
 from worker.fork_server import SERVER_LOG, ForkServerPool
 from worker.runner import JobRunner
@@ -169,11 +167,7 @@ def test_a_killed_forked_child_is_retried_from_its_checkpoint_by_the_same_server
         result=JobRunner(settings, owner="forked", warm=pool).run(job_id)))
     thread.start()
     try:
-        wait_until(lambda: any(e["type"] == "checkpoint" for e in job_events(api, job_id)), 180, interval=0.05,
-                   what="the checkpoint of epoch 1")
-        pids = wait_until(lambda: engine_processes(job_id), 10, interval=0.05, what="the forked child")
-        for pid in pids:
-            os.kill(pid, signal.SIGKILL)
+        kill_engine_at_checkpoint(api, job_id, 180)  # the forked child, found through the server's job marker
         thread.join(180)
         job = get_job(api, job_id)
         assert outcome["result"] == "succeeded" and job["status"] == "succeeded", job["error"]

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -31,10 +30,10 @@ from service.db.models import Job
 from tests.service.crash_scenario import (
     FAST_RECOVERY,
     RedisServer,
-    engine_processes,
     get_job,
     job_events,
     kill_and_resume,
+    kill_engine_at_checkpoint,
     verify_artifacts,
     wait_terminal,
 )
@@ -208,11 +207,7 @@ def test_a_killed_engine_child_is_retried_from_its_checkpoint(runner_env):
     api, ids = runner_env
     job_id = api.submit(kind="quant_retrain", epochs=2, batch_size=16, lr=5e-4, **ids).json()["id"]
     thread, outcome = _run_in_thread(api.settings.model_copy(update={"checkpoint_every_steps": 0}), job_id)
-    checkpoint = wait_until(lambda: next((e for e in job_events(api, job_id) if e["type"] == "checkpoint"), None),
-                            120, interval=0.05, what="the checkpoint of epoch 1")
-    pids = wait_until(lambda: engine_processes(job_id), 10, interval=0.05, what="the engine process")
-    for pid in pids:
-        os.kill(pid, signal.SIGKILL)
+    checkpoint = kill_engine_at_checkpoint(api, job_id, 120)
     thread.join(180)
     job = get_job(api, job_id)
     assert outcome["result"] == "succeeded" and job["status"] == "succeeded", job["error"]
