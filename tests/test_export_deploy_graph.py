@@ -164,7 +164,9 @@ def test_the_benchmarks_20k_cnn_in_a8w4_is_under_a_sixth_of_fp32_and_exact(tmp_p
     with torch.no_grad():
         expected = qmodel(images[:8]).numpy()
     paths = amct.save_quant_retrain_model(str(config), qmodel, str(record), str(tmp_path / "a8w4"), images[:8])
-    assert Path(paths["deploy"]).stat().st_size / Path(float_path).stat().st_size <= 0.16
+    # A sixth, as named: 0.159 for x86_vnni; 0.163 for x86_avx2 (an AVX2-only CPU), whose uint8 conv1 weights
+    # add a per-channel zero point and a Cast (export.deploy_target).
+    assert Path(paths["deploy"]).stat().st_size / Path(float_path).stat().st_size <= 1 / 6
     graph = onnx.load(paths["deploy"]).graph
     producer = {out: n.op_type for n in graph.node for out in n.output}
     assert [producer[n.input[0]] for n in graph.node if n.op_type == "Flatten"] == ["QuantizeLinear"]
