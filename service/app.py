@@ -14,7 +14,7 @@ from job_process import bubblewrap
 from service import auth, metrics, problems
 from service.db import migrate
 from service.db.models import Project
-from service.db.session import read_session_factory, session_factory
+from service.db.session import read_engine, session_factory
 from service.queue import Dispatcher, make_celery
 from service.reaper import reap_once
 from service.routes import artifacts, configs, datasets, docs, events, health, jobs, keys, meta, models, ui
@@ -71,7 +71,7 @@ def create_app(settings: Settings | None = None, run_migrations: bool = True) ->
                               "watch it; download the ONNX models and the report.")
     app.state.settings = settings
     app.state.sessions = session_factory(settings.resolved_database_url, settings.db_pool)
-    app.state.read_sessions = read_session_factory(settings.resolved_database_url, settings.db_pool)
+    app.state.read_engine = read_engine(settings.resolved_database_url, settings.db_pool)
     app.state.store = open_store(settings.resolved_artifact_store, settings.s3_endpoint_url)
     app.state.dispatcher = Dispatcher(make_celery(settings))
     app.state.metrics, latency = metrics.make_registry(app.state.sessions, settings)

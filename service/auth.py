@@ -20,15 +20,15 @@ import os
 import re
 import secrets
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from sqlalchemy import and_, or_, select, update
-from sqlalchemy.orm import Session
+from sqlalchemy import Connection, and_, bindparam, or_, select, update
+from starlette.concurrency import run_in_threadpool
 
 from service.db.models import ApiKey, Project, utcnow
 from service.problems import Problem
@@ -45,6 +45,7 @@ PROJECT_ID = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
 # last_used_at is a hint for humans: refresh it at most this often, not on every request.
 _TOUCH_EVERY = timedelta(seconds=60)
 KEY_FILE = "api-key"
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -117,11 +118,19 @@ def list_keys(sessions, project_id: str) -> list[ApiKey]:
                                     .order_by(ApiKey.created_at, ApiKey.id)))
 
 
-def authenticate(session: Session, secret: str) -> Caller | None:
-    """The caller a presented key stands for; None for an unknown or revoked key."""
+# Built once: the same statement object each time skips building it and adapting its cached result columns.
+_KEY_BY_HASH = select(ApiKey.id, ApiKey.project_id, ApiKey.scopes, ApiKey.revoked_at, ApiKey.last_used_at).where(
+    ApiKey.key_hash == bindparam("key_hash"))
+
+
+def authenticate(connection: Connection, secret: str) -> Caller | None:
+    """The caller a presented key stands for; None for an unknown or revoked key.
+
+    A Core query on a Connection, not an ORM Session: it runs on every request, and loading an ApiKey
+    entity cost more than the lookup itself (docs/scaling.md, "The API")."""
     if not secret.startswith(KEY_PREFIX):
         return None
-    key = session.scalar(select(ApiKey).where(ApiKey.key_hash == hash_key(secret)))
+    key = connection.execute(_KEY_BY_HASH, {"key_hash": hash_key(secret)}).first()
     if key is None or key.revoked_at is not None:
         return None
     now = utcnow()
@@ -129,9 +138,9 @@ def authenticate(session: Session, secret: str) -> Caller | None:
     # only then one conditional UPDATE, so concurrent requests do not pile up writes on the same row. Before,
     # every request ran the UPDATE and a commit (a write round trip per GET, docs/scaling.md).
     if key.last_used_at is None or key.last_used_at < now - _TOUCH_EVERY:
-        session.execute(update(ApiKey).where(ApiKey.id == key.id, or_(
+        connection.execute(update(ApiKey).where(ApiKey.id == key.id, or_(
             ApiKey.last_used_at.is_(None), and_(ApiKey.last_used_at < now - _TOUCH_EVERY))).values(last_used_at=now))
-        session.commit()
+        connection.commit()
     return Caller(project=key.project_id, scopes=expand_scopes(key.scopes), key_id=key.id)
 
 
@@ -184,8 +193,11 @@ def _is_loopback(host: str | None) -> bool:
         return host == "localhost"
 
 
-def _caller(request: Request,
-            credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> Caller:
+Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+
+
+def caller_of(request: Request, credentials: HTTPAuthorizationCredentials | None, connection: Connection) -> Caller:
+    """Who sends this request (Problem 401/403 when nobody may); `connection` looks the key up."""
     settings: Settings = request.app.state.settings
     if settings.auth == "open":
         if not _is_loopback(request.client.host if request.client else None):
@@ -195,23 +207,46 @@ def _caller(request: Request,
     if credentials is None:
         raise Problem(401, "send an API key as `Authorization: Bearer <key>`", field="Authorization",
                       headers=_UNAUTHORIZED)
-    with request.app.state.read_sessions() as session:  # the lookup and its rare UPDATE need no transaction
-        caller = authenticate(session, credentials.credentials)
+    caller = authenticate(connection, credentials.credentials)
     if caller is None:
         raise Problem(401, "the API key is unknown or revoked", field="Authorization",
                       headers={"WWW-Authenticate": 'Bearer error="invalid_token"'})
     return caller
 
 
+def _caller(request: Request, credentials: Credentials) -> Caller:
+    with request.app.state.read_engine.connect() as connection:  # autocommit: the lookup needs no transaction
+        return caller_of(request, credentials, connection)
+
+
+def _check_scope(caller: Caller, scope: str) -> Caller:
+    if scope not in caller.scopes:
+        raise Problem(403, f"this API key lacks the {scope!r} scope (it has: "
+                           f"{', '.join(sorted(caller.scopes))})", field="Authorization", required_scope=scope)
+    return caller
+
+
 def _requires(scope: str):
     async def check(caller: Annotated[Caller, Depends(_caller)]) -> Caller:  # no I/O: on the event loop
-        if scope not in caller.scopes:
-            raise Problem(403, f"this API key lacks the {scope!r} scope (it has: "
-                               f"{', '.join(sorted(caller.scopes))})", field="Authorization", required_scope=scope)
-        return caller
+        return _check_scope(caller, scope)
 
     check.__name__ = f"requires_{scope}"
     return check
+
+
+async def read_as_caller(request: Request, credentials: HTTPAuthorizationCredentials | None,
+                         read: Callable[[Connection, Caller], T]) -> T:
+    """`read(connection, caller)` for a caller with the read scope, in one thread hand-off: the key lookup and
+    the read share one autocommit connection.
+
+    For the reads clients poll (one job, a page of jobs). As dependencies, the key check and the route each
+    take a hand-off to FastAPI's thread pool and a connection of their own; here it is one of each
+    (docs/scaling.md, "The API")."""
+    def run() -> T:
+        with request.app.state.read_engine.connect() as connection:
+            return read(connection, _check_scope(caller_of(request, credentials, connection), "read"))
+
+    return await run_in_threadpool(run)
 
 
 ReadCaller = Annotated[Caller, Depends(_requires("read"))]

@@ -43,14 +43,6 @@ async def _session(request: Request) -> AsyncIterator[Session]:
         await _close(session)
 
 
-async def _read_session(request: Request) -> AsyncIterator[Session]:
-    session = request.app.state.read_sessions()
-    try:
-        yield session
-    finally:
-        await _close(session)
-
-
 async def _store(request: Request) -> BlobStore:
     return request.app.state.store
 
@@ -61,7 +53,5 @@ async def _dispatcher(request: Request) -> Dispatcher:
 
 SettingsDep = Annotated[Settings, Depends(_settings)]
 SessionDep = Annotated[Session, Depends(_session)]
-# Reads only: every statement commits on its own (db/session.py read_session_factory).
-ReadSessionDep = Annotated[Session, Depends(_read_session)]
 StoreDep = Annotated[BlobStore, Depends(_store)]
 DispatcherDep = Annotated[Dispatcher, Depends(_dispatcher)]

@@ -57,12 +57,12 @@ def session_factory(url: str, pool: PoolSize = PoolSize()) -> sessionmaker[Sessi
     return sessionmaker(engine_for(url, pool), expire_on_commit=False)
 
 
-def read_session_factory(url: str, pool: PoolSize = PoolSize()) -> sessionmaker[Session]:
-    """Sessions for reads that need no transaction around them (the API key lookup, one job, a page of jobs):
-    each statement commits on its own, so there is no BEGIN before the first and no ROLLBACK at close, two
+def read_engine(url: str, pool: PoolSize = PoolSize()) -> Engine:
+    """For reads that need no transaction around them (the API key lookup, one job, a page of jobs): each
+    statement commits on its own, so there is no BEGIN before the first and no ROLLBACK at close, two
     of a GET's database round trips on PostgreSQL (docs/scaling.md, "The API"). The same pool as
     `session_factory`'s; a connection goes back to it with its isolation level restored."""
-    return sessionmaker(engine_for(url, pool).execution_options(isolation_level="AUTOCOMMIT"), expire_on_commit=False)
+    return engine_for(url, pool).execution_options(isolation_level="AUTOCOMMIT")
 
 
 @contextmanager

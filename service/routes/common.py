@@ -17,8 +17,13 @@ T = TypeVar("T", bound=Base)
 def get_or_404(session: Session, model: type[T], id_: str, project: str, what: str) -> T:
     row = session.get(model, id_)
     if row is None or getattr(row, "project_id", project) != project:
-        raise Problem(404, f"no {what} with id {id_!r}", field=f"{what}_id", resource=what)
+        raise not_found(what, id_)
     return row
+
+
+def not_found(what: str, id_: str) -> Problem:
+    """The 404 of a resource this project does not have (another project's ids answer the same)."""
+    return Problem(404, f"no {what} with id {id_!r}", field=f"{what}_id", resource=what)
 
 
 def find_by_sha(session: Session, model: type[T], project: str, sha256: str) -> T | None:

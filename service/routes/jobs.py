@@ -3,27 +3,28 @@
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import json
 from datetime import UTC, datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request, Response
-from sqlalchemy import and_, func, or_, select, update
+from sqlalchemy import Connection, Row, Select, and_, bindparam, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from job_process.kinds import JOB_KINDS
 from job_process.objective_names import default_objective
 from service import workers
-from service.auth import ReadCaller, WriteCaller
+from service.auth import Caller, Credentials, ReadCaller, WriteCaller, read_as_caller
 from service.datasets import DatasetError, check_against_model
 from service.db import jobstate
 from service.db.models import Artifact, Config, Dataset, Job, Model, Project
-from service.deps import DispatcherDep, ReadSessionDep, SessionDep, SettingsDep
+from service.deps import DispatcherDep, SessionDep, SettingsDep
 from service.etag import NOT_MODIFIED, conditional_json
 from service.problems import Problem
-from service.routes.common import get_or_404, refuse_control_characters
+from service.routes.common import get_or_404, not_found, refuse_control_characters
 from service.schemas import (
     ArtifactList,
     ArtifactOut,
@@ -40,7 +41,7 @@ from service.settings import Settings
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
 
-def job_out(job: Job) -> JobOut:
+def job_out(job: Job | Row) -> JobOut:
     base = f"/v1/jobs/{job.id}"
     return JobOut(
         id=job.id, kind=job.kind, status=job.status, phase=job.phase, progress=job.progress,
@@ -209,7 +210,7 @@ def submit_job(body: JobCreate, response: Response, session: SessionDep, setting
     return job_out(job)
 
 
-def encode_cursor(job: Job) -> str:
+def encode_cursor(job: Job | Row) -> str:
     raw = json.dumps([job.created_at.isoformat(), job.id]).encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
@@ -232,33 +233,63 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
         raise Problem(422, "cursor is not one this API returned", field="cursor") from None
 
 
+# What JobOut shows of a job: the polled reads select these columns on a Connection, not Job entities on a
+# Session (loading ORM entities cost more than the query; docs/scaling.md, "The API"). job_out reads a Row
+# of them as it reads a Job.
+JOB_OUT_COLUMNS = tuple(getattr(Job, name) for name in (
+    "id", "kind", "status", "phase", "progress", "model_id", "config_id", "dataset_id", "params", "device", "queue",
+    "attempt", "metrics", "error_type", "error_detail", "cancel_requested_at", "created_at", "started_at",
+    "finished_at"))
+# Built once: the same statement object each time skips building it and adapting its cached result columns.
+_JOB_BY_ID = select(*JOB_OUT_COLUMNS).where(Job.id == bindparam("id"), Job.project_id == bindparam("project"))
+
+
+@functools.cache
+def _list_statement(by_status: bool, by_kind: bool, after: bool) -> Select:
+    """A page of a project's jobs, newest first, for one combination of the filters a request uses; one statement
+    object per combination (as _JOB_BY_ID), the values are bound."""
+    query = select(*JOB_OUT_COLUMNS).where(Job.project_id == bindparam("project"))
+    if by_status:
+        query = query.where(Job.status.in_(bindparam("status", expanding=True)))
+    if by_kind:
+        query = query.where(Job.kind.in_(bindparam("kind", expanding=True)))
+    if after:
+        # Keyset on (created_at, id): stable while jobs are added or change state under the reader.
+        created, after_id = bindparam("created", type_=Job.created_at.type), bindparam("after_id")
+        query = query.where(or_(Job.created_at < created, and_(Job.created_at == created, Job.id < after_id)))
+    return query.order_by(Job.created_at.desc(), Job.id.desc()).limit(bindparam("limit"))
+
+
 @router.get("", response_model=JobPage, responses=NOT_MODIFIED)
-def list_jobs(request: Request, session: ReadSessionDep, caller: ReadCaller,
-              status: Annotated[list[JobStatus] | None, Query()] = None,
-              kind: Annotated[list[JobKind] | None, Query()] = None,
-              limit: Annotated[int, Query(ge=1, le=200)] = 50,
-              cursor: str | None = None) -> Response:
+async def list_jobs(request: Request, credentials: Credentials,
+                    status: Annotated[list[JobStatus] | None, Query()] = None,
+                    kind: Annotated[list[JobKind] | None, Query()] = None,
+                    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+                    cursor: str | None = None) -> Response:
     """Newest first. Filters repeat (`?status=queued&status=running`); `next_cursor` pages on. The response
     has an ETag; send it back as `If-None-Match` and an unchanged page is a 304 without a body."""
-    query = select(Job).where(Job.project_id == caller.project)
-    if status:
-        query = query.where(Job.status.in_(status))
-    if kind:
-        query = query.where(Job.kind.in_(kind))
-    if cursor:
-        created, id_ = decode_cursor(cursor)
-        # Keyset on (created_at, id): stable while jobs are added or change state under the reader.
-        query = query.where(or_(Job.created_at < created, and_(Job.created_at == created, Job.id < id_)))
-    rows = session.scalars(query.order_by(Job.created_at.desc(), Job.id.desc()).limit(limit + 1)).all()
-    page = rows[:limit]
-    return conditional_json(request, JobPage(items=[job_out(j) for j in page],
-                                             next_cursor=encode_cursor(page[-1]) if len(rows) > limit else None))
+    def read(connection: Connection, caller: Caller) -> JobPage:
+        params = {"project": caller.project, "status": status, "kind": kind, "limit": limit + 1}
+        if cursor:
+            params["created"], params["after_id"] = decode_cursor(cursor)
+        rows = connection.execute(_list_statement(bool(status), bool(kind), bool(cursor)), params).all()
+        page = rows[:limit]
+        return JobPage(items=[job_out(j) for j in page],
+                       next_cursor=encode_cursor(page[-1]) if len(rows) > limit else None)
+
+    return conditional_json(request, await read_as_caller(request, credentials, read))
 
 
 @router.get("/{job_id}", response_model=JobOut, responses=NOT_MODIFIED)
-def get_job(request: Request, job_id: CleanStr, session: ReadSessionDep, caller: ReadCaller) -> Response:
+async def get_job(request: Request, job_id: CleanStr, credentials: Credentials) -> Response:
     """One row read by its key (nothing else is loaded); with an ETag, and 304 for a matching `If-None-Match`."""
-    return conditional_json(request, job_out(get_or_404(session, Job, job_id, caller.project, "job")))
+    def read(connection: Connection, caller: Caller) -> JobOut:
+        row = connection.execute(_JOB_BY_ID, {"id": job_id, "project": caller.project}).first()
+        if row is None:
+            raise not_found("job", job_id)
+        return job_out(row)
+
+    return conditional_json(request, await read_as_caller(request, credentials, read))
 
 
 @router.post("/{job_id}/cancel", status_code=202, response_model=JobOut,

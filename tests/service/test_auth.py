@@ -252,16 +252,16 @@ def test_admin_cli_creates_projects_and_keys_and_revokes_them(tmp_path, monkeypa
     assert runner.invoke(admin_app, ["create-key", "nobody"]).exit_code == 1
     assert runner.invoke(admin_app, ["create-key", "vision", "--scope", "root"]).exit_code != 0
 
-    from service.db.session import session_factory
+    from service.db.session import read_engine
     from service.settings import Settings
 
-    sessions = session_factory(Settings().resolved_database_url)
-    with sessions() as session:
-        caller = auth.authenticate(session, secret)
+    engine = read_engine(Settings().resolved_database_url)
+    with engine.connect() as connection:
+        caller = auth.authenticate(connection, secret)
     assert caller.project == "vision" and caller.scopes == {"read", "write"}
     listed = runner.invoke(admin_app, ["list-keys", "vision"])
     assert caller.key_id in listed.output and secret[:12] in listed.output and secret not in listed.output
     assert runner.invoke(admin_app, ["revoke-key", caller.key_id]).exit_code == 0
-    with sessions() as session:
-        assert auth.authenticate(session, secret) is None
+    with engine.connect() as connection:
+        assert auth.authenticate(connection, secret) is None
     assert runner.invoke(admin_app, ["revoke-key", "no-such-key"]).exit_code == 1
