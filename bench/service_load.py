@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import httpx
 import numpy as np
 
@@ -257,22 +258,27 @@ def submit_to_running(client: httpx.Client, ids: dict, samples: int, idle_s: flo
 
 
 async def _open_loop(url: str, headers: dict, paths: dict[str, list[str]], rate: float, seconds: float) -> dict:
-    """Each endpoint gets `rate` requests a second on a fixed schedule; latency counts from the schedule."""
+    """Each endpoint gets `rate` requests a second on a fixed schedule; latency counts from the schedule.
+
+    aiohttp, not httpx: the load shares the server's cores, and per request httpx took 3.3-3.6 ms of this
+    process's CPU against aiohttp's 1.0 ms (50 + 50 requests/s, measured 2026-12-03)."""
     samples: dict[str, list[float]] = {name: [] for name in paths}
     errors: Counter[str] = Counter()
-    limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
-    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=30, limits=limits) as client:
+    connector = aiohttp.TCPConnector(limit=64)
+    async with aiohttp.ClientSession(base_url=url, headers=headers, connector=connector,
+                                     timeout=aiohttp.ClientTimeout(total=30)) as client:
         loop = asyncio.get_running_loop()
         start = loop.time()
 
         async def one(name: str, path: str, due: float) -> None:
             await asyncio.sleep(max(0.0, due - loop.time()))
             try:
-                response = await client.get(path)
-                if response.status_code != 200:
-                    errors[f"{name}: HTTP {response.status_code}"] += 1
-                    return
-            except httpx.HTTPError as e:
+                async with client.get(path) as response:
+                    await response.read()
+                    if response.status != 200:
+                        errors[f"{name}: HTTP {response.status}"] += 1
+                        return
+            except (aiohttp.ClientError, TimeoutError) as e:
                 errors[f"{name}: {type(e).__name__}"] += 1
                 return
             samples[name].append((loop.time() - due) * 1000)
