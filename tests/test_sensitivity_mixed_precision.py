@@ -45,7 +45,10 @@ def test_planted_fragile_layer_is_ranked_first(fashion_fp32, fashion_data):
                                   progress=lambda done, total: events.append((done, total)))
     print("\nclean:", [(r.layer, r.variant, r.damage) for r in clean.rows])
     print("planted:", [(r.layer, r.variant, r.damage) for r in planted.rows])
-    assert clean.ranking("INT4")[0] != "fc"
+    # The outlier, not the layer, makes fc fragile: over a point more damage than the clean fc at both precisions.
+    # (Not "the clean model ranks fc below first": its INT4 damage there is a few held-out images either way,
+    # and the one-epoch FP32 weights differ between CPUs; 0.45 pt and first on an AVX2-only CPU.)
+    assert all(planted.damage("fc", p) > clean.damage("fc", p) + 1.0 for p in ("INT8", "INT4"))
     assert planted.ranking("INT8")[0] == "fc" and planted.ranking("INT4")[0] == "fc"
     assert planted.damage("fc", "INT8") > 1.0 > max(planted.damage(n, "INT8") for n in ("conv1", "conv2"))
     # 3 layers x 2 precisions + 2 prunable groups (conv1, conv2) x 1 ratio, each reported once.
