@@ -7,6 +7,7 @@ import contextlib
 import logging
 from contextlib import asynccontextmanager
 
+import anyio
 from fastapi import FastAPI
 from sqlalchemy import select
 
@@ -72,6 +73,10 @@ def create_app(settings: Settings | None = None, run_migrations: bool = True) ->
     app.state.settings = settings
     app.state.sessions = session_factory(settings.resolved_database_url, settings.db_pool)
     app.state.read_engine = read_engine(settings.resolved_database_url, settings.db_pool)
+    # The polled reads (auth.read_as_caller) take at most this many threads, each holding one pooled connection:
+    # a burst waits on the event loop, instead of opening overflow connections that the pool closes again
+    # (a PostgreSQL backend started and stopped per read) and of more threads contending for the GIL.
+    app.state.read_limiter = anyio.CapacityLimiter(settings.db_pool.size)
     app.state.store = open_store(settings.resolved_artifact_store, settings.s3_endpoint_url)
     app.state.dispatcher = Dispatcher(make_celery(settings))
     app.state.metrics, latency = metrics.make_registry(app.state.sessions, settings)

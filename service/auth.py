@@ -25,10 +25,10 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Annotated, TypeVar
 
+import anyio
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy import Connection, and_, bindparam, or_, select, update
-from starlette.concurrency import run_in_threadpool
 
 from service.db.models import ApiKey, Project, utcnow
 from service.problems import Problem
@@ -246,7 +246,7 @@ async def read_as_caller(request: Request, credentials: HTTPAuthorizationCredent
         with request.app.state.read_engine.connect() as connection:
             return read(connection, _check_scope(caller_of(request, credentials, connection), "read"))
 
-    return await run_in_threadpool(run)
+    return await anyio.to_thread.run_sync(run, limiter=request.app.state.read_limiter)
 
 
 ReadCaller = Annotated[Caller, Depends(_requires("read"))]
