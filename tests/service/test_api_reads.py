@@ -6,9 +6,11 @@ Latency under load is measured in bench/service_load.py, not here.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
+import threading
 import time
 from contextlib import contextmanager
 
@@ -92,6 +94,43 @@ def test_reads_take_a_fixed_number_of_queries_and_write_nothing(env):
             assert len(api.client.get("/v1/jobs", params={"limit": limit}).json()["items"]) == limit
         counts[limit] = list(seen)
     assert counts[1] == counts[6] == ["SELECT", "SELECT"]
+
+
+def test_a_burst_of_polled_reads_holds_at_most_the_pools_size_of_connections(env):
+    """80 job and list reads at once: they queue for the read path's threads instead of opening overflow
+    connections (which the pool closes again as they come back: a PostgreSQL backend per read)."""
+    api, ids = env
+    if api.settings.resolved_database_url.startswith("sqlite"):
+        pytest.skip("SQLite's pool is not the one sized by AMCT_DB_POOL_SIZE")
+    job_id = _submit(api, ids)
+    pool = api.client.app.state.read_engine.pool
+    held = {"now": 0, "peak": 0}
+    lock = threading.Lock()
+
+    def out(*_):
+        with lock:
+            held["now"] += 1
+            held["peak"] = max(held["peak"], held["now"])
+
+    def back(*_):
+        with lock:
+            held["now"] -= 1
+
+    async def burst() -> list[int]:
+        transport = httpx.ASGITransport(app=api.client.app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://api", headers=api.client.headers) as c:
+            answers = await asyncio.gather(*(c.get(f"/v1/jobs/{job_id}" if i % 2 else "/v1/jobs") for i in range(80)))
+        return [a.status_code for a in answers]
+
+    event.listen(pool, "checkout", out)
+    event.listen(pool, "checkin", back)
+    try:
+        codes = asyncio.run(burst())
+    finally:
+        event.remove(pool, "checkout", out)
+        event.remove(pool, "checkin", back)
+    assert codes == [200] * 80
+    assert 1 <= held["peak"] <= api.settings.db_pool_size, held
 
 
 def test_the_list_filters_have_indexes(env):
