@@ -68,11 +68,6 @@ WORKER_ENV = {"OMP_NUM_THREADS": "1", "AMCT_REQUEUE_AFTER_S": "60"}
 FORK_SERVER_ENV = "AMCT_FORK_SERVER"  # the servers inherit it: `AMCT_FORK_SERVER=0` measures warm processes
 
 
-def _callers(*names: str) -> dict[str, str]:
-    """The variables among `names` that this process's environment sets (the servers inherit them)."""
-    return {name: os.environ[name] for name in names if name in os.environ}
-
-
 # --------------------------------------------------------------------------- the server
 
 
@@ -587,10 +582,11 @@ def run(quick: bool = False, backends: Sequence[str] = ("embedded", "postgres"),
     window_s = window_s or (40.0 if quick else 300.0)  # two back ends: the window bounds the section
     seconds = seconds or (4.0 if quick else 15.0)
     samples, idle_s = (2, 2.0) if quick else (5, 5.0)
+    inherited = {FORK_SERVER_ENV: os.environ[FORK_SERVER_ENV]} if FORK_SERVER_ENV in os.environ else {}
     results: dict[str, Any] = {
         "setup": {"jobs": jobs, "window_s": window_s, "rate_per_endpoint": rate, "seconds": seconds,
                   "submit_samples": samples, "idle_s": idle_s,
-                  "server_env": {**WORKER_ENV, **_callers(FORK_SERVER_ENV)},
+                  "server_env": {**WORKER_ENV, **inherited},
                   "model": "TorchScript conv(1→4) + linear(256→10), 64 samples of 1x8x8, 1 epoch INT8 QAT"},
         "backends": {},
     }

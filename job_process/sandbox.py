@@ -81,6 +81,11 @@ def _lower(limit: int, value: int) -> None:
         resource.setrlimit(limit, (value, value))
 
 
+def prctl(option: int, value: int) -> bool:
+    """Linux prctl(2) with one argument; False when the kernel refused (`ctypes.get_errno()` says why)."""
+    return ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0) == 0
+
+
 def die_with_parent(expected_parent: int | None = None) -> None:
     """Linux: the kernel SIGKILLs this process when the one that started it dies; exit now if
     `expected_parent` is already gone (it died before the prctl: nobody would ever stop us).
@@ -93,7 +98,7 @@ def die_with_parent(expected_parent: int | None = None) -> None:
     """
     if not sys.platform.startswith("linux"):
         return
-    if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+    if not prctl(PR_SET_PDEATHSIG, signal.SIGKILL):
         return
     if expected_parent is not None and os.getppid() != expected_parent:
         os._exit(1)

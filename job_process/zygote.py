@@ -40,6 +40,7 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
+from job_process import sandbox
 from job_process.protocol import LOG_FILE, emit
 
 FORK_SERVER_FLAG = "--fork-server"
@@ -207,5 +208,5 @@ def _own_sandbox() -> bool:
 
 
 def _prctl(option: int, value: int) -> None:
-    if ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0) != 0:
+    if not sandbox.prctl(option, value):
         raise OSError(ctypes.get_errno(), f"prctl({option}, {value}) failed")

@@ -127,6 +127,11 @@ class ForkServer:
             self.kill()
             self.proc.wait()
 
+    def dispose(self) -> None:
+        """Close it and remove its slot: the end of a server, after its last job or when it is replaced."""
+        self.close()
+        shutil.rmtree(self.slot, ignore_errors=True)
+
 
 class ForkedJob(ChildProcess):
     """One job's child of a fork server, followed as a ChildProcess: `begin()` forks it."""
@@ -184,8 +189,7 @@ class ForkedJob(ChildProcess):
             self._follower.join()
         job_marker(self.server.slot).unlink(missing_ok=True)
         if self.last:
-            self.server.close()
-            shutil.rmtree(self.server.slot, ignore_errors=True)
+            self.server.dispose()
 
 
 class ForkServerPool:
@@ -234,8 +238,7 @@ class ForkServerPool:
     def _discard(self) -> None:
         server, self._server = self._server, None
         if server is not None:
-            server.close()
-            shutil.rmtree(server.slot, ignore_errors=True)
+            server.dispose()
 
 
 def job_marker(slot: Path) -> Path:
