@@ -17,6 +17,7 @@ import resource
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -68,11 +69,34 @@ def limit_self() -> None:
         resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 5))  # SIGXCPU, then SIGKILL 5 s later
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     if nice := int(os.environ.get(NICE_ENV, "0")):
-        os.nice(nice)
+        lower_own_session(os.nice(nice))
     resource.setrlimit(resource.RLIMIT_FSIZE, (MAX_FILE_BYTES, MAX_FILE_BYTES))
     _lower(resource.RLIMIT_NPROC, MAX_PROCESSES)
     if parent := os.environ.get(PARENT_ENV):
         die_with_parent(int(parent))
+
+
+AUTOGROUP = Path("/proc/self/autogroup")
+
+
+def lower_own_session(nice: int) -> None:
+    """Give this process's session the nice value it gave itself, where the kernel schedules sessions as groups.
+
+    With autogroup on (CONFIG_SCHED_AUTOGROUP, the default of most desktop and cloud kernels), the CPU is
+    shared first between sessions and only then by nice value inside each; a child in a session of its own
+    (start_new_session) would get as much CPU as the whole API, its own nice value notwithstanding. The
+    group's nice value is the one that counts (docs/scaling.md, "Sharing cores"). An unprivileged process
+    may change it at most once per 100 ms machine-wide (EAGAIN): a few tries. Without autogroup (no such
+    file, or a process in a cgroup of its own) there is nothing to do.
+    """
+    for _ in range(5):
+        try:
+            AUTOGROUP.write_text(str(nice))
+            return
+        except BlockingIOError:
+            time.sleep(0.1)
+        except OSError:
+            return
 
 
 def _lower(limit: int, value: int) -> None:

@@ -41,6 +41,14 @@ def session_keyring() -> None:
         raise OSError(errno, os.strerror(errno))
 
 
+def autogroup() -> str | None:
+    """This process's scheduling group, "/autogroup-N nice K", where the kernel has them."""
+    try:
+        return open("/proc/self/autogroup").read().strip() or None
+    except OSError:
+        return None
+
+
 def main(port: int, paths: list[str]) -> dict:
     def read(path):
         with open(path, "rb") as f:
@@ -53,6 +61,7 @@ def main(port: int, paths: list[str]) -> dict:
     return {
         "uid": os.getuid(),
         "nice": os.nice(0),
+        "autogroup": autogroup(),
         "root": sorted(os.listdir("/")),
         "environ": sorted(os.environ),
         "passwd": open("/etc/passwd").read(),
