@@ -100,7 +100,9 @@ class NodeRunner:
                         child.kill()
                         return "lost"
                 code = child.wait()
-            log.info("job %s: node %d exited with %s", job_id, node_rank, code)
+            # A failed node's last words (scrubbed): the job's outcome is node 0's, so they show only here.
+            log.info("job %s: node %d exited with %s%s", job_id, node_rank, code,
+                     f" ({child.log_tail()})" if code else "")
             return "done" if code == 0 else "failed"
         except Exception:
             log.exception("job %s: node %d failed to start", job_id, node_rank)
