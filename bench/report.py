@@ -658,8 +658,10 @@ def service_md(results: Mapping[str, Any]) -> list[str]:
         return lines
     setup = s["setup"]
     lines += [
-        f"Each back end: `python -m service serve` with its embedded worker on this machine; the load comes from "
-        f"other processes. GET load: {setup['rate_per_endpoint']:g} requests/s per endpoint on a fixed schedule "
+        "The embedded back end: `python -m service serve` with its embedded worker. PostgreSQL + Redis: the "
+        "production shape (docker-compose.yml), `python -m service api --workers N` and two Celery workers with a "
+        "fork server each. All on this machine; the load comes from other processes. "
+        f"GET load: {setup['rate_per_endpoint']:g} requests/s per endpoint on a fixed schedule "
         f"(open loop: latency counts from the scheduled time) for {setup['seconds']:g} s, once idle and once while "
         f"the batch drains. Batch: {setup['jobs']} jobs of {setup['model']}, submitted back to back; jobs still "
         f"queued after {setup['window_s']:.0f} s are cancelled (their messages must then be skipped), and the "
@@ -673,7 +675,9 @@ def service_md(results: Mapping[str, Any]) -> list[str]:
             rows.append({"back end": b["backend"], "submit → running s": f"{b['status']}: {b.get('reason', '')}"})
             continue
         batch, audit = b["batch"], b["batch"]["audit"]
-        row = {"back end": f"{b['backend']}, {b['workers']} worker(s), auth {b['auth']}",
+        processes = b.get("api_processes", 1)
+        row = {"back end": f"{b['backend']}, {processes} API process{'es' if processes > 1 else ''}, "
+                           f"{b['workers']} worker(s), auth {b['auth']}",
                "submit → running s": f"{b['submit_to_running_s']['median']:.2f}"}
         for phase in ("idle", "busy"):
             for endpoint, stats in b[f"read_{phase}"]["endpoints"].items():
