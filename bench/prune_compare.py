@@ -4,13 +4,15 @@ The engine table's setting (bench/fashion.py: same FP32 base, same extra epoch, 
 pruning rows (bench/compress.py recipes, bench/peers.py Torch-Pruning) and nothing else: no latency,
 no other methods. For choosing a recipe on a shared machine:
 
-    OMP_NUM_THREADS=1 python bench/prune_compare.py [--quick] [--recipe LABEL-PART ...] [--ratio 0.3 ...] [--seed N]
+    OMP_NUM_THREADS=1 python bench/prune_compare.py [--quick] [--recipe LABEL-PART ...] [--ratio 0.3 ...] [--seed N ...]
         [--model small|459k]
 
 Prints one line per row: top-1 right after pruning (before training; BN recalibrated when the recipe
-has it) and after the epoch (onnxruntime, deploy model), then a JSON summary on stdout. ``make bench`` runs it
-as its ``prune_compare`` section (``run``: every recipe at 30 % and 50 %, seed 0, one thread) and, on the 459k CNN,
-its ``prune_compare_459k`` section (``LARGE_MODEL_RECIPES``), rendered by bench/report.py.
+has it) and after the epoch (onnxruntime, deploy model), then a JSON summary on stdout. With several
+``--seed``: every row per seed, then each recipe paired with Torch-Pruning + ORT PTQ seed by seed (``paired``):
+one seed's difference is a few test images either way, so a recipe is "ahead" only when the interval says so.
+``make bench`` runs it as its ``prune_compare`` section (``run``: every recipe at 30 % and 50 %, seed 0, one
+thread) and, on the 459k CNN, its ``prune_compare_459k`` section (``LARGE_MODEL_RECIPES``), rendered by bench/report.py.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -89,17 +92,52 @@ def run(quick: bool = False, threads: int = 1, seed: int = 0, ratios: tuple[floa
             "load_avg": [load, os.getloadavg()]}
 
 
+def paired(per_seed: dict[int, list[dict]]) -> list[dict]:
+    """Each of our rows against Torch-Pruning + ORT PTQ at its ratio on the same seed (same base model, same
+    batches), over the seeds: the mean top-1 difference in points, its sample standard deviation, a 95 % t
+    interval of the mean, and the seeds won, tied and lost."""
+    from scipy.stats import t as student_t  # scikit-learn's and NNCF's dependency
+
+    diffs: dict[tuple[float, str], list[float]] = {}
+    for rows in per_seed.values():
+        peer = {r["ratio"]: r["accuracy"] for r in rows if r["name"].endswith("+ ORT PTQ") and r["family"] == "peer"}
+        for r in rows:
+            if r["family"] == "ours":
+                # rounded: top-1 is a count of test images, and float noise would show as "-0.000 pt"
+                diffs.setdefault((r["ratio"], r["name"]), []).append(round(100 * (r["accuracy"] - peer[r["ratio"]]), 6))
+    out = []
+    for (ratio, name), d in diffs.items():
+        mean = statistics.fmean(d)
+        sd = statistics.stdev(d) if len(d) > 1 else float("nan")
+        half = student_t.ppf(0.975, len(d) - 1) * sd / len(d) ** 0.5 if len(d) > 1 else float("nan")
+        out.append({"name": name, "ratio": ratio, "seeds": len(d), "mean_pt": mean, "sd_pt": sd,
+                    "ci95_pt": [mean - half, mean + half], "won": sum(x > 0 for x in d),
+                    "tied": sum(x == 0 for x in d), "lost": sum(x < 0 for x in d)})
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--ratio", type=float, action="append", default=[])
     parser.add_argument("--recipe", action="append", default=[], help="part of a recipe label; repeatable")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--seed", type=int, default=0, help="the base model's and the batches' seed (0: the table's)")
+    parser.add_argument("--seed", type=int, action="append", default=[],
+                        help="the base model's and the batches' seed (0: the table's); repeatable: paired over seeds")
     parser.add_argument("--model", choices=sorted(MODELS), default="small", help="the CNN (bench/fashion.py MODELS)")
     args = parser.parse_args(argv)
-    result = run(args.quick, args.threads, args.seed, tuple(args.ratio or (0.3, 0.5)), args.recipe, args.model)
-    print(json.dumps(result["rows"], indent=1))
+    seeds = args.seed or [0]
+    per_seed = {seed: run(args.quick, args.threads, seed, tuple(args.ratio or (0.3, 0.5)), args.recipe,
+                          args.model)["rows"] for seed in seeds}
+    if len(seeds) == 1:
+        print(json.dumps(per_seed[seeds[0]], indent=1))
+        return 0
+    summary = paired(per_seed)
+    for s in summary:
+        print(f"{s['name']:<55} vs Torch-Pruning + ORT PTQ over {s['seeds']} seeds: {s['mean_pt']:+.3f} pt "
+              f"(sd {s['sd_pt']:.3f}, 95 % [{s['ci95_pt'][0]:+.3f}, {s['ci95_pt'][1]:+.3f}]), "
+              f"won {s['won']} tied {s['tied']} lost {s['lost']}", file=sys.stderr)
+    print(json.dumps({"per_seed": per_seed, "paired": summary}, indent=1))
     return 0
 
 

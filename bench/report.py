@@ -1122,7 +1122,9 @@ def _prune_compare_md(results: Mapping[str, Any], name: str, title: str, flags: 
         f"ORT's static PTQ on {c['ptq_calibration_images']} training images. 'after pruning': the pruned float "
         "model before any training (ours: BatchNorms recalibrated when the recipe has it); 'after the epoch': the "
         f"deployed model in onnxruntime on {st['test_images']:,} test images. Δ: ours − Torch-Pruning + ORT PTQ at "
-        f"the same ratio, both INT8{_load_pair(c.get('load_avg'))}.", "",
+        f"the same ratio, both INT8{_load_pair(c.get('load_avg'))}. One seed's Δ is a few test images either way: "
+        f"`OMP_NUM_THREADS=1 python bench/prune_compare.py{flags} --seed 0 --seed 1 …` pairs each recipe with "
+        "Torch-Pruning + ORT PTQ seed by seed and prints the mean Δ with its 95 % interval.", "",
         format_markdown(_prune_compare_rows(c["rows"]), PRUNE_COMPARE_COLUMNS), "",
     ]
     return lines + [f"- {line}" for line in _prune_compare_best(c["rows"])] + [""]
