@@ -107,13 +107,9 @@ AMCT = Recipe("BCP")
 #   group-L2 + BN recal              0.9066 / 0.8993   0.9082 / 0.9016
 #   Taylor + BN recal                0.9053 / 0.8996   0.9108 / 0.9023
 #   BCP (AMCT's)                     0.9049 / 0.9005   0.9069 / 0.8990;  the others within 0.1 pt of these
-# On an AVX-512 + VNNI EPYC (2026-12-05/06), 459k CNN at 50 %, INT8 top-1 for seeds 0 1 2 3:
-#   Torch-Pruning + ORT PTQ                 0.9022 0.9023 0.9012 0.8986
-#   group-L2 + BN recal, FP32 epoch, PTQ    0.9017 0.9014 0.9015 0.8985   (mean Δ −0.03 pt: 3 images in 10,000)
-#   group-L2 + BN recal                     0.9016 0.9009 0.9009 -        (mean Δ −0.08 pt)
-#   An EMA of the weights given to both (a trial, not a recipe), seeds 0 1: TP 0.9035 0.9053, group-L2 0.9035 0.9050:
-#   it lifts both alike. The pruned FP32 models after the epoch match the peer's
-#   (seed 1: 0.9014 both): the same criterion picks the same channels, and the epoch erases BN recal's start.
+# On an AVX-512 + VNNI EPYC (2026-12-05), 459k CNN at 50 %, seeds 0 1 2: group-L2 + BN recal (QAT during the epoch)
+# 0.9016 0.9009 0.9009 against Torch-Pruning + ORT PTQ 0.9022 0.9023 0.9012 (mean Δ −0.08 pt). An EMA of the weights
+# given to both (a trial, not a recipe), seeds 0 1: TP 0.9035 0.9053, group-L2 0.9035 0.9050: it lifts both alike.
 # Paired over seeds (2026-12-06, same machine, 1 thread): Δ top-1 against Torch-Pruning + ORT PTQ on the same seed,
 # mean [95 % interval], seeds won / tied / lost. `bench/prune_compare.py --seed 0 --seed 1 …` prints it; the 459k
 # 50 % rows came from the same functions (amct_pruned_ptq, peers.torch_pruning_ptq) in a script, seeds 0-15.
