@@ -25,7 +25,7 @@ from amct_engine.config.errors import ConfigError
 from amct_engine.config.ptq_json import read_ptq_config, write_ptq_config
 from amct_engine.export.backends import FloatLayerWriter
 from amct_engine.export.layer_graph import LayerPlaceholder, export_layer_graph, splice_layers
-from amct_engine.export.save import quant_layers, save_quantized_onnx, write_onnx_file
+from amct_engine.export.save import quant_layers, save_quantized_onnx, write_checked_onnx
 from amct_engine.graph.analysis import RETRAIN_TYPES, conv_bn_act_chains, quantizable_layers
 from amct_engine.graph.capture import CapturedModel, as_input_tuple, capture_model
 from amct_engine.quant.arq import ArqWeightQuantizer
@@ -158,7 +158,7 @@ def _write_float_model(model: nn.Module, layer_names: list[str], path: str, inpu
         for name, layer in layers.items():
             model.set_submodule(name, layer)
     placeholders = {name: LayerPlaceholder(name, layer) for name, layer in layers.items()}
-    write_onnx_file(splice_layers(layer_graph, placeholders, FloatLayerWriter), path)
+    write_checked_onnx(splice_layers(layer_graph, placeholders, FloatLayerWriter), path, inputs, model)
     return layer_graph
 
 

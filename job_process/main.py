@@ -115,7 +115,7 @@ def run(workdir: Path, spec: dict, rank: Rank = SINGLE) -> dict:
     import torch
 
     from amct_engine.export.save import export_onnx
-    from job_process import report, runners
+    from job_process import report, runners, size_report
     from job_process.arrays import load_arrays
     from job_process.checkpoints import Checkpoints
     from job_process.kinds import JOB_KINDS
@@ -181,6 +181,8 @@ def run(workdir: Path, spec: dict, rank: Rank = SINGLE) -> dict:
                                         output_names=io["output_names"], outputs=spec.get("outputs"),
                                         input_names=io["input_names"])
     result_report.update(ctx.report)  # the tables a search kind adds (sensitivity, mixed precision, …)
+    if "fused_onnx" in ctx.files:  # PTQ's BN-folded float model: what it was checked at, too
+        result_report["shapes"].update(size_report.shapes({"fused": ctx.files["fused_onnx"]}))
     if "objective" in params:
         result_report["training"] = {"objective": objective, "loss": loss_trend(ctx.losses)}
         if objective == "distill_outputs":

@@ -17,6 +17,7 @@ import onnx
 import onnxruntime as ort
 
 from amct_engine.export.formats import DEPLOY_FORMATS
+from job_process import size_report
 
 LATENCY_WARMUP, LATENCY_RUNS = 3, 20
 
@@ -239,6 +240,8 @@ def build_report(kind: str, original_parameters: int, onnx_files: dict[str, str]
     report["latency_ms"]["speedup"] = report["latency_ms"]["fp32"]["median"] / report["latency_ms"]["deploy"]["median"]
     report["size_ratio"] = report["onnx_size_bytes"]["deploy"] / report["onnx_size_bytes"]["fp32"]
     report["formats"] = formats
+    report["shapes"] = size_report.shapes(onnx_files)
+    report["other_sizes"] = size_report.other_sizes(onnx_files, x, formats, input_names, predict, _agreement)
     if DEPLOY_FORMATS[deploy_format].load().rewritten_for_reference:
         note = f"{deploy_format} layout timed through its onnxruntime reference rewrite"
         report["latency_ms"]["deploy"]["note"] = note

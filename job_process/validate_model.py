@@ -31,6 +31,7 @@ def validate(path: str, inputs: list[dict], batch: int) -> dict:
         stage = "capture"
         x = example_inputs(inputs, batch)
         cm = capture_model(path, x)
+        _check_dynamic_axes(model, cm.module, x, inputs)
     except SignatureError as e:  # our own words about the outputs' types
         return {"ok": False, "stage": "outputs", "error": str(e)}
     except Exception as e:  # any failure is the upload's; what a user reads of it: job_process/errors.py
@@ -41,6 +42,18 @@ def validate(path: str, inputs: list[dict], batch: int) -> dict:
     }
     return {"ok": True, "parameters": sum(p.numel() for p in model.parameters()), "outputs": outputs,
             "output_shapes": [leaf["shape"] for _, leaf in output_leaves(outputs)], "layers": layers}
+
+
+def _check_dynamic_axes(model, captured, x: tuple, inputs: list[dict]) -> None:
+    """The captured graph runs, and computes what the model computes, at two other sizes of every axis the
+    signature names (docs/spec/engine.md §1.8); DynamicAxisError names the axis that does not."""
+    from amct_engine.graph.size_probe import axis_groups, probe_dynamic_axes, torch_runner
+
+    named = [{axis: d for axis, d in enumerate(spec["shape"]) if isinstance(d, str)} for spec in inputs]
+    groups = axis_groups(x, named)
+    if groups:
+        probe_dynamic_axes(torch_runner(model), torch_runner(captured), x, groups, [s["name"] for s in inputs],
+                           "the signature")
 
 
 def main(argv: list[str]) -> int:

@@ -13,7 +13,6 @@ import copy
 import os
 from collections.abc import Sequence
 
-import numpy as np
 import onnx
 import onnxruntime as ort
 import torch
@@ -24,6 +23,7 @@ from amct_engine.export.formats import check_deploy_format
 from amct_engine.export.layer_graph import export_layer_graph, splice_layers
 from amct_engine.export.onnx_formats import FAKE_QUANT, OnnxFormat
 from amct_engine.export.quant_layer import ExportQuantLayer
+from amct_engine.export.size_checks import check_file_sizes, record_size_checks, session_runner
 from amct_engine.quant.deployed import compute_factors, fold_batch_norm
 from amct_engine.quant.retrain_layer import QuantRetrainLayer
 from amct_engine.record import LayerQuantRecord
@@ -77,14 +77,19 @@ def export_onnx(
     output_names: Sequence[str] | None = None,
     dynamic_axes: dict | None = None,
 ) -> None:
-    """torch.onnx.export of a float model to `path` (the exporter and settings of export.layer_graph)."""
-    write_onnx_file(export_layer_graph(model, input_data, input_names, output_names, dynamic_axes), path)
+    """torch.onnx.export of a float model to `path` (the exporter and settings of export.layer_graph),
+    checked against `model` at the example and at other sizes of its dynamic axes."""
+    graph = export_layer_graph(model, input_data, input_names, output_names, dynamic_axes)
+    write_checked_onnx(graph, path, input_data, model)
 
 
 def check_onnx(
-    model: str | onnx.ModelProto, input_data: tuple[torch.Tensor, ...], onnx_format: OnnxFormat | None = None
-) -> list[np.ndarray]:
-    """onnx.checker plus one onnxruntime run on the example input: a file we write always runs.
+    model: str | onnx.ModelProto, input_data: tuple[torch.Tensor, ...], onnx_format: OnnxFormat | None = None,
+    reference: nn.Module | None = None,
+) -> dict | None:
+    """onnx.checker plus one onnxruntime run on the example input: a file we write always runs. With a
+    `reference` (the PyTorch model the file computes), also the size checks of export.size_checks, whose
+    record this returns.
 
     A format with custom ops (Ascend) runs through its `to_reference_onnx` rewrite; None: standard ONNX.
     """
@@ -93,9 +98,24 @@ def check_onnx(
     onnx.checker.check_model(model)
     if onnx_format is not None:
         model = onnx_format.to_reference_onnx(model)
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    feeds = {i.name: t.detach().cpu().numpy() for i, t in zip(session.get_inputs(), input_data, strict=False)}
-    return session.run(None, feeds)
+    options = ort.SessionOptions()
+    options.log_severity_level = 3  # onnxruntime's notes on unused initialisers are not the user's concern
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    session_runner(session)(input_data)
+    if reference is None:
+        return None
+    return check_file_sizes(model, session, input_data, reference, "the exported ONNX model")
+
+
+def write_checked_onnx(
+    model: onnx.ModelProto, path: str, input_data: tuple[torch.Tensor, ...], reference: nn.Module,
+    onnx_format: OnnxFormat | None = None,
+) -> None:
+    """Check `model` (check_onnx, with the size checks against `reference`), record the sizes checked in its
+    metadata (export.size_checks) and write it: a file that fails a check is never written."""
+    checks = check_onnx(model, input_data, onnx_format, reference)
+    record_size_checks(model, checks)
+    write_onnx_file(model, path)
 
 
 def validate_dynamic_axes(dynamic_axes: dict | None) -> None:
@@ -138,13 +158,14 @@ def save_quantized_onnx(
     cpu_inputs = tuple(t.detach().cpu() for t in input_data)
     paths = output_paths(save_path)
     formats = {"fake_quant": FAKE_QUANT, "deploy": deploy}
-    # The export layers (BN folded, factors computed) and the traced graph, once for both files.
+    # The export layers (BN folded, factors computed) and the traced graph, once for both files; the
+    # model they make is what both files compute, the reference of their size checks.
     layers = export_layers(model, records, deploy_target)
+    export_model = build_export_model(model, layers)
     if layer_graph is None:
-        layer_graph = export_layer_graph(build_export_model(model, layers), cpu_inputs, input_names, output_names,
-                                         dynamic_axes)
+        layer_graph = export_layer_graph(export_model, cpu_inputs, input_names, output_names, dynamic_axes)
     for kind, path in paths.items():
-        write_format(layer_graph, layers, formats[kind], path, cpu_inputs, deploy_target)
+        write_format(layer_graph, layers, formats[kind], path, cpu_inputs, export_model, deploy_target)
     return paths
 
 
@@ -161,10 +182,12 @@ def write_format(
     onnx_format: OnnxFormat,
     path: str,
     input_data: tuple[torch.Tensor, ...],
+    reference: nn.Module,
     deploy_target: str = DEFAULT_DEPLOY_TARGET,
 ) -> None:
     """Write the traced graph with `layers` (export_layers) spliced in by `onnx_format`'s writer: splice,
-    finalise, save, check. `deploy_target` must be resolved (the one the layers were made for)."""
+    finalise, check (against `reference`, the export model), save. `deploy_target` must be resolved (the one
+    the layers were made for)."""
     by_name = {layer.layer_name: layer for layer in layers.values()}
     written = splice_layers(layer_graph, by_name, onnx_format.layer_writer, onnx_format.custom_opsets)
     if onnx_format.finalize is not None:
@@ -173,5 +196,4 @@ def write_format(
         names = [i.name for i in written.graph.input]
         feeds = {n: t.numpy() for n, t in zip(names, input_data, strict=False)}
         written = onnx_format.finalize_with_inputs(written, feeds, deploy_target)
-    write_onnx_file(written, path)
-    check_onnx(written, input_data, onnx_format)
+    write_checked_onnx(written, path, input_data, reference, onnx_format)

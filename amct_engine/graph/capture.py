@@ -24,6 +24,7 @@ from torch import fx, nn
 
 from amct_engine.graph.errors import GraphCaptureError, first_line
 from amct_engine.graph.lifting import Scope, lift_leaf_modules, quiet_export
+from amct_engine.graph.symbolic_sizes import simplify_size_arithmetic, symbolic_capture, symbolic_graph
 from amct_engine.graph.torchscript import graph_module_from_torchscript, load_torchscript
 
 # docs/spec/engine.md §1.1 / CG/capacity/capacity_config.csv AMCT_OPERATIONS: a model holding one was already compressed
@@ -264,9 +265,20 @@ def _is_library_file(filename: str) -> bool:
 
 
 def _export_fallback(module: nn.Module, example_inputs, fx_message: str) -> fx.GraphModule:
-    """torch.export + lifting; export specialises Python control flow to the example shapes."""
+    """torch.export + lifting; export specialises Python control flow to the example shapes, and the graph
+    is guarded at the batch sizes it does not hold for (graph/symbolic_sizes.py)."""
+    modes = {name: m.training for name, m in module.named_modules()}
+
+    def build(example: tuple[torch.Tensor, ...]) -> tuple[fx.GraphModule, dict]:
+        ep = _export_auto_dynamic(module, example)
+        params = {name for name, _ in module.named_parameters(remove_duplicate=False)}
+        gm = lift_leaf_modules(ep.module(), _export_scope, params.__contains__, module.state_dict(),
+                               class_name=type(module).__name__)
+        simplify_size_arithmetic(gm)
+        return gm, dict(ep.range_constraints)
+
     try:
-        ep = _export_auto_dynamic(module, example_inputs)
+        gm = symbolic_graph(build, module, tuple(example_inputs), fx_message, modes)
     except Exception as exc:
         raise GraphCaptureError(
             f"{fx_message} torch.export failed as well: {first_line(exc)}. Make forward static (no "
@@ -275,14 +287,6 @@ def _export_fallback(module: nn.Module, example_inputs, fx_message: str) -> fx.G
         ) from exc
     warnings.warn(f"{fx_message} Captured with torch.export instead: control flow is fixed to the "
                   "input_data shapes, and the compressed model is a GraphModule.", stacklevel=4)
-    flat = ep.module()
-    params = {name for name, _ in module.named_parameters(remove_duplicate=False)}
-    gm = lift_leaf_modules(flat, _export_scope, params.__contains__, module.state_dict(),
-                           class_name=type(module).__name__)
-    gm.train(module.training)
-    for node in gm.graph.nodes:
-        if node.op == "call_module":
-            gm.get_submodule(node.target).train(module.get_submodule(node.target).training)
     return gm
 
 
@@ -291,7 +295,7 @@ def _export_auto_dynamic(module: nn.Module, example_inputs) -> torch.export.Expo
     rest), so the captured model takes other batch sizes and sequence lengths than input_data; a
     static export when that fails."""
     auto = tuple({axis: torch.export.Dim.AUTO for axis in range(t.dim())} for t in example_inputs)
-    with quiet_export():
+    with quiet_export(), symbolic_capture():
         try:
             return torch.export.export(module, example_inputs, dynamic_shapes=auto, strict=False)
         except Exception:

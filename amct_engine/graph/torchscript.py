@@ -20,6 +20,7 @@ from torch import fx
 
 from amct_engine.graph.errors import GraphCaptureError, first_line
 from amct_engine.graph.lifting import Scope, lift_leaf_modules, op_category, quiet_export
+from amct_engine.graph.symbolic_sizes import simplify_size_arithmetic, symbolic_capture, symbolic_graph
 
 _ADVICE = (
     "Data-dependent control flow (an `if` or loop on tensor values, such as `if x.sum() > 0:`) cannot "
@@ -58,22 +59,26 @@ def graph_module_from_torchscript(
     private copy is made. Each rebuilt module gets the ``training`` flag of its TorchScript original.
     """
     ts = ts_module if owned else _private_copy(ts_module)
-    flags = {name: m.training for name, m in ts.named_modules()}
-    # Freezing folds `if self.training`; a train-mode BatchNorm branch (its batch-size loop) does not
-    # convert. The rebuilt nn modules get their flags back below, so train-mode semantics survive.
-    ts.eval()
+    modes = {name: m.training for name, m in ts.named_modules()}
     inputs = tuple(t.cpu() for t in example_inputs)
-    converter, ep = _convert(ts, inputs, source)
-    flat = ep.module()
-    scopes = _align_scopes(converter.ts_graph, flat, source)
-    params = {name for name, _ in ts.named_parameters()}
-    gm = lift_leaf_modules(flat, scopes.get, params.__contains__, ts.state_dict(),
-                           class_name=ts.original_name)
-    gm.train(flags.get("", False))
-    for node in gm.graph.nodes:
-        if node.op == "call_module":
-            gm.get_submodule(node.target).train(flags.get(node.target, flags.get("", False)))
-    return gm
+
+    def build(example: tuple[torch.Tensor, ...]) -> tuple[fx.GraphModule, dict]:
+        # Freezing folds `if self.training`; a train-mode BatchNorm branch (its batch-size loop) does not
+        # convert. The rebuilt nn modules get the flags back, so train-mode semantics survive.
+        ts.eval()
+        converter, ep = _convert(ts, example, source)
+        flat = ep.module()
+        scopes = _align_scopes(converter.ts_graph, flat, source)
+        params = {name for name, _ in ts.named_parameters()}
+        gm = lift_leaf_modules(flat, scopes.get, params.__contains__, ts.state_dict(), class_name=ts.original_name)
+        simplify_size_arithmetic(gm)
+        return gm, dict(ep.range_constraints)
+
+    # sizes symbolic where the TorchScript model's are (graph/symbolic_sizes.py); where a batch size is
+    # fixed, a scripted `if` on it is the likely reason
+    flow = _first_control_flow(ts.inlined_graph)
+    at = f" (control flow at node {flow.kind()}{_where(ts.inlined_graph, flow.kind())})" if flow is not None else ""
+    return symbolic_graph(build, ts, inputs, f"{source} fixes it in its graph{at}", modes)
 
 
 def _private_copy(ts_module: torch.jit.ScriptModule) -> torch.jit.ScriptModule:
@@ -89,7 +94,7 @@ def _convert(ts, inputs, source):
     # Imported here: the converter pulls in dynamo and costs seconds at `import amct_engine`.
     from torch._export.converter import TS2EPConverter
 
-    with quiet_export():
+    with quiet_export(), symbolic_capture():
         try:
             converter = TS2EPConverter(ts, inputs)
         except Exception as exc:
