@@ -39,6 +39,7 @@ test-fast: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 # Regenerate the committed _pb2 modules from the .proto files.
 proto: $(STAMP)

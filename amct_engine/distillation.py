@@ -116,6 +116,7 @@ def save_distill_model(
     with torch.no_grad():
         student(*(t.to(device) for t in inputs))  # the eval forward writes every layer's factors
     records = records_for_save(student, record.path)
-    paths = save_quantized_onnx(student, records, save_path, inputs, input_names, output_names, dynamic_axes,
-                                deploy_format, deploy_target)
+    paths = save_quantized_onnx(
+        student, records, save_path, inputs, input_names, output_names, dynamic_axes, deploy_format, deploy_target
+    )
     return {**paths, "record": record.path}

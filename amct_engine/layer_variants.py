@@ -35,19 +35,25 @@ def layer_types(model: nn.Module, example) -> dict[str, str]:
     return {info.name: info.type_name for info in quantizable_layers(cm, RETRAIN_TYPES)}
 
 
-def calibrate(model: nn.Module, example, batches: Sequence, pairs: dict[str, tuple[int, int]],
-              activation_offset: bool = True) -> nn.Module:
+def calibrate(
+    model: nn.Module, example, batches: Sequence, pairs: dict[str, tuple[int, int]], activation_offset: bool = True
+) -> nn.Module:
     """The PTQ calibration model with each layer at its (act, weight) pair, after `batches`."""
     from amct_engine.ptq import quantize_model
 
     types = layer_types(model, example)
     config = PtqConfig(batch_num=len(batches), activation_offset=activation_offset)
-    config.layers = {name: PtqLayerSpec(enabled=name in pairs, act_bits=pairs.get(name, (8, 8))[0],
-                                        wts_bits=pairs.get(name, (8, 8))[1]) for name in types}
+    config.layers = {
+        name: PtqLayerSpec(
+            enabled=name in pairs, act_bits=pairs.get(name, (8, 8))[0], wts_bits=pairs.get(name, (8, 8))[1]
+        )
+        for name in types
+    }
     with tempfile.TemporaryDirectory() as tmp:
         write_ptq_config(Path(tmp, "ptq.json"), config)
-        calibration = quantize_model(str(Path(tmp, "ptq.json")), str(Path(tmp, "fused.onnx")),
-                                     str(Path(tmp, "record.txt")), model, example)
+        calibration = quantize_model(
+            str(Path(tmp, "ptq.json")), str(Path(tmp, "fused.onnx")), str(Path(tmp, "record.txt")), model, example
+        )
         with torch.no_grad():
             for batch in batches:
                 calibration(*as_input_tuple(batch))
@@ -68,7 +74,7 @@ def outputs(model: nn.Module, inputs) -> torch.Tensor:
     inputs = as_input_tuple(inputs)
     parts = []
     for begin in range(0, len(inputs[0]), EVAL_CHUNK):
-        y = model(*(t[begin:begin + EVAL_CHUNK] for t in inputs))
+        y = model(*(t[begin : begin + EVAL_CHUNK] for t in inputs))
         y = y[0] if isinstance(y, (tuple, list)) else y
         parts.append(y.float().reshape(len(y), -1))
     return torch.cat(parts)
@@ -111,6 +117,7 @@ def layer_costs(model: nn.Module, example, names: Iterable[str]) -> dict[str, tu
             else:  # every output element is a dot product of one filter
                 macs = out[0].numel() * weight[0].numel()
             costs[name] = (int(macs), int(weight.numel()))
+
         return record
 
     for name in names:

@@ -103,7 +103,7 @@ def ort_outputs(path: str, inputs) -> torch.Tensor:
     inputs = as_input_tuple(inputs)
     parts = []
     for begin in range(0, len(inputs[0]), EVAL_CHUNK):
-        feeds = {n: t[begin:begin + EVAL_CHUNK].numpy() for n, t in zip(names, inputs, strict=False)}
+        feeds = {n: t[begin : begin + EVAL_CHUNK].numpy() for n, t in zip(names, inputs, strict=False)}
         parts.append(session.run(None, feeds)[0].reshape(len(feeds[names[0]]), -1))
     return torch.from_numpy(np.concatenate(parts)).float()
 
@@ -111,12 +111,16 @@ def ort_outputs(path: str, inputs) -> torch.Tensor:
 def default_io(input_data) -> dict:
     """Export names when the caller gives none: `input0`, `input1`, … and `output`, batch axes dynamic."""
     names = [f"input{i}" for i in range(len(as_input_tuple(input_data)))]
-    return {"input_names": names, "output_names": ["output"],
-            "dynamic_axes": {n: {0: "n"} for n in names} | {"output": {0: "n"}}}
+    return {
+        "input_names": names,
+        "output_names": ["output"],
+        "dynamic_axes": {n: {0: "n"} for n in names} | {"output": {0: "n"}},
+    }
 
 
-def run_cfg(model, input_data, calibration_data, cfg_file, workdir, name: str,
-            io: dict | None = None) -> tuple[dict[str, str], nn.Module]:
+def run_cfg(
+    model, input_data, calibration_data, cfg_file, workdir, name: str, io: dict | None = None
+) -> tuple[dict[str, str], nn.Module]:
     """PTQ with `cfg_file` (create_quant_config -> quantize_model -> batches -> save_model) in two deploy
     formats; returns the files and the calibration model. `io`: input_names / output_names /
     dynamic_axes of the files (default_io when None)."""
@@ -125,14 +129,16 @@ def run_cfg(model, input_data, calibration_data, cfg_file, workdir, name: str,
     folder = Path(workdir)
     config, onnx_file, record = folder / f"{name}.json", folder / f"{name}_fused.onnx", folder / f"{name}_record.txt"
     create_quant_config(str(config), model, input_data, config_defination=str(cfg_file))
-    calibration = quantize_model(str(config), str(onnx_file), str(record), model, input_data,
-                                 **(io or default_io(input_data)))
+    calibration = quantize_model(
+        str(config), str(onnx_file), str(record), model, input_data, **(io or default_io(input_data))
+    )
     with torch.no_grad():
         for batch in calibration_data:
             calibration(*as_input_tuple(batch))
     paths = save_model(str(onnx_file), str(record), str(folder / name), model=calibration)
-    paths["ascend_deploy"] = save_model(str(onnx_file), str(record), str(folder / f"{name}_ascend"),
-                                        model=calibration, deploy_format="ascend")["deploy"]
+    paths["ascend_deploy"] = save_model(
+        str(onnx_file), str(record), str(folder / f"{name}_ascend"), model=calibration, deploy_format="ascend"
+    )["deploy"]
     return paths, calibration
 
 
@@ -213,9 +219,22 @@ def auto_mixed_precision(
         choice[accepted.pop()] = "INT8"  # the deploy model missed: undo the last INT4 step
         steps.append({"layer": "(verify)", "to": "undo INT4", "damage": deployed.damage, "accepted": True})
         dev = measure(choice)
-    sizes = {"deploy": files["deploy"], "ascend_deploy": files["ascend_deploy"],
-             "int8_deploy": int8_files["deploy"], "int8_ascend_deploy": int8_files["ascend_deploy"]}
+    sizes = {
+        "deploy": files["deploy"],
+        "ascend_deploy": files["ascend_deploy"],
+        "int8_deploy": int8_files["deploy"],
+        "int8_ascend_deploy": int8_files["ascend_deploy"],
+    }
     return MixedPrecisionResult(
-        precisions=choice, weight_bytes=size(choice), int8_weight_bytes=size({n: "INT8" for n in types}),
-        searched=dev, deployed=deployed, int8_deployed=int8_dev, cfg_file=str(cfg_file), files=files,
-        file_bytes={k: os.path.getsize(v) for k, v in sizes.items()}, steps=steps, model=calibration)
+        precisions=choice,
+        weight_bytes=size(choice),
+        int8_weight_bytes=size({n: "INT8" for n in types}),
+        searched=dev,
+        deployed=deployed,
+        int8_deployed=int8_dev,
+        cfg_file=str(cfg_file),
+        files=files,
+        file_bytes={k: os.path.getsize(v) for k, v in sizes.items()},
+        steps=steps,
+        model=calibration,
+    )

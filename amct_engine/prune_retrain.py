@@ -65,9 +65,17 @@ REPORT_ATTR = "amct_prune_report"
 # ---------------------------------------------------------------------- prune retrain (docs/spec/engine.md §1.3)
 
 
-def create_prune_retrain_model(model, input_data, config_defination, record_file, calibration_data=None, *,
-                               sample_instance=None, calibration_batches=DEFAULT_CALIBRATION_BATCHES,
-                               recalibrate_bn=True) -> nn.Module:
+def create_prune_retrain_model(
+    model,
+    input_data,
+    config_defination,
+    record_file,
+    calibration_data=None,
+    *,
+    sample_instance=None,
+    calibration_batches=DEFAULT_CALIBRATION_BATCHES,
+    recalibrate_bn=True,
+) -> nn.Module:
     """A pruned copy of ``model``: BCP channels removed, 4:2 masks attached; the record lists both.
 
     Our extension: ``calibration_data`` (a DataLoader or iterable of batches; ``sample_instance`` picks
@@ -90,7 +98,13 @@ def restore_prune_retrain_model(
 
 
 def save_prune_retrain_model(
-    model, save_path, input_data, input_names=None, output_names=None, dynamic_axes=None, deploy_format="onnx",
+    model,
+    save_path,
+    input_data,
+    input_names=None,
+    output_names=None,
+    dynamic_axes=None,
+    deploy_format="onnx",
     deploy_target="auto",
 ) -> dict[str, str]:
     """Bake the 4:2 masks and write the pruned float model twice: ``_deploy_model.onnx`` and
@@ -101,16 +115,26 @@ def save_prune_retrain_model(
     if quant_layers(model):
         raise RuntimeError("the model has quantised layers: save it with save_compressed_retrain_model")
     _flush_selective_records(model, None)
-    return _save_float(_baked_copy(model), save_path, as_input_tuple(input_data), input_names, output_names,
-                       dynamic_axes)
+    return _save_float(
+        _baked_copy(model), save_path, as_input_tuple(input_data), input_names, output_names, dynamic_axes
+    )
 
 
 # ---------------------------------------------------------------------- compressed retrain (docs/spec/engine.md §1.4)
 
 
-def create_compressed_retrain_model(model, input_data, config_defination, record_file, calibration_data=None, *,
-                                    sample_instance=None, calibration_batches=DEFAULT_CALIBRATION_BATCHES,
-                                    recalibrate_bn=True, recalibrate_quantized_bn=False) -> nn.Module:
+def create_compressed_retrain_model(
+    model,
+    input_data,
+    config_defination,
+    record_file,
+    calibration_data=None,
+    *,
+    sample_instance=None,
+    calibration_batches=DEFAULT_CALIBRATION_BATCHES,
+    recalibrate_bn=True,
+    recalibrate_quantized_bn=False,
+) -> nn.Module:
     """Prune (BCP and/or 4:2), re-capture, insert QAT layers; a new copy of ``model``.
 
     Quantisation factors reach the record at the first eval forward after training (docs/spec/engine.md §1.2).
@@ -120,8 +144,15 @@ def create_compressed_retrain_model(model, input_data, config_defination, record
     take their IFMR start from the first calibration batches then).
     """
     calibration = _calibration(calibration_data, sample_instance, calibration_batches, recalibrate_bn)
-    return _create(model, input_data, config_defination, record_file, "compressed", calibration,
-                   recalibrate_quantized_bn and calibration is not None)
+    return _create(
+        model,
+        input_data,
+        config_defination,
+        record_file,
+        "compressed",
+        calibration,
+        recalibrate_quantized_bn and calibration is not None,
+    )
 
 
 def restore_compressed_retrain_model(
@@ -157,15 +188,18 @@ def save_compressed_retrain_model(
     baked = _baked_copy(model)
     if not quant_layers(baked):
         if not read_prune_records(record_file):
-            raise RuntimeError(f"the model has no quantised layers and {record_file} has no prune record: pass "
-                               "the model returned by create_compressed_retrain_model")
+            raise RuntimeError(
+                f"the model has no quantised layers and {record_file} has no prune record: pass "
+                "the model returned by create_compressed_retrain_model"
+            )
         return _save_float(baked, save_path, inputs, input_names, output_names, dynamic_axes)
     if progressive.schedule_of(model) is not None:
         _refresh_records(baked, inputs)
         model = baked  # the record now holds the factors of the layers without the removed channels
     records = records_for_save(model, record_file)
-    return save_quantized_onnx(baked, records, save_path, inputs, input_names, output_names, dynamic_axes,
-                               deploy_format, deploy_target)
+    return save_quantized_onnx(
+        baked, records, save_path, inputs, input_names, output_names, dynamic_axes, deploy_format, deploy_target
+    )
 
 
 # ---------------------------------------------------------------------- shared steps
@@ -177,8 +211,9 @@ def _calibration(data, sample_instance, limit: int, recalibrate_bn: bool) -> tup
     return calibration_batches(data, limit, sample_instance), recalibrate_bn
 
 
-def _create(model, input_data, config_defination, record_file, api: str, calibration=None,
-            recalibrate_quantized: bool = False) -> nn.Module:
+def _create(
+    model, input_data, config_defination, record_file, api: str, calibration=None, recalibrate_quantized: bool = False
+) -> nn.Module:
     _check_path(record_file, "record_file")
     doc = _load_cfg(config_defination, api)
     cm = _capture(model, input_data, doc, api)
@@ -240,13 +275,27 @@ def _replay_schedule(cm: CapturedModel, path: str, report: PruneReport) -> None:
     """Restore of a progressive model: the masks, steps and batch count of the state file, as they were."""
     state = progressive.read_state(path)
     entries = progressive.restored_groups(state, build_channel_groups(cm).groups, path)
-    schedule = progressive.ProgressivePruning(entries, progressive.float_modules(cm.module, [e.group for e in entries]),
-                                              state_file=path, batches=state["batches"], history=state["history"])
+    schedule = progressive.ProgressivePruning(
+        entries,
+        progressive.float_modules(cm.module, [e.group for e in entries]),
+        state_file=path,
+        batches=state["batches"],
+        history=state["history"],
+    )
     progressive.attach(cm.module, schedule, restored=True)
     for i, e in enumerate(entries):
-        report.groups.append(GroupDecision(i, e.group.producer_names, [], e.group.size, e.group.size - len(e.masked),
-                                           REPLAYED, importance=e.importance,
-                                           schedule=progressive.describe_schedule(e.schedule, e.target_ratio)))
+        report.groups.append(
+            GroupDecision(
+                i,
+                e.group.producer_names,
+                [],
+                e.group.size,
+                e.group.size - len(e.masked),
+                REPLAYED,
+                importance=e.importance,
+                schedule=progressive.describe_schedule(e.schedule, e.target_ratio),
+            )
+        )
 
 
 def _params_after_save(model: nn.Module) -> int:

@@ -68,16 +68,19 @@ def retrain_cfg_text(ratios: dict[str, float]) -> str:
     """A retrain cfg (docs/spec/engine.md §2.2) pruning each named producer at its ratio with BCP."""
     lines = ["# written by amct_engine.prune_search: one BCP override per pruned producer"]
     for name, ratio in ratios.items():
-        lines.append(f'override_layer_configs {{ layer_name: "{name}" prune_config {{ filter_pruner {{ '
-                     f'balanced_l2_norm_filter_prune {{ prune_ratio: {ratio:g} ascend_optimized: false }} }} }} }}')
+        lines.append(
+            f'override_layer_configs {{ layer_name: "{name}" prune_config {{ filter_pruner {{ '
+            f"balanced_l2_norm_filter_prune {{ prune_ratio: {ratio:g} ascend_optimized: false }} }} }} }}"
+        )
     return "\n".join(lines) + "\n"
 
 
 def model_macs(model: nn.Module, input_data) -> int:
     """Multiply-accumulates of the model's Conv/Linear layers for one sample."""
     types = layer_types(model, input_data)
-    return sum(c[0] for c in layer_costs(capture_model(model, as_input_tuple(input_data)).module, input_data,
-                                         types).values())
+    return sum(
+        c[0] for c in layer_costs(capture_model(model, as_input_tuple(input_data)).module, input_data, types).values()
+    )
 
 
 def _pruned(model, input_data, ratios: dict[str, float], batches: list, workdir: str) -> nn.Module:
@@ -93,13 +96,15 @@ def _pruned(model, input_data, ratios: dict[str, float], batches: list, workdir:
 
     cfg = Path(workdir, "probe.cfg")
     cfg.write_text(retrain_cfg_text(ratios))
-    pruned = create_prune_retrain_model(model, input_data, str(cfg), str(Path(workdir, "probe_record.txt")),
-                                        calibration_data=batches)
+    pruned = create_prune_retrain_model(
+        model, input_data, str(cfg), str(Path(workdir, "probe_record.txt")), calibration_data=batches
+    )
     return pruned.eval()
 
 
-def _damage_table(model, input_data, groups, ratios, batches, eval_data, reference, eval_labels,
-                  report) -> dict[tuple[int, int], float]:
+def _damage_table(
+    model, input_data, groups, ratios, batches, eval_data, reference, eval_labels, report
+) -> dict[tuple[int, int], float]:
     """damages[(group id, rung)] of each group alone at each rung (1-based).
 
     Made non-decreasing along the ladder: cutting more of a group is never scored better than cutting
@@ -129,8 +134,9 @@ def _frontier(groups, shares, costs, target: float, rungs: int) -> list[dict[int
         choice = {g.id: r for g, r in zip(groups, combo, strict=True)}
         if _macs(costs, groups, _shares(shares, choice)) > target:
             continue
-        if not any(r and _macs(costs, groups, _shares(shares, {**choice, gid: r - 1})) <= target
-                   for gid, r in choice.items()):
+        if not any(
+            r and _macs(costs, groups, _shares(shares, {**choice, gid: r - 1})) <= target for gid, r in choice.items()
+        ):
             found.append(choice)
     return found or [{g.id: rungs for g in groups}]
 
@@ -163,6 +169,7 @@ def _progress(total: int, progress: Callable[[int, int], None] | None) -> Callab
         done[0] += 1
         if progress is not None:
             progress(done[0], total)
+
     return report
 
 
@@ -189,11 +196,15 @@ def auto_channel_prune_search(
     total = sum(c[0] for c in costs.values())
     target = target_macs_ratio * total
     groups = [g for g in build_channel_groups(capture_model(base, as_input_tuple(input_data))).groups if not g.disabled]
-    shares = {(g.id, rung): 1 - remain_count(g.size, ratio, False, g.divisions) / g.size
-              for g in groups for rung, ratio in enumerate(ratios, 1)}
+    shares = {
+        (g.id, rung): 1 - remain_count(g.size, ratio, False, g.divisions) / g.size
+        for g in groups
+        for rung, ratio in enumerate(ratios, 1)
+    }
     rungs = len(ratios)
-    frontier = _frontier(groups, shares, costs, target, rungs) if (rungs + 1) ** len(groups) <= EXHAUSTIVE_LIMIT \
-        else None
+    frontier = (
+        _frontier(groups, shares, costs, target, rungs) if (rungs + 1) ** len(groups) <= EXHAUSTIVE_LIMIT else None
+    )
     report = _progress(len(groups) * rungs + (min(MEASURED_CHOICES, len(frontier)) if frontier else 1), progress)
     batches = [(as_input_tuple(b),) for b in calibration_data]  # (inputs,): the calibration reader's batch form
     damages = _damage_table(model, input_data, groups, ratios, batches, eval_data, reference, eval_labels, report)
@@ -226,13 +237,35 @@ def auto_channel_prune_search(
     for g in groups:  # the choice, applied group by group
         if choice[g.id]:
             applied[g.id] = choice[g.id]
-            steps.append({"group": g.producer_names, "ratio": ratios[choice[g.id] - 1],
-                          "damage": damages[(g.id, choice[g.id])], "macs_ratio": macs(applied) / total})
+            steps.append(
+                {
+                    "group": g.producer_names,
+                    "ratio": ratios[choice[g.id] - 1],
+                    "damage": damages[(g.id, choice[g.id])],
+                    "macs_ratio": macs(applied) / total,
+                }
+            )
     return PruneSearchResult(
-        ratios=chosen, target_macs_ratio=target_macs_ratio, estimated_macs_ratio=macs(choice) / total,
-        measured_macs_ratio=built_macs / total, estimated_damage=estimate(choice),
-        measured={"top1_drop": dev.top1_drop, "cosine": dev.cosine}, cfg_file=str(cfg_file), steps=steps,
-        damages=[{"group": g.producer_names, "ratio": ratios[r - 1], "damage": damages[(g.id, r)],
-                  "share": shares[(g.id, r)]} for g in groups for r in range(1, rungs + 1)],
-        choices=[{"ratios": named(c), "estimated_damage": estimate(c), "damage": d, "macs_ratio": -m / total}
-                 for d, m, _, c, _, _ in measured])
+        ratios=chosen,
+        target_macs_ratio=target_macs_ratio,
+        estimated_macs_ratio=macs(choice) / total,
+        measured_macs_ratio=built_macs / total,
+        estimated_damage=estimate(choice),
+        measured={"top1_drop": dev.top1_drop, "cosine": dev.cosine},
+        cfg_file=str(cfg_file),
+        steps=steps,
+        damages=[
+            {
+                "group": g.producer_names,
+                "ratio": ratios[r - 1],
+                "damage": damages[(g.id, r)],
+                "share": shares[(g.id, r)],
+            }
+            for g in groups
+            for r in range(1, rungs + 1)
+        ],
+        choices=[
+            {"ratios": named(c), "estimated_damage": estimate(c), "damage": d, "macs_ratio": -m / total}
+            for d, m, _, c, _, _ in measured
+        ],
+    )

@@ -51,8 +51,9 @@ def _check_cfg_layers(doc: CfgDocument, layer_types: dict[str, str]) -> None:
     """A layer name in skip_layers or override_layer_configs must be a quantizable layer."""
     msg = doc.message
     named = [(f"skip_layers[{i}]", n) for i, n in enumerate(msg.skip_layers)]
-    named += [(f"override_layer_configs[{i}].layer_name", o.layer_name)
-              for i, o in enumerate(msg.override_layer_configs)]
+    named += [
+        (f"override_layer_configs[{i}].layer_name", o.layer_name) for i, o in enumerate(msg.override_layer_configs)
+    ]
     for path, name in named:
         if name not in layer_types:
             known = ", ".join(list(layer_types)[:8])
@@ -80,8 +81,12 @@ def create_quant_config(
         doc = load_calibration_cfg(config_defination)
         _check_cfg_layers(doc, layer_types)
         msg = doc.message
-        config = PtqConfig(batch_num=msg.batch_num, activation_offset=msg.activation_offset,
-                           do_fusion=msg.do_fusion, skip_fusion_layers=list(msg.skip_fusion_layers))
+        config = PtqConfig(
+            batch_num=msg.batch_num,
+            activation_offset=msg.activation_offset,
+            do_fusion=msg.do_fusion,
+            skip_fusion_layers=list(msg.skip_fusion_layers),
+        )
     config.layers = resolve_ptq_layers(msg, layer_types, skip_layers or ())
     write_ptq_config(config_file, config)
 
@@ -100,13 +105,27 @@ def _observer(spec, config: PtqConfig) -> nn.Module:
     asymmetric = config.activation_offset if spec.asymmetric is None else spec.asymmetric
     if spec.act_algo == "hfmg":
         return HfmgObserver(spec.act_bits, config.batch_num, asymmetric, spec.num_of_bins)
-    return IfmrObserver(spec.act_bits, config.batch_num, asymmetric, spec.max_percentile, spec.min_percentile,
-                        spec.search_range_start, spec.search_range_end, spec.search_step,
-                        histogram_bins=IFMR_HISTOGRAM_BINS)
+    return IfmrObserver(
+        spec.act_bits,
+        config.batch_num,
+        asymmetric,
+        spec.max_percentile,
+        spec.min_percentile,
+        spec.search_range_start,
+        spec.search_range_end,
+        spec.search_step,
+        histogram_bins=IFMR_HISTOGRAM_BINS,
+    )
 
 
 def quantize_model(
-    config_file, modfied_onnx_file, record_file, model, input_data, input_names=None, output_names=None,
+    config_file,
+    modfied_onnx_file,
+    record_file,
+    model,
+    input_data,
+    input_names=None,
+    output_names=None,
     dynamic_axes=None,
 ) -> nn.Module:
     """The calibration model (a deep copy, eval mode): run `batch_num` batches through it, then save_model.
@@ -119,8 +138,9 @@ def quantize_model(
     if config.do_fusion:
         _fold_bn(cm, set(config.skip_fusion_layers))
     qmodel = cm.module.eval()
-    layer_graph = _write_float_model(qmodel, config.enabled_layers(), str(modfied_onnx_file), inputs, input_names,
-                                     output_names, dynamic_axes)
+    layer_graph = _write_float_model(
+        qmodel, config.enabled_layers(), str(modfied_onnx_file), inputs, input_names, output_names, dynamic_axes
+    )
     record = RecordFile(record_file)
     record.create_empty()
     convs = [name for name in config.enabled_layers() if type(qmodel.get_submodule(name)) is nn.Conv2d]
@@ -128,8 +148,9 @@ def quantize_model(
     for name in config.enabled_layers():
         spec, layer = config.layers[name], qmodel.get_submodule(name)
         act = CalibrationActQuantizer(_observer(spec, config), spec.act_bits)
-        weight = ArqWeightQuantizer(bits=spec.wts_bits, channel_wise=spec.channel_wise,
-                                    num_channels=out_channels(layer))
+        weight = ArqWeightQuantizer(
+            bits=spec.wts_bits, channel_wise=spec.channel_wise, num_channels=out_channels(layer)
+        )
         wrapper = qat_layer_class(layer)(name, layer, act, weight, record=record)
         wrapper.channels_last_output = channels_last and name in convs
         qmodel.set_submodule(name, wrapper)
@@ -137,23 +158,35 @@ def quantize_model(
     # The layers that finish calibrating in one forward write the record once, at its end.
     qmodel.register_forward_pre_hook(_RecordHook(record, hold=True))
     qmodel.register_forward_hook(_RecordHook(record, hold=False), always_call=True)
-    setattr(qmodel, PTQ_ATTR, dict(record_file=str(record_file), input_data=inputs, batch_num=config.batch_num,
-                                   input_names=input_names, output_names=output_names, dynamic_axes=dynamic_axes,
-                                   layer_graph=layer_graph))
+    setattr(
+        qmodel,
+        PTQ_ATTR,
+        dict(
+            record_file=str(record_file),
+            input_data=inputs,
+            batch_num=config.batch_num,
+            input_names=input_names,
+            output_names=output_names,
+            dynamic_axes=dynamic_axes,
+            layer_graph=layer_graph,
+        ),
+    )
     _CALIBRATION_MODELS[os.path.abspath(str(modfied_onnx_file))] = weakref.ref(qmodel)
     return qmodel
 
 
-def _write_float_model(model: nn.Module, layer_names: list[str], path: str, inputs: tuple, input_names,
-                       output_names, dynamic_axes):
+def _write_float_model(
+    model: nn.Module, layer_names: list[str], path: str, inputs: tuple, input_names, output_names, dynamic_axes
+):
     """Write the BN-folded float model to `path`; returns its trace with `layer_names` as placeholders
     (export.layer_graph), from which save_model writes the fake-quant and deploy models without tracing again."""
     layers = {name: model.get_submodule(name) for name in layer_names}
     for name, layer in layers.items():
         model.set_submodule(name, LayerPlaceholder(name, layer))
     try:
-        layer_graph = export_layer_graph(model, tuple(t.detach().cpu() for t in inputs), input_names,
-                                         output_names, dynamic_axes)
+        layer_graph = export_layer_graph(
+            model, tuple(t.detach().cpu() for t in inputs), input_names, output_names, dynamic_axes
+        )
     finally:
         for name, layer in layers.items():
             model.set_submodule(name, layer)
@@ -216,8 +249,10 @@ def calibration_model_of(modfied_onnx_file) -> nn.Module:
     ref = _CALIBRATION_MODELS.get(os.path.abspath(str(modfied_onnx_file)))
     model = ref() if ref is not None else None
     if model is None:
-        raise RuntimeError(f"no calibration model was made for {modfied_onnx_file} in this process: "
-                           "call quantize_model first (or pass model=)")
+        raise RuntimeError(
+            f"no calibration model was made for {modfied_onnx_file} in this process: "
+            "call quantize_model first (or pass model=)"
+        )
     return model
 
 
@@ -241,15 +276,23 @@ def save_model(modfied_onnx_file, record_file, save_path, model=None, deploy_for
     if state is None or not quant_layers(model):
         raise RuntimeError("model is not a calibration model: pass the model returned by quantize_model")
     records = _record_file(model, record_file).quant_layers()
-    pending = [w.layer_name for w in quant_layers(model).values()
-               if w._record_pending or w.layer_name not in records]
+    pending = [w.layer_name for w in quant_layers(model).values() if w._record_pending or w.layer_name not in records]
     if pending:
         raise RuntimeError(
             f"record_file {record_file} has no quantisation factors for {', '.join(pending[:5])}: run "
-            f"batch_num={state['batch_num']} calibration batches through the model (model(x)) before save_model")
-    return save_quantized_onnx(model, records, str(save_path), state["input_data"], state["input_names"],
-                               state["output_names"], state["dynamic_axes"], deploy_format,
-                               layer_graph=state["layer_graph"])
+            f"batch_num={state['batch_num']} calibration batches through the model (model(x)) before save_model"
+        )
+    return save_quantized_onnx(
+        model,
+        records,
+        str(save_path),
+        state["input_data"],
+        state["input_names"],
+        state["output_names"],
+        state["dynamic_axes"],
+        deploy_format,
+        layer_graph=state["layer_graph"],
+    )
 
 
 __all__ = ["ConfigError", "calibration_model_of", "create_quant_config", "quantize_model", "save_model"]

@@ -115,8 +115,15 @@ def save_quant_retrain_model(
         raise RuntimeError(f"{config_file} differs from the config the model was created with")
     records = records_for_save(model, record_file)
     return save_quantized_onnx(
-        model, records, save_path, as_input_tuple(input_data), input_names, output_names, dynamic_axes,
-        deploy_format, deploy_target,
+        model,
+        records,
+        save_path,
+        as_input_tuple(input_data),
+        input_names,
+        output_names,
+        dynamic_axes,
+        deploy_format,
+        deploy_target,
     )
 
 

@@ -78,8 +78,7 @@ def swapped(model: nn.Module, modules: dict[str, nn.Module]):
 
 def _masked(model: nn.Module, group, ratio: float) -> dict[str, nn.Module]:
     """Copies of the group's producers with BCP's `ratio` of channels zeroed (weight rows and bias)."""
-    pruned = select_pruned_channels(bcp_importance(group, model), ratio, ascend_optimized=False,
-                                    group=group.divisions)
+    pruned = select_pruned_channels(bcp_importance(group, model), ratio, ascend_optimized=False, group=group.divisions)
     out = {}
     for member in group.producers:
         layer = model.get_submodule(member.name)
@@ -117,8 +116,7 @@ def analyse_sensitivity(
     if any(not 0 < r < 1 for r in prune_ratios):
         raise ValueError(f"prune_ratios must lie in (0, 1), got {list(prune_ratios)}")
     types = layer_types(model, input_data)
-    models = {p: calibrate(model, input_data, calibration_data, {n: PRECISIONS[p] for n in types})
-              for p in precisions}
+    models = {p: calibrate(model, input_data, calibration_data, {n: PRECISIONS[p] for n in types}) for p in precisions}
     calibrations = {p: quant_layers(m) for p, m in models.items()}
     base = float_twin(next(iter(models.values())))
     reference = outputs(base, eval_data)
@@ -126,8 +124,9 @@ def analyse_sensitivity(
     total_macs, total_weights = (max(1, sum(c[i] for c in costs.values())) for i in (0, 1))
     groups = []
     if prune_ratios:
-        groups = [g for g in build_channel_groups(capture_model(base, as_input_tuple(input_data))).groups
-                  if not g.disabled]
+        groups = [
+            g for g in build_channel_groups(capture_model(base, as_input_tuple(input_data))).groups if not g.disabled
+        ]
     jobs = len(types) * len(precisions) + len(groups) * len(prune_ratios)
     top1 = None if eval_labels is None else float((reference.argmax(1) == eval_labels.reshape(-1)).float().mean())
     table, done = SensitivityTable(top1), 0
@@ -136,9 +135,19 @@ def analyse_sensitivity(
         nonlocal done
         macs, weights = (sum(costs[n][i] for n in layers if n in costs) for i in (0, 1))
         drop = None if dev.top1_drop is None else round(dev.top1_drop, 4)
-        table.rows.append(SensitivityRow(",".join(layers), ",".join(types.get(n, "?") for n in layers), variant,
-                                         drop, dev.cosine, dev.mse, round(dev.damage, 4), macs / total_macs,
-                                         weights / total_weights))
+        table.rows.append(
+            SensitivityRow(
+                ",".join(layers),
+                ",".join(types.get(n, "?") for n in layers),
+                variant,
+                drop,
+                dev.cosine,
+                dev.mse,
+                round(dev.damage, 4),
+                macs / total_macs,
+                weights / total_weights,
+            )
+        )
         done += 1
         if progress is not None:
             progress(done, jobs)
@@ -155,7 +164,10 @@ def analyse_sensitivity(
             if not masked:
                 continue
             with swapped(base, masked) as pruned:
-                add(group.producer_names, f"prune {ratio:g}", deviation(outputs(pruned, eval_data), reference,
-                                                                        eval_labels))
+                add(
+                    group.producer_names,
+                    f"prune {ratio:g}",
+                    deviation(outputs(pruned, eval_data), reference, eval_labels),
+                )
     table.rows.sort(key=lambda r: -r.damage)
     return table

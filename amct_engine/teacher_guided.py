@@ -59,8 +59,11 @@ class TeacherGuidedLoss:
         if labels is not None and self.alpha < 1.0:
             loss = loss + (1.0 - self.alpha) * F.cross_entropy(student_out, labels.to(student_out.device))
         if layers:
-            matched = [F.mse_loss(s, teacher_feats[n]) for n, s in student_feats.items()
-                       if teacher_feats.get(n) is not None and s.shape == teacher_feats[n].shape]
+            matched = [
+                F.mse_loss(s, teacher_feats[n])
+                for n, s in student_feats.items()
+                if teacher_feats.get(n) is not None and s.shape == teacher_feats[n].shape
+            ]
             if matched:
                 loss = loss + self.feature_weight * torch.stack(matched).mean()
         return loss
@@ -69,12 +72,21 @@ class TeacherGuidedLoss:
 def distillation_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """T² · KL(teacher ‖ student) of the temperature-softened class distributions (batch mean)."""
     t = temperature
-    return F.kl_div(F.log_softmax(student_logits / t, dim=-1), F.log_softmax(teacher_logits / t, dim=-1),
-                    reduction="batchmean", log_target=True) * (t * t)
+    return F.kl_div(
+        F.log_softmax(student_logits / t, dim=-1),
+        F.log_softmax(teacher_logits / t, dim=-1),
+        reduction="batchmean",
+        log_target=True,
+    ) * (t * t)
 
 
-def teacher_guided_step(student: nn.Module, optimizer: torch.optim.Optimizer, loss: TeacherGuidedLoss, inputs,
-                        labels: torch.Tensor | None = None) -> float:
+def teacher_guided_step(
+    student: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    loss: TeacherGuidedLoss,
+    inputs,
+    labels: torch.Tensor | None = None,
+) -> float:
     """One optimisation step of ``student`` on one batch; returns the loss value."""
     optimizer.zero_grad(set_to_none=True)
     value = loss(student, inputs, labels)

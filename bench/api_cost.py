@@ -64,15 +64,24 @@ def _python_of(tree: Path) -> str:
 
 def _admin_key(tree: Path, database_url: str) -> str:
     """An admin key made with the tree's own code (its `amct admin create-key`)."""
-    code = ("import sys; from service import auth; from service.db.session import session_factory; "
-            "print(auth.create_key(session_factory(sys.argv[1]), 'default', ['admin'], name='bench')[1])")
-    out = subprocess.run([_python_of(tree), "-c", code, database_url], cwd=tree, capture_output=True, text=True,
-                         env=dict(os.environ, PYTHONPATH=str(tree)), check=True)
+    code = (
+        "import sys; from service import auth; from service.db.session import session_factory; "
+        "print(auth.create_key(session_factory(sys.argv[1]), 'default', ['admin'], name='bench')[1])"
+    )
+    out = subprocess.run(
+        [_python_of(tree), "-c", code, database_url],
+        cwd=tree,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(tree)),
+        check=True,
+    )
     return out.stdout.strip().splitlines()[-1]
 
 
-async def _closed_loop(url: str, headers: dict, job_ids: list[str], clients: int, seconds: float,
-                       conditional: bool) -> dict:
+async def _closed_loop(
+    url: str, headers: dict, job_ids: list[str], clients: int, seconds: float, conditional: bool
+) -> dict:
     counts = {"200": 0, "304": 0, "other": 0}
     etags: dict[str, str] = {}
     paths = [f"/v1/jobs/{j}" for j in job_ids] + ["/v1/jobs?limit=50"] * len(job_ids)
@@ -100,24 +109,47 @@ def api_server(tree: Path, jobs: int) -> Iterator[dict]:
     """The tree's API (one process, its own database) with `jobs` queued jobs; stopped on exit."""
     with postgres_database() as database_url, tempfile.TemporaryDirectory(prefix="amct-api-cost-") as tmp:
         port = _free_port()
-        env = dict(os.environ, PYTHONPATH=str(tree), DATABASE_URL=database_url, AMCT_DATA_DIR=tmp,
-                   AMCT_MAX_ACTIVE_JOBS=str(jobs + 10), AMCT_REAP_IN_API="false", BROKER_URL=REDIS_URL,
-                   AMCT_QUEUE_PREFIX=f"amct.apicost.{port}")
+        env = dict(
+            os.environ,
+            PYTHONPATH=str(tree),
+            DATABASE_URL=database_url,
+            AMCT_DATA_DIR=tmp,
+            AMCT_MAX_ACTIVE_JOBS=str(jobs + 10),
+            AMCT_REAP_IN_API="false",
+            BROKER_URL=REDIS_URL,
+            AMCT_QUEUE_PREFIX=f"amct.apicost.{port}",
+        )
         log = Path(tmp) / "serve.log"
         with open(log, "wb") as out:
-            proc = subprocess.Popen([_python_of(tree), "-m", "service", "serve", "--no-worker", "--port", str(port)],
-                                    cwd=tree, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            proc = subprocess.Popen(
+                [_python_of(tree), "-m", "service", "serve", "--no-worker", "--port", str(port)],
+                cwd=tree,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         url = f"http://127.0.0.1:{port}"
         try:
             _wait_ready(url, proc, log)
             headers = {"Authorization": f"Bearer {_admin_key(tree, database_url)}"}
             with httpx.Client(base_url=url, headers=headers, timeout=120) as http:
                 model_bytes, data_bytes = tiny_inputs()
-                model = http.post("/v1/models", files={"file": ("tiny.pt", model_bytes)},
-                                  data={"name": "tiny", "input_shape": "1,1,8,8"}).json()["id"]
-                cfg = http.post("/v1/configs", files={"file": ("q.cfg", b"retrain_weight_quant_config { arq_retrain "
-                                                                 b"{ channel_wise: true dst_type: INT8 } }\n")},
-                                data={"kind": "retrain"}).json()["id"]
+                model = http.post(
+                    "/v1/models",
+                    files={"file": ("tiny.pt", model_bytes)},
+                    data={"name": "tiny", "input_shape": "1,1,8,8"},
+                ).json()["id"]
+                cfg = http.post(
+                    "/v1/configs",
+                    files={
+                        "file": (
+                            "q.cfg",
+                            b"retrain_weight_quant_config { arq_retrain { channel_wise: true dst_type: INT8 } }\n",
+                        )
+                    },
+                    data={"kind": "retrain"},
+                ).json()["id"]
                 data = http.post("/v1/datasets", files={"file": ("d.npz", data_bytes)}).json()["id"]
                 deadline = time.monotonic() + 300
                 while http.get(f"/v1/models/{model}").json()["status"] != "ready":
@@ -135,8 +167,9 @@ def api_server(tree: Path, jobs: int) -> Iterator[dict]:
 def window(server: dict, clients: int, seconds: float, conditional: bool) -> dict:
     """One closed-loop window against a running server: requests and the server's CPU over it."""
     before = _cpu_s(server["pid"])
-    counts = asyncio.run(_closed_loop(server["url"], server["headers"], server["job_ids"], clients, seconds,
-                                      conditional))
+    counts = asyncio.run(
+        _closed_loop(server["url"], server["headers"], server["job_ids"], clients, seconds, conditional)
+    )
     used = _cpu_s(server["pid"]) - before
     answered = counts["200"] + counts["304"]
     return {"requests": counts, "server_cpu_s": used, "cpu_ms_per_request": 1000 * used / answered}
@@ -149,8 +182,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--jobs", type=int, default=60)
     parser.add_argument("--rounds", type=int, default=3, help="alternating windows per server")
-    parser.add_argument("--conditional", action="store_true",
-                        help="also windows of ours sending If-None-Match on half the reads (304s)")
+    parser.add_argument(
+        "--conditional", action="store_true", help="also windows of ours sending If-None-Match on half the reads (304s)"
+    )
     args = parser.parse_args(argv)
     load_before = os.getloadavg()
     rounds: dict[str, list] = {"baseline": [], "ours": []}
@@ -161,9 +195,13 @@ def main(argv: list[str] | None = None) -> int:
             rounds["ours"].append(window(ours, args.clients, args.seconds, False))
             if args.conditional:
                 rounds.setdefault("ours_conditional", []).append(window(ours, args.clients, args.seconds, True))
-    results = {"database": PG_ADMIN_URL.rsplit("@", 1)[-1], "rounds": rounds,
-               "median_cpu_ms_per_request": {name: statistics.median(w["cpu_ms_per_request"] for w in ws)
-                                             for name, ws in rounds.items()}}
+    results = {
+        "database": PG_ADMIN_URL.rsplit("@", 1)[-1],
+        "rounds": rounds,
+        "median_cpu_ms_per_request": {
+            name: statistics.median(w["cpu_ms_per_request"] for w in ws) for name, ws in rounds.items()
+        },
+    }
     medians = results["median_cpu_ms_per_request"]
     results["ours_over_baseline"] = {name: medians[name] / medians["baseline"] for name in medians}
     results["load_average"] = {"before": load_before, "after": os.getloadavg()}

@@ -99,8 +99,9 @@ def onnx_export_and_load(model: nn.Module, x: torch.Tensor, dynamo: bool) -> onn
 
 def ours(model: nn.Module | Path, x: torch.Tensor, folder: Path) -> None:
     """AMCT's first call: capture the model and write the retrain config (every quantisable layer)."""
-    amct.create_quant_retrain_config(str(folder / "retrain.json"), model if isinstance(model, nn.Module)
-                                     else str(model), x)
+    amct.create_quant_retrain_config(
+        str(folder / "retrain.json"), model if isinstance(model, nn.Module) else str(model), x
+    )
 
 
 def run(quick: bool = False, repeats: int | None = None) -> dict[str, Any]:
@@ -126,7 +127,8 @@ def run(quick: bool = False, repeats: int | None = None) -> dict[str, Any]:
                 "ours": lambda: ours(ts_path, x, folder),
                 # the file is loaded inside the timing, as ours reads it
                 "torch.jit.load + torch.onnx.export(dynamo=False) + onnx.load": lambda: onnx_export_and_load(
-                    torch.jit.load(str(ts_path)), x, False),
+                    torch.jit.load(str(ts_path)), x, False
+                ),
             },
         }
         results: dict[str, Any] = {}

@@ -83,14 +83,17 @@ def _input_shape(name: str, shape: Sequence[Any], batch: int, path: str) -> list
     rest = list(shape[1:])
     if not all(isinstance(d, int) for d in rest):
         raise ValueError(
-            f"{path}: input {name!r} has symbolic non-batch dims {rest}; "
-            f"pass input_shapes={{{name!r}: [...]}}"
+            f"{path}: input {name!r} has symbolic non-batch dims {rest}; pass input_shapes={{{name!r}: [...]}}"
         )
     return [batch, *rest]
 
 
-def ort_session(path: str | os.PathLike, threads: int | None = None, optimization: str | None = None,
-                profile_prefix: str | None = None):
+def ort_session(
+    path: str | os.PathLike,
+    threads: int | None = None,
+    optimization: str | None = None,
+    profile_prefix: str | None = None,
+):
     """An onnxruntime CPU session; ``threads`` sets the intra-op threads (inter-op: 1), ``optimization`` the
     graph optimisation level by name (``"ORT_ENABLE_BASIC"``; default: onnxruntime's, i.e. all),
     ``profile_prefix`` turns on onnxruntime's profiler, writing to files with that prefix."""
@@ -163,8 +166,9 @@ def interleaved_latency(
     name) overrides the random inputs.
     """
     sessions = {name: ort_session(path, threads) for name, path in paths.items()}
-    inputs = {name: (feeds or {}).get(name) or random_feeds(s, batch, os.fspath(paths[name]))
-              for name, s in sessions.items()}
+    inputs = {
+        name: (feeds or {}).get(name) or random_feeds(s, batch, os.fspath(paths[name])) for name, s in sessions.items()
+    }
     samples: dict[str, list[float]] = {name: [] for name in sessions}
     for name, session in sessions.items():  # warm-up: first runs allocate and pick kernels
         for _ in range(3):
@@ -196,8 +200,9 @@ def interleaved_cpu_time(
         options.intra_op_num_threads, options.inter_op_num_threads = 1, 1
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         sessions[name] = ort.InferenceSession(os.fspath(path), options, providers=["CPUExecutionProvider"])
-    inputs = {name: (feeds or {}).get(name) or random_feeds(s, batch, os.fspath(paths[name]))
-              for name, s in sessions.items()}
+    inputs = {
+        name: (feeds or {}).get(name) or random_feeds(s, batch, os.fspath(paths[name])) for name, s in sessions.items()
+    }
     samples: dict[str, list[float]] = {name: [] for name in sessions}
     for name, session in sessions.items():
         session.run(None, inputs[name])
@@ -215,8 +220,7 @@ def ort_node_profile(path: str | os.PathLike, batch: int, runs: int = 30, top: i
     (``[{node, op, us}]``, from onnxruntime's own profiler; one thread) and the mean µs of all nodes."""
     import json
 
-    session = ort_session(path, threads=1,
-                          profile_prefix=os.path.join(os.path.dirname(os.fspath(path)), "ort_profile"))
+    session = ort_session(path, threads=1, profile_prefix=os.path.join(os.path.dirname(os.fspath(path)), "ort_profile"))
     feeds = random_feeds(session, batch, os.fspath(path))
     for _ in range(runs):
         session.run(None, feeds)
@@ -227,8 +231,12 @@ def ort_node_profile(path: str | os.PathLike, batch: int, runs: int = 30, top: i
             key = (event["name"][: -len("_kernel_time")], event["args"]["op_name"])
             totals[key] = totals.get(key, 0.0) + event["dur"] / runs
     ranked = sorted(totals.items(), key=lambda item: -item[1])
-    return {"batch": batch, "runs": runs, "total_us": sum(totals.values()),
-            "nodes": [{"node": node, "op": op, "us": us} for (node, op), us in ranked[:top]]}
+    return {
+        "batch": batch,
+        "runs": runs,
+        "total_us": sum(totals.values()),
+        "nodes": [{"node": node, "op": op, "us": us} for (node, op), us in ranked[:top]],
+    }
 
 
 def ratios(num: Mapping[str, float], den: Mapping[str, float]) -> dict[str, float]:
@@ -236,8 +244,14 @@ def ratios(num: Mapping[str, float], den: Mapping[str, float]) -> dict[str, floa
     return {key: num[key] / den[key] for key in ("min", "median", "max")}
 
 
-def ort_accuracy(path: str | os.PathLike, x: Any, y: Any, threads: int | None = None, chunk: int = 1000,
-                 optimization: str | None = None) -> float:
+def ort_accuracy(
+    path: str | os.PathLike,
+    x: Any,
+    y: Any,
+    threads: int | None = None,
+    chunk: int = 1000,
+    optimization: str | None = None,
+) -> float:
     """Top-1 accuracy of an ONNX classifier with one input in onnxruntime on CPU (x, y: tensors or arrays)."""
     session = ort_session(path, threads, optimization)
     name = session.get_inputs()[0].name
@@ -250,11 +264,7 @@ def file_size(path: str | os.PathLike) -> int:
     """Size in bytes of a file, or of all files under a folder (e.g. ONNX + external data)."""
     path = os.fspath(path)
     if os.path.isdir(path):
-        return sum(
-            os.path.getsize(os.path.join(folder, name))
-            for folder, _, names in os.walk(path)
-            for name in names
-        )
+        return sum(os.path.getsize(os.path.join(folder, name)) for folder, _, names in os.walk(path) for name in names)
     return os.path.getsize(path)
 
 

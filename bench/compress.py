@@ -56,8 +56,10 @@ QUANT_CFG = """
 retrain_data_quant_config { ulq_quantize { } }
 retrain_weight_quant_config { arq_retrain { channel_wise: true dst_type: INT8 } }
 """
-FILTER_CFG = ("prune_config { filter_pruner { balanced_l2_norm_filter_prune "
-              "{ prune_ratio: %s ascend_optimized: false%s } } }")  # the ratio, then extension fields
+FILTER_CFG = (
+    "prune_config { filter_pruner { balanced_l2_norm_filter_prune "
+    "{ prune_ratio: %s ascend_optimized: false%s } } }"
+)  # the ratio, then extension fields
 M4N2_CFG = "prune_config { n_out_of_m_pruner { l1_selective_prune { n_out_of_m_type: M4N2 update_freq: 0 } } }"
 Row = dict[str, Any]
 
@@ -82,8 +84,10 @@ class Recipe:
         extra = f' importance: "{self.importance}"' if self.importance != "bcp" else ""
         if self.schedule_steps:
             interval = max(1, batches // (2 * self.schedule_steps))
-            extra += (f" prune_schedule {{ steps: {self.schedule_steps} start_ratio: "
-                      f"{round(self.schedule_start * ratio, 4)} interval: {interval} }}")
+            extra += (
+                f" prune_schedule {{ steps: {self.schedule_steps} start_ratio: "
+                f"{round(self.schedule_start * ratio, 4)} interval: {interval} }}"
+            )
         return FILTER_CFG % (ratio, extra)
 
     def needs_data(self) -> bool:
@@ -136,8 +140,9 @@ RECIPES = (
     Recipe("Taylor … + BN recal ×2", "taylor", recalibrate=True, quant_recalibrate=True),
     Recipe("group-L2 … + BN recal ×2", "group_l2", recalibrate=True, quant_recalibrate=True),
     Recipe("group-L2 … progressive + BN recal", "group_l2", recalibrate=True, schedule_steps=4, schedule_start=0.5),
-    Recipe("Taylor … + BN recal + KD α0.3 T4", "taylor", recalibrate=True, teacher=True, kd_alpha=0.3,
-           kd_temperature=4.0),
+    Recipe(
+        "Taylor … + BN recal + KD α0.3 T4", "taylor", recalibrate=True, teacher=True, kd_alpha=0.3, kd_temperature=4.0
+    ),
     PRUNE_THEN_PTQ := Recipe("group-L2 … + BN recal, FP32 epoch, PTQ", "group_l2", recalibrate=True, ptq=True),
     Recipe("Taylor … + BN recal, FP32 epoch, PTQ", "taylor", recalibrate=True, ptq=True),
 )
@@ -163,23 +168,40 @@ def amct_compressed(setup, name: str, cfg_text: str, recipe: Recipe | None = Non
     recalibrate = recipe is not None and recipe.recalibrate
     torch.manual_seed(setup.seed + 1)
     start = time.perf_counter()
-    model = create_compressed_retrain_model(setup.base_copy(), setup.example, str(cfg), str(record),
-                                            calibration_data=calibration, recalibrate_bn=recalibrate,
-                                            recalibrate_quantized_bn=recipe is not None and recipe.quant_recalibrate)
-    loss = (TeacherGuidedLoss(setup.base, recipe.kd_alpha, recipe.kd_temperature)
-            if recipe is not None and recipe.teacher else None)
+    model = create_compressed_retrain_model(
+        setup.base_copy(),
+        setup.example,
+        str(cfg),
+        str(record),
+        calibration_data=calibration,
+        recalibrate_bn=recalibrate,
+        recalibrate_quantized_bn=recipe is not None and recipe.quant_recalibrate,
+    )
+    loss = (
+        TeacherGuidedLoss(setup.base, recipe.kd_alpha, recipe.kd_temperature)
+        if recipe is not None and recipe.teacher
+        else None
+    )
     prepare_s = time.perf_counter() - start
     training = timed_training(model, setup.loader(), setup.epochs, setup.lr, loss_fn=loss)
     accuracy = evaluate_accuracy(model, setup.x_test, setup.y_test)  # the eval forward fills the record
     start = time.perf_counter()
-    paths = save_compressed_retrain_model(model, str(record), str(workdir / "amct"), setup.example, ["x"],
-                                          ["logits"], DYNAMIC_AXES)
+    paths = save_compressed_retrain_model(
+        model, str(record), str(workdir / "amct"), setup.example, ["x"], ["logits"], DYNAMIC_AXES
+    )
     convert_s = time.perf_counter() - start
     baked = copy.deepcopy(model).eval()
     bake_selective_masks(baked)
-    row = {"torch_accuracy": accuracy, "prepare_s": prepare_s, "convert_s": convert_s, "onnx": paths["deploy"],
-           **weight_counts(baked), "params": model.amct_prune_report.params_after,
-           "deploy_kind": "amct deploy ONNX", **training}
+    row = {
+        "torch_accuracy": accuracy,
+        "prepare_s": prepare_s,
+        "convert_s": convert_s,
+        "onnx": paths["deploy"],
+        **weight_counts(baked),
+        "params": model.amct_prune_report.params_after,
+        "deploy_kind": "amct deploy ONNX",
+        **training,
+    }
     if recipe is not None:
         row["accuracy_after_pruning"] = accuracy_after_pruning(setup, workdir, cfg_text, recipe)
         row["prune_report"] = model.amct_prune_report.summary()
@@ -202,10 +224,18 @@ def amct_pruned_ptq(setup, name: str, cfg_text: str, recipe: Recipe) -> Row:
     start = time.perf_counter()
     deploy = ptq.amct_flow(setup, workdir, "ifmr", model)
     convert_s = time.perf_counter() - start
-    return {"torch_accuracy": ort_accuracy(deploy, setup.x_test, setup.y_test, setup.threads),  # the INT8 model
-            "prepare_s": prepare_s, "convert_s": convert_s, "onnx": deploy, **weight_counts(model),
-            "params": model.amct_prune_report.params_after, "deploy_kind": "amct deploy ONNX (PTQ)", **training,
-            "accuracy_after_pruning": after_pruning, "prune_report": model.amct_prune_report.summary()}
+    return {
+        "torch_accuracy": ort_accuracy(deploy, setup.x_test, setup.y_test, setup.threads),  # the INT8 model
+        "prepare_s": prepare_s,
+        "convert_s": convert_s,
+        "onnx": deploy,
+        **weight_counts(model),
+        "params": model.amct_prune_report.params_after,
+        "deploy_kind": "amct deploy ONNX (PTQ)",
+        **training,
+        "accuracy_after_pruning": after_pruning,
+        "prune_report": model.amct_prune_report.summary(),
+    }
 
 
 def accuracy_after_pruning(setup, workdir: Path, cfg_text: str, recipe: Recipe) -> float:
@@ -218,9 +248,14 @@ def _pruned_float(setup, workdir: Path, cfg_text: str, recipe: Recipe):
     calibration batches and BN recalibration)."""
     cfg = workdir / "prune_only.cfg"
     cfg.write_text(cfg_text)
-    return create_prune_retrain_model(setup.base_copy(), setup.example, str(cfg), str(workdir / "prune_record.txt"),
-                                      calibration_data=setup.loader() if recipe.needs_data() else None,
-                                      recalibrate_bn=recipe.recalibrate)
+    return create_prune_retrain_model(
+        setup.base_copy(),
+        setup.example,
+        str(cfg),
+        str(workdir / "prune_record.txt"),
+        calibration_data=setup.loader() if recipe.needs_data() else None,
+        recalibrate_bn=recipe.recalibrate,
+    )
 
 
 def _recipe_row(setup, recipe: Recipe, ratio: float) -> tuple[str, str, Callable[[], Row]]:
@@ -233,5 +268,8 @@ def methods(setup) -> list[tuple[str, str, Callable[[], Row]]]:
     (bench/prune_compare.py runs every recipe at both ratios, pruning rows only)."""
     rows = [_recipe_row(setup, recipe, ratio) for recipe in (AMCT, *RECIPES[:2]) for ratio in (0.3, 0.5)]
     rows += [_recipe_row(setup, recipe, 0.5) for recipe in ENGINE_TABLE_EXTRA]
-    return [*rows, ("amct M4N2 + INT8", "ours", lambda: amct_compressed(setup, "amct M4N2", M4N2_CFG)),
-            *peers.prune_methods(setup)]
+    return [
+        *rows,
+        ("amct M4N2 + INT8", "ours", lambda: amct_compressed(setup, "amct M4N2", M4N2_CFG)),
+        *peers.prune_methods(setup),
+    ]

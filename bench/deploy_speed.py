@@ -122,9 +122,15 @@ def isa_header() -> dict[str, Any]:
     import onnxruntime
 
     flags = cpu_flags()
-    return {"cpu": platform.processor() or platform.machine(), "isa": [f for f in ISA_FLAGS if f in flags],
-            "deploy_target(auto)": detect_deploy_target(), "onnxruntime": onnxruntime.__version__,
-            "threads": THREADS, "cores": os.cpu_count(), "load_avg_at_start": os.getloadavg()}
+    return {
+        "cpu": platform.processor() or platform.machine(),
+        "isa": [f for f in ISA_FLAGS if f in flags],
+        "deploy_target(auto)": detect_deploy_target(),
+        "onnxruntime": onnxruntime.__version__,
+        "threads": THREADS,
+        "cores": os.cpu_count(),
+        "load_avg_at_start": os.getloadavg(),
+    }
 
 
 def ort_ptq(fp32: str, calibration: np.ndarray, out: Path, fmt: str, activation: str) -> str:
@@ -135,10 +141,16 @@ def ort_ptq(fp32: str, calibration: np.ndarray, out: Path, fmt: str, activation:
     prepared = out.with_name(out.stem + "_pre.onnx")
     if not prepared.exists():
         quant_pre_process(fp32, str(prepared))
-    quantize_static(str(prepared), str(out), ArrayReader("x", calibration.astype(np.float32), batch=16),
-                    quant_format=QuantFormat.QDQ if fmt == "QDQ" else QuantFormat.QOperator, per_channel=True,
-                    activation_type=QuantType.QUInt8 if activation == "U8" else QuantType.QInt8,
-                    weight_type=QuantType.QInt8, calibrate_method=CalibrationMethod.MinMax)
+    quantize_static(
+        str(prepared),
+        str(out),
+        ArrayReader("x", calibration.astype(np.float32), batch=16),
+        quant_format=QuantFormat.QDQ if fmt == "QDQ" else QuantFormat.QOperator,
+        per_channel=True,
+        activation_type=QuantType.QUInt8 if activation == "U8" else QuantType.QInt8,
+        weight_type=QuantType.QInt8,
+        calibrate_method=CalibrationMethod.MinMax,
+    )
     return str(out)
 
 
@@ -148,8 +160,7 @@ def ours(model: nn.Module, calibration: torch.Tensor, folder: Path) -> str:
     qmodel = amct.create_quant_retrain_model(str(config), model, str(record), calibration[:2]).eval()
     with torch.no_grad():
         qmodel(calibration)  # the eval forward calibrates the activation quantisers and writes the record
-    paths = amct.save_quant_retrain_model(str(config), qmodel, str(record), str(folder / "ours"), calibration,
-                                          **IO)
+    paths = amct.save_quant_retrain_model(str(config), qmodel, str(record), str(folder / "ours"), calibration, **IO)
     return paths["deploy"]
 
 
@@ -180,8 +191,9 @@ def op_profile(path: str, batch: int, runs: int, feeds: dict[str, np.ndarray] | 
     return dict(sorted(totals.items(), key=lambda item: -item[1]))
 
 
-def cnn_section(name: str, model: nn.Module, calibration: torch.Tensor, batches: tuple[int, ...], quick: bool,
-                folder: Path) -> dict[str, Any]:
+def cnn_section(
+    name: str, model: nn.Module, calibration: torch.Tensor, batches: tuple[int, ...], quick: bool, folder: Path
+) -> dict[str, Any]:
     folder.mkdir(parents=True, exist_ok=True)
     fp32 = str(folder / "fp32.onnx")
     export_onnx(model, fp32, (calibration[:2],), **IO)
@@ -205,11 +217,18 @@ def cnn_section(name: str, model: nn.Module, calibration: torch.Tensor, batches:
     rows = latency_rows(files, fp32, measure(files, batches, quick), batches)
     best, big = ours_vs_best_peer(rows, batches), batches[-1]
     peer = best.get(f"b{big}", {}).get("peer")
-    return {"name": name, "params": sum(p.numel() for p in model.parameters()), "rows": rows, "notes": notes,
-            "ours_vs_best_peer": best, "load_avg": [load, os.getloadavg()],
-            "export_s": export_s, "report": deploy_report(files["ours"]),
-            "profile_ours": op_profile(files["ours"], big, 5 if quick else 10),
-            "profile_best_peer": op_profile(files[peer], big, 5 if quick else 10) if peer else {}}
+    return {
+        "name": name,
+        "params": sum(p.numel() for p in model.parameters()),
+        "rows": rows,
+        "notes": notes,
+        "ours_vs_best_peer": best,
+        "load_avg": [load, os.getloadavg()],
+        "export_s": export_s,
+        "report": deploy_report(files["ours"]),
+        "profile_ours": op_profile(files["ours"], big, 5 if quick else 10),
+        "profile_best_peer": op_profile(files[peer], big, 5 if quick else 10) if peer else {},
+    }
 
 
 def measure(files: dict[str, str], batches, quick: bool, feeds=None) -> tuple[dict, dict]:
@@ -217,14 +236,14 @@ def measure(files: dict[str, str], batches, quick: bool, feeds=None) -> tuple[di
     latency, cpu = {}, {}
     for b in batches:
         per_model = {k: feeds(b) for k in files} if feeds else None
-        latency[b] = interleaved_latency(files, b, rounds=ROUNDS[quick], per_round=3, threads=THREADS,
-                                         feeds=per_model)
+        latency[b] = interleaved_latency(files, b, rounds=ROUNDS[quick], per_round=3, threads=THREADS, feeds=per_model)
         cpu[b] = interleaved_cpu_time(files, b, rounds=ROUNDS[quick] // 2, per_round=3, feeds=per_model)
     return latency, cpu
 
 
-def latency_rows(files: dict[str, str], fp32: str, timings: tuple[dict, dict], batches,
-                 extra: dict | None = None) -> list[dict]:
+def latency_rows(
+    files: dict[str, str], fp32: str, timings: tuple[dict, dict], batches, extra: dict | None = None
+) -> list[dict]:
     """One row per model: bytes and, per batch, the minimum and median ms at THREADS threads and their
     ratios to FP32's, and the ratio of minimum CPU times on one thread.
 
@@ -252,9 +271,12 @@ def ours_vs_best_peer(rows: list[dict], batches) -> dict[str, dict[str, Any]]:
     found = {}
     for b in batches if peers else ():
         best = min(peers, key=lambda r: r[f"b{b}_min_ms"])
-        found[f"b{b}"] = {"peer": best["model"], "ratio": mine[f"b{b}_min_ms"] / best[f"b{b}_min_ms"],
-                          "ratio_median": mine[f"b{b}_med_ms"] / best[f"b{b}_med_ms"],
-                          "ratio_cpu": mine[f"b{b}_cpu_vs_fp32"] / best[f"b{b}_cpu_vs_fp32"]}
+        found[f"b{b}"] = {
+            "peer": best["model"],
+            "ratio": mine[f"b{b}_min_ms"] / best[f"b{b}_min_ms"],
+            "ratio_median": mine[f"b{b}_med_ms"] / best[f"b{b}_med_ms"],
+            "ratio_cpu": mine[f"b{b}_cpu_vs_fp32"] / best[f"b{b}_cpu_vs_fp32"],
+        }
     return found
 
 
@@ -272,8 +294,14 @@ def minilm_section(quick: bool, folder: Path) -> dict[str, Any]:
     run = distil_minilm(str(folder), 32 if quick else 200, 16 if quick else 64)
     teacher, student = run["teacher"], run["student"]
     ids, mask = run["eval"]
-    paths = amct.save_distill_model(student, str(folder / "minilm"), run["example"], input_names=NAMES,
-                                    output_names=["embedding"], dynamic_axes=DYNAMIC)
+    paths = amct.save_distill_model(
+        student,
+        str(folder / "minilm"),
+        run["example"],
+        input_names=NAMES,
+        output_names=["embedding"],
+        dynamic_axes=DYNAMIC,
+    )
     fp32 = str(folder / "minilm_fp32.onnx")
     export_onnx(teacher, fp32, run["example"], NAMES, ["embedding"], DYNAMIC)
     dynamic = str(folder / "minilm_dynamic.onnx")
@@ -288,10 +316,15 @@ def minilm_section(quick: bool, folder: Path) -> dict[str, Any]:
     load, batches = os.getloadavg(), (1, 32)
     timings = measure(files, batches, quick, lambda b: _feeds(ids, mask, b))
     rows = latency_rows(files, fp32, timings, batches, {label: {"cos_fp32": c} for label, c in cosine.items()})
-    return {"name": "MiniLM", "rows": rows, "ours_vs_best_peer": ours_vs_best_peer(rows, batches),
-            "load_avg": [load, os.getloadavg()], "report": deploy_report(paths["deploy"]),
-            "profile_ours": op_profile(paths["deploy"], 1, 5, _feeds(ids, mask, 1)),
-            "profile_best_peer": op_profile(dynamic, 1, 5, _feeds(ids, mask, 1))}
+    return {
+        "name": "MiniLM",
+        "rows": rows,
+        "ours_vs_best_peer": ours_vs_best_peer(rows, batches),
+        "load_avg": [load, os.getloadavg()],
+        "report": deploy_report(paths["deploy"]),
+        "profile_ours": op_profile(paths["deploy"], 1, 5, _feeds(ids, mask, 1)),
+        "profile_best_peer": op_profile(dynamic, 1, 5, _feeds(ids, mask, 1)),
+    }
 
 
 def sections(quick: bool, only: set[str], folder: Path):
@@ -299,20 +332,28 @@ def sections(quick: bool, only: set[str], folder: Path):
     torch.manual_seed(0)
     if "resnet18" in only:
         x = torch.randn(16 if quick else 64, 3, 112, 112)
-        yield (cnn_section("ResNet-18 layout 112x112", _randomised_bn(ResNet18()), x, (1, 8), quick,
-                                 folder / "resnet18"))
+        yield (
+            cnn_section("ResNet-18 layout 112x112", _randomised_bn(ResNet18()), x, (1, 8), quick, folder / "resnet18")
+        )
     if "fashion" in only:
         from examples.fashion_mnist import load_fashion_mnist
 
         x = load_fashion_mnist("train", limit=256 if quick else 1024)[0].float()
-        yield (cnn_section("Fashion CNN 459k", _randomised_bn(FashionCnn459k()), x, (1, 64), quick,
-                                 folder / "fashion"))
+        yield (cnn_section("Fashion CNN 459k", _randomised_bn(FashionCnn459k()), x, (1, 64), quick, folder / "fashion"))
     if "crepe" in only:
         from bench.crepe import load_crepe_tiny, tones
 
         try:
-            yield (cnn_section("CREPE tiny", load_crepe_tiny(), tones(128 if quick else 512, 1)[0], (1, 64),
-                                     quick, folder / "crepe"))
+            yield (
+                cnn_section(
+                    "CREPE tiny",
+                    load_crepe_tiny(),
+                    tones(128 if quick else 512, 1)[0],
+                    (1, 64),
+                    quick,
+                    folder / "crepe",
+                )
+            )
         except ImportError as exc:
             yield {"name": "CREPE tiny", "status": f"skipped: {exc}"}
     if "minilm" in only:

@@ -62,7 +62,7 @@ def fashion(args, workdir: Path) -> dict:
     model = copy.deepcopy(teacher).train()
     opt = torch.optim.Adam(model.parameters(), 1e-4)
     fp32_times = []
-    for i, (xb, yb) in enumerate(make_loader(x_train[:128 * 31], y_train[:128 * 31], 128, seed=2)):
+    for i, (xb, yb) in enumerate(make_loader(x_train[: 128 * 31], y_train[: 128 * 31], 128, seed=2)):
         start = time.perf_counter()
         loss = F.cross_entropy(model(xb), yb)
         opt.zero_grad()
@@ -75,23 +75,35 @@ def fashion(args, workdir: Path) -> dict:
     config = workdir / "fashion.json"
     amct.create_distill_config(str(config), teacher, example)
     student = amct.create_distill_model(str(config), teacher, example)
-    loader = DataLoader(x_train[:args.distill_images], batch_size=128, shuffle=True,
-                        generator=torch.Generator().manual_seed(1))
+    loader = DataLoader(
+        x_train[: args.distill_images], batch_size=128, shuffle=True, generator=torch.Generator().manual_seed(1)
+    )
     stamps = []
     start = time.perf_counter()
     amct.distill(teacher, student, str(config), loader, epochs=1, progress=lambda e: stamps.append(time.perf_counter()))
     distill_s = time.perf_counter() - start
     student_acc = evaluate_accuracy(student, x_test, y_test)
-    paths = amct.save_distill_model(student, str(workdir / "fashion"), example, input_names=["x"],
-                                    output_names=["logits"], dynamic_axes={"x": {0: "n"}, "logits": {0: "n"}})
+    paths = amct.save_distill_model(
+        student,
+        str(workdir / "fashion"),
+        example,
+        input_names=["x"],
+        output_names=["logits"],
+        dynamic_axes={"x": {0: "n"}, "logits": {0: "n"}},
+    )
     session = _session(paths["deploy"], args.threads)
-    logits = np.concatenate([session.run(None, {"x": x_test[i:i + 1000].numpy()})[0]
-                             for i in range(0, len(x_test), 1000)])
+    logits = np.concatenate(
+        [session.run(None, {"x": x_test[i : i + 1000].numpy()})[0] for i in range(0, len(x_test), 1000)]
+    )
     deploy_acc = float((logits.argmax(1) == y_test.numpy()).mean())
     return {
-        "teacher_acc": teacher_acc, "student_acc": student_acc, "deploy_acc": deploy_acc,
-        "distill_step_s": _step_times(stamps), "fp32_step_s": statistics.median(fp32_times),
-        "distill_steps": len(stamps), "distill_s": distill_s,
+        "teacher_acc": teacher_acc,
+        "student_acc": student_acc,
+        "deploy_acc": deploy_acc,
+        "distill_step_s": _step_times(stamps),
+        "fp32_step_s": statistics.median(fp32_times),
+        "distill_steps": len(stamps),
+        "distill_s": distill_s,
     }
 
 
@@ -111,8 +123,10 @@ def main() -> None:
         delta = 100 * (f["student_acc"] - f["teacher_acc"])
         print(f"| INT8 student accuracy (PyTorch) | {f['student_acc']:.4f} ({delta:+.2f} pt) |")
         print(f"| INT8 deploy ONNX accuracy (onnxruntime) | {f['deploy_acc']:.4f} |")
-        print(f"| distill step / FP32 train step (batch 128, median) | {1000 * f['distill_step_s']:.1f} ms / "
-              f"{1000 * f['fp32_step_s']:.1f} ms = {f['distill_step_s'] / f['fp32_step_s']:.2f}x |")
+        print(
+            f"| distill step / FP32 train step (batch 128, median) | {1000 * f['distill_step_s']:.1f} ms / "
+            f"{1000 * f['fp32_step_s']:.1f} ms = {f['distill_step_s'] / f['fp32_step_s']:.2f}x |"
+        )
         steps = f"{args.distill_images} images, {f['distill_steps']} group-steps"
         print(f"| distill total ({steps}) | {f['distill_s']:.1f} s |")
         sys.stdout.flush()

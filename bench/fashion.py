@@ -80,8 +80,13 @@ class FashionSetup:
 
     def loader(self):
         """The extra-epoch loader: a fresh one per method, same seed, so every method sees the same batches."""
-        return make_loader(self.x_train[: self.train_limit], self.y_train[: self.train_limit], self.batch_size,
-                           shuffle=True, seed=self.seed + 1)
+        return make_loader(
+            self.x_train[: self.train_limit],
+            self.y_train[: self.train_limit],
+            self.batch_size,
+            shuffle=True,
+            seed=self.seed + 1,
+        )
 
     def base_copy(self) -> nn.Module:
         return copy.deepcopy(self.base)
@@ -93,18 +98,33 @@ class FashionSetup:
 
     def describe(self) -> dict[str, Any]:
         params = sum(p.numel() for p in self.base.parameters())
-        return {"model": f"{type(self.base).__name__} ({params:,} params)", "base_epochs": self.base_epochs,
-                "base_images": self.base_images, "base_lr": 2e-3, "base_accuracy": self.base_accuracy,
-                "base_train_s": self.base_train_s, "train_limit": self.train_limit, "epochs": self.epochs,
-                "lr": self.lr, "optimizer": "adam", "batch_size": self.batch_size, "seed": self.seed,
-                "threads": self.threads, "test_images": len(self.x_test), "latency_rounds": self.latency_rounds}
+        return {
+            "model": f"{type(self.base).__name__} ({params:,} params)",
+            "base_epochs": self.base_epochs,
+            "base_images": self.base_images,
+            "base_lr": 2e-3,
+            "base_accuracy": self.base_accuracy,
+            "base_train_s": self.base_train_s,
+            "train_limit": self.train_limit,
+            "epochs": self.epochs,
+            "lr": self.lr,
+            "optimizer": "adam",
+            "batch_size": self.batch_size,
+            "seed": self.seed,
+            "threads": self.threads,
+            "test_images": len(self.x_test),
+            "latency_rounds": self.latency_rounds,
+        }
 
 
 def prepare(workdir: Path, quick: bool = False, seed: int = 0, threads: int = 2, model: str = "small") -> FashionSetup:
     """Load Fashion-MNIST and train the FP32 base (``MODELS[model]``) once. ``quick``: a few thousand images, for
     smoke runs."""
-    sizes = dict(base_images=4000, train_limit=2000, test=2000, epochs=1, rounds=5) if quick else \
-        dict(base_images=60000, train_limit=20000, test=10000, epochs=1, rounds=20)
+    sizes = (
+        dict(base_images=4000, train_limit=2000, test=2000, epochs=1, rounds=5)
+        if quick
+        else dict(base_images=60000, train_limit=20000, test=10000, epochs=1, rounds=20)
+    )
     x_train, y_train = load_fashion_mnist("train")
     x_test, y_test = load_fashion_mnist("test", limit=sizes["test"])
     torch.manual_seed(seed)
@@ -114,9 +134,23 @@ def prepare(workdir: Path, quick: bool = False, seed: int = 0, threads: int = 2,
     train_epochs(base, loader, 1, 2e-3)
     base_train_s = time.perf_counter() - start
     base.eval()
-    return FashionSetup(x_train, y_train, x_test, y_test, base, evaluate_accuracy(base, x_test, y_test),
-                        base_train_s, workdir, 1, sizes["base_images"], sizes["train_limit"], sizes["epochs"],
-                        seed=seed, threads=threads, latency_rounds=sizes["rounds"])
+    return FashionSetup(
+        x_train,
+        y_train,
+        x_test,
+        y_test,
+        base,
+        evaluate_accuracy(base, x_test, y_test),
+        base_train_s,
+        workdir,
+        1,
+        sizes["base_images"],
+        sizes["train_limit"],
+        sizes["epochs"],
+        seed=seed,
+        threads=threads,
+        latency_rounds=sizes["rounds"],
+    )
 
 
 def export_fp32(model: nn.Module, path: Path, example: torch.Tensor) -> str:
@@ -131,8 +165,9 @@ def weight_counts(model: nn.Module) -> dict[str, int]:
     return {"params": sum(p.numel() for p in model.parameters()), "nonzero_weights": nonzero}
 
 
-def timed_training(model: nn.Module, loader, epochs: int, lr: float, set_mode: bool = True,
-                   loss_fn=None) -> dict[str, Any]:
+def timed_training(
+    model: nn.Module, loader, epochs: int, lr: float, set_mode: bool = True, loss_fn=None
+) -> dict[str, Any]:
     """Adam training with per-step wall time and loss: ``{step_s: {min, median, max}, losses, train_s}``.
     ``loss_fn``: as ``train_epochs``'s (None: cross-entropy)."""
     timer = StepTimer()
@@ -149,8 +184,13 @@ def fp32_control(setup: FashionSetup) -> Row:
     training = timed_training(model, setup.loader(), setup.epochs, setup.lr)
     onnx_path = export_fp32(model, setup.folder(BASELINE) / "fp32.onnx", setup.example)
     setup.fp32_model = model.eval()  # PTQ quantises this one: post-training means after the same training
-    return {"torch_accuracy": evaluate_accuracy(model, setup.x_test, setup.y_test), "onnx": onnx_path,
-            "deploy_kind": "FP32 ONNX", **weight_counts(model), **training}
+    return {
+        "torch_accuracy": evaluate_accuracy(model, setup.x_test, setup.y_test),
+        "onnx": onnx_path,
+        "deploy_kind": "FP32 ONNX",
+        **weight_counts(model),
+        **training,
+    }
 
 
 def run_row(name: str, family: str, fn: Callable[[], Row]) -> Row:
@@ -180,8 +220,9 @@ def measure_deploy(setup: FashionSetup, rows: list[Row]) -> None:
                 row["accuracy"] = ort_accuracy(row["onnx"], setup.x_test, setup.y_test, setup.threads)
                 # With only the basic graph rewrites (no QDQ fusion into QLinear* kernels): where this differs
                 # from the default, onnxruntime's fused kernels compute something else than the graph says.
-                row["accuracy_ort_basic"] = ort_accuracy(row["onnx"], setup.x_test, setup.y_test, setup.threads,
-                                                         optimization="ORT_ENABLE_BASIC")
+                row["accuracy_ort_basic"] = ort_accuracy(
+                    row["onnx"], setup.x_test, setup.y_test, setup.threads, optimization="ORT_ENABLE_BASIC"
+                )
                 row["bytes"] = file_size(row["onnx"])
                 row["ops"] = op_counts(row["onnx"])
             except Exception as exc:  # e.g. a peer's ONNX that onnxruntime cannot load
@@ -191,8 +232,9 @@ def measure_deploy(setup: FashionSetup, rows: list[Row]) -> None:
             row["accuracy"] = row["torch_accuracy"]  # no ONNX: the PyTorch model's accuracy stands in
     for batch in (1, 64):
         # One ORT thread: per-model latency without thread-pool scheduling noise on a shared machine.
-        latency = interleaved_latency(deployable, batch, rounds=setup.latency_rounds,
-                                      per_round=5 if batch == 64 else 20, threads=1)
+        latency = interleaved_latency(
+            deployable, batch, rounds=setup.latency_rounds, per_round=5 if batch == 64 else 20, threads=1
+        )
         for row in rows:
             if row["name"] in latency:
                 row[f"latency_b{batch}_s"] = latency[row["name"]]

@@ -42,9 +42,12 @@ DYNAMIC = {"input_ids": {0: "n", 1: "tokens"}, "attention_mask": {0: "n", 1: "to
 
 def _ort_cosine(path: str, ids: torch.Tensor, mask: torch.Tensor, reference: torch.Tensor) -> dict[str, float]:
     session = ort_session(path)
-    out = np.concatenate([session.run(None, {"input_ids": ids[i:i + 16].numpy(),
-                                             "attention_mask": mask[i:i + 16].numpy()})[0]
-                          for i in range(0, len(ids), 16)])
+    out = np.concatenate(
+        [
+            session.run(None, {"input_ids": ids[i : i + 16].numpy(), "attention_mask": mask[i : i + 16].numpy()})[0]
+            for i in range(0, len(ids), 16)
+        ]
+    )
     cos = F.cosine_similarity(torch.from_numpy(out), reference, dim=-1)
     return {"mean": cos.mean().item(), "min": cos.min().item()}
 
@@ -57,9 +60,9 @@ def _fp32_train_step(teacher, ids, mask, steps: int) -> dict[str, float]:
     for step in range(steps + 1):
         i = (step * BATCH) % (len(ids) - BATCH)
         with torch.no_grad():
-            target = teacher(ids[i + 1:i + 1 + BATCH], mask[i + 1:i + 1 + BATCH])
+            target = teacher(ids[i + 1 : i + 1 + BATCH], mask[i + 1 : i + 1 + BATCH])
         start = time.perf_counter()
-        loss = F.mse_loss(model(ids[i:i + BATCH], mask[i:i + BATCH]), target)
+        loss = F.mse_loss(model(ids[i : i + BATCH], mask[i : i + BATCH]), target)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -70,8 +73,10 @@ def _fp32_train_step(teacher, ids, mask, steps: int) -> dict[str, float]:
 
 def _feeds(ids: torch.Tensor, mask: torch.Tensor, batch: int) -> dict[str, np.ndarray]:
     repeat = -(-batch // len(ids))
-    return {"input_ids": ids.repeat(repeat, 1)[:batch].numpy(),
-            "attention_mask": mask.repeat(repeat, 1)[:batch].numpy()}
+    return {
+        "input_ids": ids.repeat(repeat, 1)[:batch].numpy(),
+        "attention_mask": mask.repeat(repeat, 1)[:batch].numpy(),
+    }
 
 
 def run_minilm(quick: bool = False) -> dict[str, Any]:
@@ -87,8 +92,14 @@ def run_minilm(quick: bool = False) -> dict[str, Any]:
         teacher, student = run["teacher"], run["student"]
         ids, mask = run["eval"]
         fp32, int8 = embed(teacher, ids, mask), embed(student, ids, mask)
-        paths = amct.save_distill_model(student, str(Path(tmp) / "minilm"), run["example"], input_names=NAMES,
-                                        output_names=["embedding"], dynamic_axes=DYNAMIC)
+        paths = amct.save_distill_model(
+            student,
+            str(Path(tmp) / "minilm"),
+            run["example"],
+            input_names=NAMES,
+            output_names=["embedding"],
+            dynamic_axes=DYNAMIC,
+        )
         fp32_path = str(Path(tmp) / "minilm_fp32.onnx")
         export_onnx(teacher, fp32_path, run["example"], NAMES, ["embedding"], DYNAMIC)
         group_steps = len(stamps)
@@ -99,9 +110,13 @@ def run_minilm(quick: bool = False) -> dict[str, Any]:
         latency = {}
         for batch in (1, 32):
             feeds = _feeds(ids, mask, batch)
-            measured = interleaved_latency({"deploy": paths["deploy"], "fp32": fp32_path}, batch,
-                                           rounds=4 if quick else 10, per_round=3,
-                                           feeds={"deploy": feeds, "fp32": feeds})
+            measured = interleaved_latency(
+                {"deploy": paths["deploy"], "fp32": fp32_path},
+                batch,
+                rounds=4 if quick else 10,
+                per_round=3,
+                feeds={"deploy": feeds, "fp32": feeds},
+            )
             latency[f"batch{batch}"] = {**measured, "ratio": ratios(measured["deploy"], measured["fp32"])}
         return {
             "status": "ok",
@@ -130,23 +145,31 @@ def print_report(result: dict[str, Any]) -> None:
     print(f"| all-MiniLM-L6-v2, 37 Linear -> INT8, {s['train']} sentences x {s['tokens']} tokens, 1 epoch | value |")
     print("|---|---|")
     print(f"| mean cosine INT8 student vs FP32 ({s['eval']} held-out sentences) | {result['cos_student_fp32']:.4f} |")
-    for key, label in (("cos_fake_quant_pytorch", "fake-quant ONNX vs PyTorch student"),
-                       ("cos_deploy_pytorch", "deploy ONNX vs PyTorch student"),
-                       ("cos_deploy_fp32", "deploy ONNX vs FP32")):
+    for key, label in (
+        ("cos_fake_quant_pytorch", "fake-quant ONNX vs PyTorch student"),
+        ("cos_deploy_pytorch", "deploy ONNX vs PyTorch student"),
+        ("cos_deploy_fp32", "deploy ONNX vs FP32"),
+    ):
         print(f"| cosine {label} (mean / min) | {result[key]['mean']:.5f} / {result[key]['min']:.5f} |")
     for batch, figures in result["latency_s"].items():
         d, f, r = figures["deploy"], figures["fp32"], figures["ratio"]
-        print(f"| ORT latency deploy / FP32, {batch} (min / median / max) | "
-              f"{1000 * d['median']:.1f} ms / {1000 * f['median']:.1f} ms; ratio "
-              f"{r['min']:.2f} / {r['median']:.2f} / {r['max']:.2f} |")
-    print(f"| distill step (one group, one batch) / FP32 train step (median) | "
-          f"{1000 * result['distill_group_step_s']:.1f} ms / {1000 * result['fp32_train_step_s']['median']:.1f} ms "
-          f"= {result['distill_group_step_over_fp32_step']:.2f}x |")
+        print(
+            f"| ORT latency deploy / FP32, {batch} (min / median / max) | "
+            f"{1000 * d['median']:.1f} ms / {1000 * f['median']:.1f} ms; ratio "
+            f"{r['min']:.2f} / {r['median']:.2f} / {r['max']:.2f} |"
+        )
+    print(
+        f"| distill step (one group, one batch) / FP32 train step (median) | "
+        f"{1000 * result['distill_group_step_s']:.1f} ms / {1000 * result['fp32_train_step_s']['median']:.1f} ms "
+        f"= {result['distill_group_step_over_fp32_step']:.2f}x |"
+    )
     if result["distill_batch_all_groups_s"]:
         print(f"| distill time per batch through all 37 groups | {result['distill_batch_all_groups_s']:.2f} s |")
     print(f"| distill total (load, config, calibration, loop) | {result['distill_total_s']:.1f} s |")
-    print(f"| deploy ONNX bytes / FP32 ONNX bytes | {result['deploy_bytes'] / 1e6:.1f} MB / "
-          f"{result['fp32_bytes'] / 1e6:.1f} MB = {result['deploy_bytes_ratio']:.3f} |")
+    print(
+        f"| deploy ONNX bytes / FP32 ONNX bytes | {result['deploy_bytes'] / 1e6:.1f} MB / "
+        f"{result['fp32_bytes'] / 1e6:.1f} MB = {result['deploy_bytes_ratio']:.3f} |"
+    )
 
 
 def main() -> None:

@@ -68,15 +68,28 @@ def torchao_qat(setup) -> Row:
     path = setup.folder("torchao") / "torchao_qdq.onnx"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        program = torch.onnx.export(converted, (setup.example,), dynamo=True, verbose=False,
-                                    dynamic_shapes=({0: torch.export.Dim("n")},), **IO_NAMES)
+        program = torch.onnx.export(
+            converted,
+            (setup.example,),
+            dynamo=True,
+            verbose=False,
+            dynamic_shapes=({0: torch.export.Dim("n")},),
+            **IO_NAMES,
+        )
     program.save(str(path))
-    return {"torch_accuracy": accuracy, "prepare_s": prepare_s, "convert_s": convert_s, "onnx": str(path),
-            "deploy_kind": "QDQ ONNX (torch.onnx dynamo export)", **training}
+    return {
+        "torch_accuracy": accuracy,
+        "prepare_s": prepare_s,
+        "convert_s": convert_s,
+        "onnx": str(path),
+        "deploy_kind": "QDQ ONNX (torch.onnx dynamo export)",
+        **training,
+    }
 
 
-def torchao_ptq_onnx(model: torch.nn.Module, calibration: torch.Tensor, path: Path, input_name: str = "x",
-                     output_name: str = "y") -> str:
+def torchao_ptq_onnx(
+    model: torch.nn.Module, calibration: torch.Tensor, path: Path, input_name: str = "x", output_name: str = "y"
+) -> str:
     """torchao PT2E static PTQ (x86 quantiser, int8 activations and weights) calibrated on ``calibration``,
     exported as a QDQ ONNX with torch.onnx's dynamo exporter (the flow torchao documents for deployment)."""
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
@@ -95,9 +108,15 @@ def torchao_ptq_onnx(model: torch.nn.Module, calibration: torch.Tensor, path: Pa
     converted = convert_pt2e(prepared)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        program = torch.onnx.export(converted, (calibration[:2],), dynamo=True, verbose=False,
-                                    dynamic_shapes=({0: torch.export.Dim("n")},), input_names=[input_name],
-                                    output_names=[output_name])
+        program = torch.onnx.export(
+            converted,
+            (calibration[:2],),
+            dynamo=True,
+            verbose=False,
+            dynamic_shapes=({0: torch.export.Dim("n")},),
+            input_names=[input_name],
+            output_names=[output_name],
+        )
     program.save(str(path))
     return str(path)
 
@@ -121,17 +140,31 @@ def nncf_qat(setup) -> Row:
     training = timed_training(quantized, loader, setup.epochs, setup.lr)
     start = time.perf_counter()
     quantized.eval()
-    stripped = nncf.strip(quantized, do_copy=True, strip_format=nncf.StripFormat.NATIVE,
-                          example_input=setup.example[:1])
+    stripped = nncf.strip(
+        quantized, do_copy=True, strip_format=nncf.StripFormat.NATIVE, example_input=setup.example[:1]
+    )
     convert_s = time.perf_counter() - start
     accuracy = evaluate_accuracy(stripped, setup.x_test, setup.y_test)
     path = setup.folder("nncf") / "nncf_qdq.onnx"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(stripped, (setup.example,), str(path), dynamo=False, opset_version=17,
-                          dynamic_axes={"x": {0: "n"}, "logits": {0: "n"}}, **IO_NAMES)
-    return {"torch_accuracy": accuracy, "prepare_s": prepare_s, "convert_s": convert_s, "onnx": str(path),
-            "deploy_kind": "QDQ ONNX (nncf.strip + torch.onnx)", **training}
+        torch.onnx.export(
+            stripped,
+            (setup.example,),
+            str(path),
+            dynamo=False,
+            opset_version=17,
+            dynamic_axes={"x": {0: "n"}, "logits": {0: "n"}},
+            **IO_NAMES,
+        )
+    return {
+        "torch_accuracy": accuracy,
+        "prepare_s": prepare_s,
+        "convert_s": convert_s,
+        "onnx": str(path),
+        "deploy_kind": "QDQ ONNX (nncf.strip + torch.onnx)",
+        **training,
+    }
 
 
 def torch_pruning(setup, ratio: float) -> Row:
@@ -142,18 +175,28 @@ def torch_pruning(setup, ratio: float) -> Row:
     start = time.perf_counter()
     model = setup.base_copy()
     classifier = _classifier(model)
-    pruner = tp.pruner.MetaPruner(model, setup.example, importance=tp.importance.GroupMagnitudeImportance(p=2),
-                                  pruning_ratio=ratio, pruning_ratio_dict=_same_counts(model, ratio, classifier),
-                                  ignored_layers=[classifier])
+    pruner = tp.pruner.MetaPruner(
+        model,
+        setup.example,
+        importance=tp.importance.GroupMagnitudeImportance(p=2),
+        pruning_ratio=ratio,
+        pruning_ratio_dict=_same_counts(model, ratio, classifier),
+        ignored_layers=[classifier],
+    )
     pruner.step()
     prepare_s = time.perf_counter() - start
     after_pruning = evaluate_accuracy(model, setup.x_test, setup.y_test)  # before fine-tuning, as ours report it
     training = timed_training(model, setup.loader(), setup.epochs, setup.lr)
     model.eval()
-    row = {"torch_accuracy": evaluate_accuracy(model, setup.x_test, setup.y_test), "prepare_s": prepare_s,
-           "accuracy_after_pruning": after_pruning,
-           **weight_counts(model), "deploy_kind": "FP32 ONNX", **training,
-           "onnx": export_fp32(model, setup.folder(f"tp{ratio}") / "tp.onnx", setup.example)}
+    row = {
+        "torch_accuracy": evaluate_accuracy(model, setup.x_test, setup.y_test),
+        "prepare_s": prepare_s,
+        "accuracy_after_pruning": after_pruning,
+        **weight_counts(model),
+        "deploy_kind": "FP32 ONNX",
+        **training,
+        "onnx": export_fp32(model, setup.folder(f"tp{ratio}") / "tp.onnx", setup.example),
+    }
     setup.cache[f"torch-pruning {ratio}"] = row
     return row
 
@@ -179,11 +222,17 @@ def torch_pruning_ptq(setup, ratio: float) -> Row:
     pruned = setup.cache.get(f"torch-pruning {ratio}")
     if pruned is None:
         raise RuntimeError(f"the Torch-Pruning {ratio:.0%} row did not run: nothing to quantise")
-    quantized = ptq.quantize(pruned["onnx"], setup.x_train[: ptq.CALIBRATION_IMAGES].numpy(),
-                             setup.folder(f"tp{ratio}") / "tp_ptq.onnx")
+    quantized = ptq.quantize(
+        pruned["onnx"], setup.x_train[: ptq.CALIBRATION_IMAGES].numpy(), setup.folder(f"tp{ratio}") / "tp_ptq.onnx"
+    )
     accuracy = ort_accuracy(quantized["onnx"], setup.x_test, setup.y_test, setup.threads)
-    return {**pruned, "torch_accuracy": accuracy, "onnx": quantized["onnx"], "convert_s": quantized["calibrate_s"],
-            "deploy_kind": "QDQ ONNX (ORT PTQ)"}
+    return {
+        **pruned,
+        "torch_accuracy": accuracy,
+        "onnx": quantized["onnx"],
+        "convert_s": quantized["calibrate_s"],
+        "deploy_kind": "QDQ ONNX (ORT PTQ)",
+    }
 
 
 class _quiet_stdout:
@@ -197,8 +246,10 @@ class _quiet_stdout:
 
 
 def qat_methods(setup) -> list[tuple[str, str, Callable[[], Row]]]:
-    return [("torchao PT2E QAT (x86)", "peer", lambda: torchao_qat(setup)),
-            ("NNCF QAT", "peer", lambda: nncf_qat(setup))]
+    return [
+        ("torchao PT2E QAT (x86)", "peer", lambda: torchao_qat(setup)),
+        ("NNCF QAT", "peer", lambda: nncf_qat(setup)),
+    ]
 
 
 def prune_methods(setup) -> list[tuple[str, str, Callable[[], Row]]]:

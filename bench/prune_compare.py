@@ -52,44 +52,80 @@ def compare(setup, ratios: list[float], parts: list[str]) -> list[dict]:
     rows = []
     for ratio in ratios:
         tp = peers.torch_pruning(setup, ratio)
-        rows.append(_row(f"Torch-Pruning {round(ratio * 100)} %", "peer", ratio, tp,
-                         ort_accuracy(tp["onnx"], setup.x_test, setup.y_test, setup.threads)))
+        rows.append(
+            _row(
+                f"Torch-Pruning {round(ratio * 100)} %",
+                "peer",
+                ratio,
+                tp,
+                ort_accuracy(tp["onnx"], setup.x_test, setup.y_test, setup.threads),
+            )
+        )
         quantized = peers.torch_pruning_ptq(setup, ratio)
-        rows.append(_row(f"Torch-Pruning {round(ratio * 100)} % + ORT PTQ", "peer", ratio, quantized,
-                         quantized["torch_accuracy"]))
+        rows.append(
+            _row(
+                f"Torch-Pruning {round(ratio * 100)} % + ORT PTQ", "peer", ratio, quantized, quantized["torch_accuracy"]
+            )
+        )
         for recipe in recipes(parts):
             name = compress.row_name(recipe, ratio)
             row = compress.amct_compressed(setup, name, recipe.filter_cfg(ratio, len(setup.loader())), recipe)
-            rows.append(_row(name, "ours", ratio, row, ort_accuracy(row["onnx"], setup.x_test, setup.y_test,
-                                                                    setup.threads)))
+            rows.append(
+                _row(name, "ours", ratio, row, ort_accuracy(row["onnx"], setup.x_test, setup.y_test, setup.threads))
+            )
     return rows
 
 
 def _row(name: str, family: str, ratio: float, row: dict, accuracy: float) -> dict:
-    out = {"name": name, "family": family, "ratio": ratio, "accuracy_after_pruning": row.get("accuracy_after_pruning"),
-           "accuracy": accuracy, "params": row.get("params")}
+    out = {
+        "name": name,
+        "family": family,
+        "ratio": ratio,
+        "accuracy_after_pruning": row.get("accuracy_after_pruning"),
+        "accuracy": accuracy,
+        "params": row.get("params"),
+    }
     after = out["accuracy_after_pruning"]
-    print(f"{name:<55} after pruning {after if after is None else f'{after:.4f}'}  final {accuracy:.4f}  "
-          f"params {out['params']}", file=sys.stderr, flush=True)
+    print(
+        f"{name:<55} after pruning {after if after is None else f'{after:.4f}'}  final {accuracy:.4f}  "
+        f"params {out['params']}",
+        file=sys.stderr,
+        flush=True,
+    )
     return out
 
 
-def run(quick: bool = False, threads: int = 1, seed: int = 0, ratios: tuple[float, ...] = (0.3, 0.5),
-        parts: list[str] | None = None, model: str = "small") -> dict:
+def run(
+    quick: bool = False,
+    threads: int = 1,
+    seed: int = 0,
+    ratios: tuple[float, ...] = (0.3, 0.5),
+    parts: list[str] | None = None,
+    model: str = "small",
+) -> dict:
     """The ``prune_compare`` sections of ``make bench`` (bench/run_all.py), rendered by bench/report.py: every recipe
     on the 20k CNN, ``LARGE_MODEL_RECIPES`` on the 459k one (``quick``: AMCT's BCP and the best recipe, on the small
     setting) at 30 % and 50 %."""
     torch.set_num_threads(threads)
     load = os.getloadavg()
     if parts is None:
-        parts = [compress.AMCT.label, compress.RECIPES[0].label] if quick else \
-            LARGE_MODEL_RECIPES if model != "small" else []
+        parts = (
+            [compress.AMCT.label, compress.RECIPES[0].label]
+            if quick
+            else LARGE_MODEL_RECIPES
+            if model != "small"
+            else []
+        )
     with tempfile.TemporaryDirectory(prefix="amct-prune-compare-") as tmp:
         setup = prepare(Path(tmp), quick=quick, seed=seed, threads=threads, model=model)
         print(f"FP32 base top-1 {setup.base_accuracy:.4f}", file=sys.stderr, flush=True)
         rows = compare(setup, list(ratios), parts)
-    return {"setting": setup.describe(), "ptq_calibration_images": ptq.CALIBRATION_IMAGES, "rows": rows,
-            "load_avg": [load, os.getloadavg()]}
+    return {
+        "setting": setup.describe(),
+        "ptq_calibration_images": ptq.CALIBRATION_IMAGES,
+        "rows": rows,
+        "load_avg": [load, os.getloadavg()],
+    }
 
 
 def paired(per_seed: dict[int, list[dict]]) -> list[dict]:
@@ -110,9 +146,19 @@ def paired(per_seed: dict[int, list[dict]]) -> list[dict]:
         mean = statistics.fmean(d)
         sd = statistics.stdev(d) if len(d) > 1 else float("nan")
         half = student_t.ppf(0.975, len(d) - 1) * sd / len(d) ** 0.5 if len(d) > 1 else float("nan")
-        out.append({"name": name, "ratio": ratio, "seeds": len(d), "mean_pt": mean, "sd_pt": sd,
-                    "ci95_pt": [mean - half, mean + half], "won": sum(x > 0 for x in d),
-                    "tied": sum(x == 0 for x in d), "lost": sum(x < 0 for x in d)})
+        out.append(
+            {
+                "name": name,
+                "ratio": ratio,
+                "seeds": len(d),
+                "mean_pt": mean,
+                "sd_pt": sd,
+                "ci95_pt": [mean - half, mean + half],
+                "won": sum(x > 0 for x in d),
+                "tied": sum(x == 0 for x in d),
+                "lost": sum(x < 0 for x in d),
+            }
+        )
     return out
 
 
@@ -122,21 +168,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ratio", type=float, action="append", default=[])
     parser.add_argument("--recipe", action="append", default=[], help="part of a recipe label; repeatable")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--seed", type=int, action="append", default=[],
-                        help="the base model's and the batches' seed (0: the table's); repeatable: paired over seeds")
+    parser.add_argument(
+        "--seed",
+        type=int,
+        action="append",
+        default=[],
+        help="the base model's and the batches' seed (0: the table's); repeatable: paired over seeds",
+    )
     parser.add_argument("--model", choices=sorted(MODELS), default="small", help="the CNN (bench/fashion.py MODELS)")
     args = parser.parse_args(argv)
     seeds = args.seed or [0]
-    per_seed = {seed: run(args.quick, args.threads, seed, tuple(args.ratio or (0.3, 0.5)), args.recipe,
-                          args.model)["rows"] for seed in seeds}
+    per_seed = {
+        seed: run(args.quick, args.threads, seed, tuple(args.ratio or (0.3, 0.5)), args.recipe, args.model)["rows"]
+        for seed in seeds
+    }
     if len(seeds) == 1:
         print(json.dumps(per_seed[seeds[0]], indent=1))
         return 0
     summary = paired(per_seed)
     for s in summary:
-        print(f"{s['name']:<55} vs Torch-Pruning + ORT PTQ over {s['seeds']} seeds: {s['mean_pt']:+.3f} pt "
-              f"(sd {s['sd_pt']:.3f}, 95 % [{s['ci95_pt'][0]:+.3f}, {s['ci95_pt'][1]:+.3f}]), "
-              f"won {s['won']} tied {s['tied']} lost {s['lost']}", file=sys.stderr)
+        print(
+            f"{s['name']:<55} vs Torch-Pruning + ORT PTQ over {s['seeds']} seeds: {s['mean_pt']:+.3f} pt "
+            f"(sd {s['sd_pt']:.3f}, 95 % [{s['ci95_pt'][0]:+.3f}, {s['ci95_pt'][1]:+.3f}]), "
+            f"won {s['won']} tied {s['tied']} lost {s['lost']}",
+            file=sys.stderr,
+        )
     print(json.dumps({"per_seed": per_seed, "paired": summary}, indent=1))
     return 0
 

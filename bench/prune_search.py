@@ -42,8 +42,10 @@ CALIBRATION = 512  # images the search calibrates on, in batches of 128 (as benc
 SEARCH_IMAGES = 2000  # the training split's tail: the search's held-out data
 BN_BATCHES = 8
 UNIFORM_CANDIDATES = tuple(r / 100 for r in range(20, 61, 2))
-FILTER_CFG = ("prune_config {{ filter_pruner {{ balanced_l2_norm_filter_prune "
-              "{{ prune_ratio: {ratio:g} ascend_optimized: false }} }} }}\n")
+FILTER_CFG = (
+    "prune_config {{ filter_pruner {{ balanced_l2_norm_filter_prune "
+    "{{ prune_ratio: {ratio:g} ascend_optimized: false }} }} }}\n"
+)
 
 
 def search_cfg(setup: FashionSetup, path: Path) -> dict[str, Any]:
@@ -51,9 +53,15 @@ def search_cfg(setup: FashionSetup, path: Path) -> dict[str, Any]:
 
     images = setup.x_train[:CALIBRATION]
     tail = slice(len(setup.x_train) - SEARCH_IMAGES, len(setup.x_train))
-    result = auto_channel_prune_search(setup.base_copy().eval(), setup.example,
-                                       [images[i:i + 128] for i in range(0, CALIBRATION, 128)],
-                                       setup.x_train[tail], setup.y_train[tail], TARGET_MACS, path)
+    result = auto_channel_prune_search(
+        setup.base_copy().eval(),
+        setup.example,
+        [images[i : i + 128] for i in range(0, CALIBRATION, 128)],
+        setup.x_train[tail],
+        setup.y_train[tail],
+        TARGET_MACS,
+        path,
+    )
     return {"cfg": path, "ratios": result.ratios, "search_macs_ratio": result.measured_macs_ratio}
 
 
@@ -61,8 +69,14 @@ def pruned(setup: FashionSetup, cfg: Path, folder: Path) -> torch.nn.Module:
     """The base pruned by ``cfg``, BatchNorms re-estimated on the first BN_BATCHES training batches."""
     from amct_engine.prune_retrain import create_prune_retrain_model
 
-    return create_prune_retrain_model(setup.base_copy(), setup.example, str(cfg), str(folder / "record.txt"),
-                                      calibration_data=setup.loader(), calibration_batches=BN_BATCHES)
+    return create_prune_retrain_model(
+        setup.base_copy(),
+        setup.example,
+        str(cfg),
+        str(folder / "record.txt"),
+        calibration_data=setup.loader(),
+        calibration_batches=BN_BATCHES,
+    )
 
 
 def macs_ratio(setup: FashionSetup, model: torch.nn.Module) -> float:
@@ -83,8 +97,9 @@ def matched_ratio(setup: FashionSetup, folder: Path, target: float) -> tuple[flo
 
     best = None
     for ratio in UNIFORM_CANDIDATES:
-        model = create_prune_retrain_model(setup.base_copy(), setup.example, str(uniform_cfg(folder, ratio)),
-                                           str(folder / "probe_record.txt"))
+        model = create_prune_retrain_model(
+            setup.base_copy(), setup.example, str(uniform_cfg(folder, ratio)), str(folder / "probe_record.txt")
+        )
         share = macs_ratio(setup, model)
         if best is None or abs(share - target) < abs(best[1] - target):
             best = (ratio, share)
@@ -97,11 +112,21 @@ def row(setup: FashionSetup, name: str, cfg: Path) -> dict[str, Any]:
     model = pruned(setup, cfg, folder)
     before = evaluate_accuracy(model, setup.x_test, setup.y_test)
     training = timed_training(model, setup.loader(), setup.epochs, setup.lr)
-    out = {"name": name, "macs_ratio": macs_ratio(setup, model), "params": sum(p.numel() for p in model.parameters()),
-           "accuracy_after_pruning": before, "accuracy": evaluate_accuracy(model, setup.x_test, setup.y_test),
-           "train_s": training["train_s"], "cfg": cfg.read_text().strip()}
-    print(f"[prune search] {name}: MACs {out['macs_ratio']:.3f}, params {out['params']}, top-1 after pruning "
-          f"{before:.4f}, after {setup.epochs} epoch(s) {out['accuracy']:.4f}", file=sys.stderr, flush=True)
+    out = {
+        "name": name,
+        "macs_ratio": macs_ratio(setup, model),
+        "params": sum(p.numel() for p in model.parameters()),
+        "accuracy_after_pruning": before,
+        "accuracy": evaluate_accuracy(model, setup.x_test, setup.y_test),
+        "train_s": training["train_s"],
+        "cfg": cfg.read_text().strip(),
+    }
+    print(
+        f"[prune search] {name}: MACs {out['macs_ratio']:.3f}, params {out['params']}, top-1 after pruning "
+        f"{before:.4f}, after {setup.epochs} epoch(s) {out['accuracy']:.4f}",
+        file=sys.stderr,
+        flush=True,
+    )
     return out
 
 
@@ -111,12 +136,22 @@ def compare(workdir: Path, quick: bool, seed: int, threads: int) -> dict[str, An
     print(f"[prune search] seed {seed}: FP32 base top-1 {setup.base_accuracy:.4f}", file=sys.stderr, flush=True)
     search = search_cfg(setup, workdir / "prune_search.cfg")
     ratio, share = matched_ratio(setup, workdir, search["search_macs_ratio"])
-    rows = [{"role": "search", **row(setup, f"amct prune search ({TARGET_MACS:.0%} MACs target)", search["cfg"])},
-            {"role": "uniform", **row(setup, "amct uniform BCP 50 %", uniform_cfg(workdir, 0.5))},
-            {"role": "matched", "ratio": ratio, **row(setup, f"amct uniform BCP {ratio:.0%} (MACs matched: "
-                                                             f"{share:.3f})", uniform_cfg(workdir, ratio))}]
-    return {"seed": seed, "base_accuracy": setup.base_accuracy, "search": {"ratios": search["ratios"]},
-            "setting": setup.describe(), "rows": rows}
+    rows = [
+        {"role": "search", **row(setup, f"amct prune search ({TARGET_MACS:.0%} MACs target)", search["cfg"])},
+        {"role": "uniform", **row(setup, "amct uniform BCP 50 %", uniform_cfg(workdir, 0.5))},
+        {
+            "role": "matched",
+            "ratio": ratio,
+            **row(setup, f"amct uniform BCP {ratio:.0%} (MACs matched: {share:.3f})", uniform_cfg(workdir, ratio)),
+        },
+    ]
+    return {
+        "seed": seed,
+        "base_accuracy": setup.base_accuracy,
+        "search": {"ratios": search["ratios"]},
+        "setting": setup.describe(),
+        "rows": rows,
+    }
 
 
 def run(quick: bool = False, seeds: tuple[int, ...] | None = None, threads: int = 1) -> dict[str, Any]:
@@ -131,12 +166,16 @@ def run(quick: bool = False, seeds: tuple[int, ...] | None = None, threads: int 
 
 
 def markdown(results: list[dict[str, Any]]) -> str:
-    lines = ["| seed | row | MACs (share of FP32) | params | top-1 after pruning | top-1 after retraining |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        "| seed | row | MACs (share of FP32) | params | top-1 after pruning | top-1 after retraining |",
+        "|---|---|---|---|---|---|",
+    ]
     for result in results:
         for r in result["rows"]:
-            lines.append(f"| {result['seed']} | {r['name']} | {r['macs_ratio']:.3f} | {r['params']:,} | "
-                         f"{r['accuracy_after_pruning']:.4f} | {r['accuracy']:.4f} |")
+            lines.append(
+                f"| {result['seed']} | {r['name']} | {r['macs_ratio']:.3f} | {r['params']:,} | "
+                f"{r['accuracy_after_pruning']:.4f} | {r['accuracy']:.4f} |"
+            )
     return "\n".join(lines)
 
 

@@ -91,8 +91,9 @@ class ArrayReader:
         self.offset = 0
 
 
-def quantize(fp32_onnx: str | Path, calibration: np.ndarray, out: str | Path,
-             batch: int = CALIBRATION_BATCH) -> dict[str, Any]:
+def quantize(
+    fp32_onnx: str | Path, calibration: np.ndarray, out: str | Path, batch: int = CALIBRATION_BATCH
+) -> dict[str, Any]:
     """Pre-process + static QDQ quantisation of ``fp32_onnx`` into ``out``; returns ``{onnx, calibrate_s}``."""
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
@@ -103,16 +104,21 @@ def quantize(fp32_onnx: str | Path, calibration: np.ndarray, out: str | Path,
     quant_pre_process(str(fp32_onnx), str(prepared))
     input_name = onnx.load(str(prepared), load_external_data=False).graph.input[0].name
     quantize_static(
-        str(prepared), str(out), ArrayReader(input_name, np.ascontiguousarray(calibration, dtype=np.float32), batch),
-        quant_format=QuantFormat.QDQ, per_channel=True, activation_type=QuantType.QInt8,
-        weight_type=QuantType.QInt8, calibrate_method=CalibrationMethod.MinMax,
+        str(prepared),
+        str(out),
+        ArrayReader(input_name, np.ascontiguousarray(calibration, dtype=np.float32), batch),
+        quant_format=QuantFormat.QDQ,
+        per_channel=True,
+        activation_type=QuantType.QInt8,
+        weight_type=QuantType.QInt8,
+        calibrate_method=CalibrationMethod.MinMax,
     )
     return {"onnx": str(out), "calibrate_s": time.perf_counter() - start}
 
 
 def _calibration_batches(setup) -> list:
     images = setup.x_train[:CALIBRATION_IMAGES]
-    return [images[i:i + CALIBRATION_BATCH] for i in range(0, len(images), CALIBRATION_BATCH)]
+    return [images[i : i + CALIBRATION_BATCH] for i in range(0, len(images), CALIBRATION_BATCH)]
 
 
 # --------------------------------------------------------------------------- the flows (model -> INT8 ONNX file)
@@ -138,8 +144,15 @@ def amct_flow(setup, folder: Path, algo: str, fp32_model=None) -> str:
     cfg = folder / "ptq.cfg"
     cfg.write_text(f"batch_num: {len(batches)}\ncommon_config {{ {algo}_quantize {{}} }}\n")
     amct.create_quant_config(str(folder / "ptq.json"), fp32_model, setup.example, config_defination=str(cfg))
-    model = amct.quantize_model(str(folder / "ptq.json"), str(folder / "fused.onnx"), str(folder / "record.txt"),
-                                fp32_model, setup.example, dynamic_axes=DYNAMIC_AXES, **IO_NAMES)
+    model = amct.quantize_model(
+        str(folder / "ptq.json"),
+        str(folder / "fused.onnx"),
+        str(folder / "record.txt"),
+        fp32_model,
+        setup.example,
+        dynamic_axes=DYNAMIC_AXES,
+        **IO_NAMES,
+    )
     with torch.no_grad():
         for batch in batches:
             model(batch)
@@ -162,15 +175,18 @@ def nncf_flow(setup, folder: Path) -> str:
 
     batches = _calibration_batches(setup)
     with contextlib.redirect_stdout(io.StringIO()):  # NNCF's progress bars: stdout is for results
-        quantized = nncf.quantize(copy.deepcopy(setup.fp32_model).eval(), nncf.Dataset(batches),
-                                  subset_size=len(batches))
-    stripped = nncf.strip(quantized, do_copy=False, strip_format=nncf.StripFormat.NATIVE,
-                          example_input=setup.example[:1])
+        quantized = nncf.quantize(
+            copy.deepcopy(setup.fp32_model).eval(), nncf.Dataset(batches), subset_size=len(batches)
+        )
+    stripped = nncf.strip(
+        quantized, do_copy=False, strip_format=nncf.StripFormat.NATIVE, example_input=setup.example[:1]
+    )
     path = folder / "nncf_ptq.onnx"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(stripped, (setup.example,), str(path), dynamo=False, opset_version=17,
-                          dynamic_axes=DYNAMIC_AXES, **IO_NAMES)
+        torch.onnx.export(
+            stripped, (setup.example,), str(path), dynamo=False, opset_version=17, dynamic_axes=DYNAMIC_AXES, **IO_NAMES
+        )
     return str(path)
 
 
@@ -182,9 +198,13 @@ def _row(setup, name: str, flow: Callable[[Path], str], deploy_kind: str) -> dic
         raise RuntimeError("the FP32 row did not run: nothing to quantise")
     start = time.perf_counter()
     path = flow(setup.folder(name))
-    return {"onnx": path, "calibrate_s": time.perf_counter() - start, "deploy_kind": deploy_kind,
-            "torch_accuracy": ort_accuracy(path, setup.x_test, setup.y_test, setup.threads),
-            "calibration_images": CALIBRATION_IMAGES}
+    return {
+        "onnx": path,
+        "calibrate_s": time.perf_counter() - start,
+        "deploy_kind": deploy_kind,
+        "torch_accuracy": ort_accuracy(path, setup.x_test, setup.y_test, setup.threads),
+        "calibration_images": CALIBRATION_IMAGES,
+    }
 
 
 def ptq_row(setup) -> dict[str, Any]:
@@ -201,21 +221,25 @@ def nncf_ptq_row(setup) -> dict[str, Any]:
 
 
 def methods(setup) -> list[tuple[str, str, Callable[[], dict[str, Any]]]]:
-    return [(NAME, "peer", lambda: ptq_row(setup)),
-            (OURS["ifmr"], "ours", lambda: amct_ptq_row(setup, "ifmr")),
-            (OURS["hfmg"], "ours", lambda: amct_ptq_row(setup, "hfmg")),
-            (NNCF_NAME, "peer", lambda: nncf_ptq_row(setup))]
+    return [
+        (NAME, "peer", lambda: ptq_row(setup)),
+        (OURS["ifmr"], "ours", lambda: amct_ptq_row(setup, "ifmr")),
+        (OURS["hfmg"], "ours", lambda: amct_ptq_row(setup, "hfmg")),
+        (NNCF_NAME, "peer", lambda: nncf_ptq_row(setup)),
+    ]
 
 
 # --------------------------------------------------------------------------- wall time, interleaved
 
 
 def timing_flows(setup, fp32_onnx: str) -> dict[str, Callable[[Path], str]]:
-    return {OURS["ifmr"]: lambda folder: amct_flow(setup, folder, "ifmr"),
-            OURS["hfmg"]: lambda folder: amct_flow(setup, folder, "hfmg"),
-            ORT_FROM_TORCH: lambda folder: ort_flow(setup, folder),
-            ORT_FROM_FILE: lambda folder: ort_flow(setup, folder, fp32_onnx),
-            NNCF_NAME: lambda folder: nncf_flow(setup, folder)}
+    return {
+        OURS["ifmr"]: lambda folder: amct_flow(setup, folder, "ifmr"),
+        OURS["hfmg"]: lambda folder: amct_flow(setup, folder, "hfmg"),
+        ORT_FROM_TORCH: lambda folder: ort_flow(setup, folder),
+        ORT_FROM_FILE: lambda folder: ort_flow(setup, folder, fp32_onnx),
+        NNCF_NAME: lambda folder: nncf_flow(setup, folder),
+    }
 
 
 def time_flows(setup, rounds: int) -> dict[str, dict[str, Any]]:
@@ -234,7 +258,7 @@ def time_flows(setup, rounds: int) -> dict[str, dict[str, Any]]:
     samples: dict[str, list[float]] = {name: [] for name in flows}
     order = list(flows)
     for r in range(rounds):
-        for name in order[r % len(order):] + order[:r % len(order)]:
+        for name in order[r % len(order) :] + order[: r % len(order)]:
             folder = setup.folder(f"round {r} {name}")
             start = time.perf_counter()
             flows[name](folder)
@@ -263,16 +287,30 @@ def mixed_precision_points(setup, budgets=BUDGETS) -> list[dict[str, Any]]:
     for budget in budgets:
         start = time.perf_counter()
         folder = setup.folder(f"mixed {budget}")
-        result = auto_mixed_precision(setup.fp32_model, setup.example, _calibration_batches(setup),
-                                      setup.x_train[held_out], setup.y_train[held_out],
-                                      Budget(max_top1_drop=budget), folder)
-        points.append({"budget": budget, "precisions": result.precisions, "weight_bytes": result.weight_bytes,
-                       "int8_weight_bytes": result.int8_weight_bytes, "file_bytes": result.file_bytes,
-                       "search_top1_drop": result.deployed.top1_drop, "search_s": time.perf_counter() - start,
-                       "test_accuracy": ort_accuracy(result.files["deploy"], setup.x_test, setup.y_test,
-                                                     setup.threads),
-                       "int8_test_accuracy": ort_accuracy(str(folder / "int8_deploy_model.onnx"), setup.x_test,
-                                                          setup.y_test, setup.threads)})
+        result = auto_mixed_precision(
+            setup.fp32_model,
+            setup.example,
+            _calibration_batches(setup),
+            setup.x_train[held_out],
+            setup.y_train[held_out],
+            Budget(max_top1_drop=budget),
+            folder,
+        )
+        points.append(
+            {
+                "budget": budget,
+                "precisions": result.precisions,
+                "weight_bytes": result.weight_bytes,
+                "int8_weight_bytes": result.int8_weight_bytes,
+                "file_bytes": result.file_bytes,
+                "search_top1_drop": result.deployed.top1_drop,
+                "search_s": time.perf_counter() - start,
+                "test_accuracy": ort_accuracy(result.files["deploy"], setup.x_test, setup.y_test, setup.threads),
+                "int8_test_accuracy": ort_accuracy(
+                    str(folder / "int8_deploy_model.onnx"), setup.x_test, setup.y_test, setup.threads
+                ),
+            }
+        )
     return points
 
 
@@ -289,10 +327,16 @@ def header(threads: int) -> dict[str, Any]:
     from amct_engine.export.deploy_target import cpu_flags
 
     flags = cpu_flags()
-    return {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-            "isa": [f for f in ISA_FLAGS if f in flags], "torch": torch.__version__, "threads": threads,
-            "onnxruntime": onnxruntime.__version__, "omp_num_threads": os.environ.get("OMP_NUM_THREADS", "(unset)"),
-            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "(unset)")}
+    return {
+        "cpu": platform.processor() or platform.machine(),
+        "cores": os.cpu_count(),
+        "isa": [f for f in ISA_FLAGS if f in flags],
+        "torch": torch.__version__,
+        "threads": threads,
+        "onnxruntime": onnxruntime.__version__,
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS", "(unset)"),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "(unset)"),
+    }
 
 
 ROW_KEYS = ("name", "family", "status", "reason", "deploy_kind", "calibrate_s")
@@ -303,14 +347,18 @@ def accuracy_rows(setup) -> list[dict[str, Any]]:
     bytes (no temporary paths kept)."""
     from bench.fashion import BASELINE, fp32_control, run_row
 
-    rows = [run_row(name, family, fn) for name, family, fn in
-            [(BASELINE, "baseline", lambda: fp32_control(setup)), *methods(setup)]]
+    rows = [
+        run_row(name, family, fn)
+        for name, family, fn in [(BASELINE, "baseline", lambda: fp32_control(setup)), *methods(setup)]
+    ]
     out = []
     for row in rows:
         scored = {key: row[key] for key in ROW_KEYS if key in row}
         if row["status"] == "ok":
-            scored.update(accuracy=ort_accuracy(row["onnx"], setup.x_test, setup.y_test, setup.threads),
-                          bytes=file_size(row["onnx"]))
+            scored.update(
+                accuracy=ort_accuracy(row["onnx"], setup.x_test, setup.y_test, setup.threads),
+                bytes=file_size(row["onnx"]),
+            )
         out.append(scored)
     return out
 
@@ -332,11 +380,18 @@ def run(quick: bool = False, threads: int = 1, rounds: int | None = None, mixed:
         rows = accuracy_rows(setup)
         timing = time_flows(setup, rounds)
         points = mixed_precision_points(setup, BUDGETS[1:4] if quick else BUDGETS) if mixed else []
-    return {"header": {**header(threads), "load_avg": [load, os.getloadavg()]}, "setting": setup.describe(),
-            "calibration": {"images": CALIBRATION_IMAGES, "batch": CALIBRATION_BATCH}, "rows": rows,
-            "rounds": rounds, "timing": timing, "ours": OURS["ifmr"], "ort_from_torch": ORT_FROM_TORCH,
-            "ratios": {flow: ratios(timing, OURS["ifmr"], flow) for flow in timing if flow != OURS["ifmr"]},
-            "mixed_precision": points}
+    return {
+        "header": {**header(threads), "load_avg": [load, os.getloadavg()]},
+        "setting": setup.describe(),
+        "calibration": {"images": CALIBRATION_IMAGES, "batch": CALIBRATION_BATCH},
+        "rows": rows,
+        "rounds": rounds,
+        "timing": timing,
+        "ours": OURS["ifmr"],
+        "ort_from_torch": ORT_FROM_TORCH,
+        "ratios": {flow: ratios(timing, OURS["ifmr"], flow) for flow in timing if flow != OURS["ifmr"]},
+        "mixed_precision": points,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

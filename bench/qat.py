@@ -57,10 +57,17 @@ def amct_qat(setup, name: str, cfg_text: str | None = None) -> Row:
     training = timed_training(qmodel, setup.loader(), setup.epochs, setup.lr)
     accuracy = evaluate_accuracy(qmodel, setup.x_test, setup.y_test)  # the first eval forward writes the record
     start = time.perf_counter()
-    paths = amct.save_quant_retrain_model(str(config), qmodel, str(record), str(workdir / "model"), setup.example,
-                                          dynamic_axes=DYNAMIC_AXES, **IO_NAMES)
-    return {"torch_accuracy": accuracy, "prepare_s": prepare_s, "convert_s": time.perf_counter() - start,
-            "onnx": paths["deploy"], "deploy_kind": "amct deploy ONNX", **training}
+    paths = amct.save_quant_retrain_model(
+        str(config), qmodel, str(record), str(workdir / "model"), setup.example, dynamic_axes=DYNAMIC_AXES, **IO_NAMES
+    )
+    return {
+        "torch_accuracy": accuracy,
+        "prepare_s": prepare_s,
+        "convert_s": time.perf_counter() - start,
+        "onnx": paths["deploy"],
+        "deploy_kind": "amct deploy ONNX",
+        **training,
+    }
 
 
 def amct_distill(setup) -> Row:
@@ -74,25 +81,39 @@ def amct_distill(setup) -> Row:
     student = amct.create_distill_model(str(config), teacher, setup.example)
     prepare_s = time.perf_counter() - start
     # The same images in the same order as every other row; distillation never reads the labels.
-    images = DataLoader(setup.x_train[: setup.train_limit], batch_size=setup.batch_size, shuffle=True,
-                        generator=torch.Generator().manual_seed(setup.seed + 1))
+    images = DataLoader(
+        setup.x_train[: setup.train_limit],
+        batch_size=setup.batch_size,
+        shuffle=True,
+        generator=torch.Generator().manual_seed(setup.seed + 1),
+    )
     losses: list[float] = []
     start = time.perf_counter()
     # its default optimiser (docs/spec/engine.md §6.2)
-    amct.distill(teacher, student, str(config), images, epochs=setup.epochs,
-                 progress=lambda e: losses.append(float(e["loss"])))
+    amct.distill(
+        teacher, student, str(config), images, epochs=setup.epochs, progress=lambda e: losses.append(float(e["loss"]))
+    )
     train_s = time.perf_counter() - start
     accuracy = evaluate_accuracy(student, setup.x_test, setup.y_test)
     start = time.perf_counter()
-    paths = amct.save_distill_model(student, str(workdir / "student"), setup.example, dynamic_axes=DYNAMIC_AXES,
-                                    **IO_NAMES)
+    paths = amct.save_distill_model(
+        student, str(workdir / "student"), setup.example, dynamic_axes=DYNAMIC_AXES, **IO_NAMES
+    )
     batches = setup.epochs * len(images)
     # One number per batch of images (all groups' steps on it): comparable with one training step.
     per_batch = train_s / batches
-    return {"torch_accuracy": accuracy, "prepare_s": prepare_s, "convert_s": time.perf_counter() - start,
-            "onnx": paths["deploy"], "deploy_kind": "amct deploy ONNX",
-            "step_s": summarize([per_batch]), "step_is_mean": True, "train_s": train_s, "distill_losses": losses,
-            "note": "step = distillation time per batch of images (all groups)"}
+    return {
+        "torch_accuracy": accuracy,
+        "prepare_s": prepare_s,
+        "convert_s": time.perf_counter() - start,
+        "onnx": paths["deploy"],
+        "deploy_kind": "amct deploy ONNX",
+        "step_s": summarize([per_batch]),
+        "step_is_mean": True,
+        "train_s": train_s,
+        "distill_losses": losses,
+        "note": "step = distillation time per batch of images (all groups)",
+    }
 
 
 def methods(setup) -> list[tuple[str, str, Callable[[], Row]]]:

@@ -96,8 +96,13 @@ def tally(trials: list) -> dict:
         counts["none_run_twice"] += not summary["ran_twice"]
         counts["none_left_queued"] += not summary["left_queued"]
     done = [t for t in trials if t is not None]
-    return {"trials": len(trials), **counts, "orphans": sum(len(t.orphans) for t in done),
-            "recover_s": [t.recover_s for t in done], "finish_s": [t.finish_s for t in done]}
+    return {
+        "trials": len(trials),
+        **counts,
+        "orphans": sum(len(t.orphans) for t in done),
+        "recover_s": [t.recover_s for t in done],
+        "finish_s": [t.finish_s for t in done],
+    }
 
 
 def _trials(n: int, name: str, one) -> list:
@@ -110,10 +115,13 @@ def _trials(n: int, name: str, one) -> list:
             results.append(None)
             continue
         results.append(trial)
-        print(f"{name} trial {i + 1}: {trial.job['status']} on attempt {trial.job['attempt']}, killed after epoch "
-              f"{trial.killed_after['epoch']} (step {trial.killed_after['step']}), resumed from "
-              f"{_position(trial.resumed)}, recovered in {trial.recover_s:.1f} s, finished "
-              f"{trial.finish_s:.1f} s after the kill", flush=True)
+        print(
+            f"{name} trial {i + 1}: {trial.job['status']} on attempt {trial.job['attempt']}, killed after epoch "
+            f"{trial.killed_after['epoch']} (step {trial.killed_after['step']}), resumed from "
+            f"{_position(trial.resumed)}, recovered in {trial.recover_s:.1f} s, finished "
+            f"{trial.finish_s:.1f} s after the kill",
+            flush=True,
+        )
     return results
 
 
@@ -136,26 +144,42 @@ def run(trials: int, workdir: Path, scenarios=SCENARIOS) -> dict[str, dict]:
         redis_server = RedisServer(workdir / "redis")
         try:
             with database() as database_url:
-                settings = make_settings(workdir / "data", database_url=database_url, broker_url=redis_server.url,
-                                         **FAST_RECOVERY)
+                settings = make_settings(
+                    workdir / "data", database_url=database_url, broker_url=redis_server.url, **FAST_RECOVERY
+                )
                 with open_api(settings) as client:
                     api = Api(client, settings)
-                    ids = {"model_id": api.upload_model(workdir / "cnn.pt").json()["id"],
-                           "config_id": api.upload_config(QUANT_CFG).json()["id"],
-                           "dataset_id": api.upload_dataset((workdir / "small.npz").read_bytes()).json()["id"]}
+                    ids = {
+                        "model_id": api.upload_model(workdir / "cnn.pt").json()["id"],
+                        "config_id": api.upload_config(QUANT_CFG).json()["id"],
+                        "dataset_id": api.upload_dataset((workdir / "small.npz").read_bytes()).json()["id"],
+                    }
                     if "worker" in scenarios:
-                        results["worker"] = tally(_trials(trials, "worker", lambda i: kill_and_resume(
-                            api, ids, workdir / f"worker-{i + 1}", epochs=2, batch_size=16)))
+                        results["worker"] = tally(
+                            _trials(
+                                trials,
+                                "worker",
+                                lambda i: kill_and_resume(
+                                    api, ids, workdir / f"worker-{i + 1}", epochs=2, batch_size=16
+                                ),
+                            )
+                        )
                     if "engine" in scenarios:
-                        results["engine"] = tally(_trials(trials, "engine", lambda i: kill_engine_and_resume(
-                            api, ids, workdir / f"engine-{i + 1}")))
+                        results["engine"] = tally(
+                            _trials(
+                                trials,
+                                "engine",
+                                lambda i: kill_engine_and_resume(api, ids, workdir / f"engine-{i + 1}"),
+                            )
+                        )
         finally:
             redis_server.kill()
     if "embedded" in scenarios:
         with EmbeddedServer(workdir / "embedded", **FAST_RECOVERY_ENV) as server:
             ids = server.upload(workdir)
-            results["embedded"] = tally(_trials(trials, "embedded",
-                                                lambda i: kill_embedded_worker_and_resume(server, ids)))
+            results["embedded"] = tally(
+                _trials(trials, "embedded", lambda i: kill_embedded_worker_and_resume(server, ids))
+            )
     return results
 
 
@@ -203,11 +227,15 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="amct-bench-recovery-") as tmp:
         results = run(args.trials, Path(tmp), scenarios)
     ok = True
-    print(f"\n{'scenario':<10} {'trials':>6} {'succeeded':>9} {'resumed':>7} {'none run twice':>14} "
-          f"{'none left queued':>16} {'orphans':>7}  recover (kill -> resumed) / kill -> succeeded")
+    print(
+        f"\n{'scenario':<10} {'trials':>6} {'succeeded':>9} {'resumed':>7} {'none run twice':>14} "
+        f"{'none left queued':>16} {'orphans':>7}  recover (kill -> resumed) / kill -> succeeded"
+    )
     for name, r in results.items():
-        print(f"{name:<10} {r['trials']:>6} {r['succeeded']:>9} {r['resumed']:>7} {r['none_run_twice']:>14} "
-              f"{r['none_left_queued']:>16} {r['orphans']:>7}  {_stats(r['recover_s'])} / {_stats(r['finish_s'])}")
+        print(
+            f"{name:<10} {r['trials']:>6} {r['succeeded']:>9} {r['resumed']:>7} {r['none_run_twice']:>14} "
+            f"{r['none_left_queued']:>16} {r['orphans']:>7}  {_stats(r['recover_s'])} / {_stats(r['finish_s'])}"
+        )
         ok = ok and all(r[c] == r["trials"] for c in COUNTS) and r["orphans"] == 0
     return 0 if ok else 1
 

@@ -81,12 +81,40 @@ def _status_cell(row: Mapping[str, Any]) -> str:
 
 # --------------------------------------------------------------------------- engine table
 
-ENGINE_COLUMNS = ["method", "top-1", "Δ vs FP32", "deploy bytes", "ORT latency b1", "ORT latency b64",
-                  "train step", "params", "top-1 ORT basic / PyTorch", "top-1 after pruning", "deployed as"]
-PRUNING_COLUMNS = ["ratio", "peer", "peer after pruning", "peer top-1", "ours", "ours after pruning", "our top-1",
-                   "Δ top-1"]
-ENGINE_ABS_COLUMNS = ["method", "deploy kB", "b1 ms min / med / max", "b64 ms min / med / max",
-                      "step ms min / med / max", "prepare s", "train s", "convert s", "deploy graph (top ops)"]
+ENGINE_COLUMNS = [
+    "method",
+    "top-1",
+    "Δ vs FP32",
+    "deploy bytes",
+    "ORT latency b1",
+    "ORT latency b64",
+    "train step",
+    "params",
+    "top-1 ORT basic / PyTorch",
+    "top-1 after pruning",
+    "deployed as",
+]
+PRUNING_COLUMNS = [
+    "ratio",
+    "peer",
+    "peer after pruning",
+    "peer top-1",
+    "ours",
+    "ours after pruning",
+    "our top-1",
+    "Δ top-1",
+]
+ENGINE_ABS_COLUMNS = [
+    "method",
+    "deploy kB",
+    "b1 ms min / med / max",
+    "b64 ms min / med / max",
+    "step ms min / med / max",
+    "prepare s",
+    "train s",
+    "convert s",
+    "deploy graph (top ops)",
+]
 
 
 def engine_rows(result: Mapping[str, Any]) -> tuple[list[dict], list[dict]]:
@@ -100,33 +128,41 @@ def engine_rows(result: Mapping[str, Any]) -> tuple[list[dict], list[dict]]:
         top1 = f"{row['accuracy']:.4f}" if "accuracy" in row else None
         if "deploy_error" in row:
             top1 = f"{row['torch_accuracy']:.4f} (PyTorch; ONNX failed: {row['deploy_error']})"
-        main.append({
-            "method": label,
-            "top-1": top1,
-            "Δ vs FP32": "(baseline)" if row["name"] == "FP32" else _pt(row.get("accuracy_delta")),
-            "deploy bytes": _x(row.get("bytes_ratio"), 3),
-            "ORT latency b1": _ratio_cell(row.get("latency_b1_ratio")),
-            "ORT latency b64": _ratio_cell(row.get("latency_b64_ratio")),
-            "train step": _step_cell(row),
-            "params": _x(row.get("params_ratio")),
-            "top-1 ORT basic / PyTorch": (f"{row['accuracy_ort_basic']:.4f} / {row['torch_accuracy']:.4f}"
-                                          if "accuracy_ort_basic" in row else None),
-            # the pruned float model before any training (ours: with BN recalibration when the recipe has it)
-            "top-1 after pruning": (f"{row['accuracy_after_pruning']:.4f}" if row.get("accuracy_after_pruning")
-                                    is not None else None),
-            "deployed as": row.get("deploy_kind"),
-        })
-        absolute.append({
-            "method": row["name"],
-            "deploy kB": f"{row['bytes'] / 1024:.1f}" if "bytes" in row else None,
-            "b1 ms min / med / max": _ms(row.get("latency_b1_s")),
-            "b64 ms min / med / max": _ms(row.get("latency_b64_s")),
-            "step ms min / med / max": _ms(row.get("step_s"), digits=1),
-            "prepare s": f"{row['prepare_s']:.2f}" if "prepare_s" in row else None,
-            "train s": f"{row['train_s']:.1f}" if "train_s" in row else None,
-            "convert s": f"{row['convert_s']:.2f}" if "convert_s" in row else None,
-            "deploy graph (top ops)": _ops_line(row) or None,
-        })
+        main.append(
+            {
+                "method": label,
+                "top-1": top1,
+                "Δ vs FP32": "(baseline)" if row["name"] == "FP32" else _pt(row.get("accuracy_delta")),
+                "deploy bytes": _x(row.get("bytes_ratio"), 3),
+                "ORT latency b1": _ratio_cell(row.get("latency_b1_ratio")),
+                "ORT latency b64": _ratio_cell(row.get("latency_b64_ratio")),
+                "train step": _step_cell(row),
+                "params": _x(row.get("params_ratio")),
+                "top-1 ORT basic / PyTorch": (
+                    f"{row['accuracy_ort_basic']:.4f} / {row['torch_accuracy']:.4f}"
+                    if "accuracy_ort_basic" in row
+                    else None
+                ),
+                # the pruned float model before any training (ours: with BN recalibration when the recipe has it)
+                "top-1 after pruning": (
+                    f"{row['accuracy_after_pruning']:.4f}" if row.get("accuracy_after_pruning") is not None else None
+                ),
+                "deployed as": row.get("deploy_kind"),
+            }
+        )
+        absolute.append(
+            {
+                "method": row["name"],
+                "deploy kB": f"{row['bytes'] / 1024:.1f}" if "bytes" in row else None,
+                "b1 ms min / med / max": _ms(row.get("latency_b1_s")),
+                "b64 ms min / med / max": _ms(row.get("latency_b64_s")),
+                "step ms min / med / max": _ms(row.get("step_s"), digits=1),
+                "prepare s": f"{row['prepare_s']:.2f}" if "prepare_s" in row else None,
+                "train s": f"{row['train_s']:.1f}" if "train_s" in row else None,
+                "convert s": f"{row['convert_s']:.2f}" if "convert_s" in row else None,
+                "deploy graph (top ops)": _ops_line(row) or None,
+            }
+        )
     return main, absolute
 
 
@@ -139,13 +175,20 @@ def pruning_pairs(result: Mapping[str, Any]) -> list[dict]:
         peer, ours = rows.get(peer_name), rows.get(ours_name)
         if not peer_name.startswith("Torch-Pruning") or peer is None or ours is None:
             continue
-        pairs.append({
-            "ratio": peer_name.split("Torch-Pruning ")[1].split(" %")[0] + " %", "peer": peer_name,
-            "peer after pruning": _fmt4(peer.get("accuracy_after_pruning")), "peer top-1": _fmt4(peer.get("accuracy")),
-            "ours": ours_name, "ours after pruning": _fmt4(ours.get("accuracy_after_pruning")),
-            "our top-1": _fmt4(ours.get("accuracy")),
-            "Δ top-1": _pt(ours["accuracy"] - peer["accuracy"]) if "accuracy" in ours and "accuracy" in peer else None,
-        })
+        pairs.append(
+            {
+                "ratio": peer_name.split("Torch-Pruning ")[1].split(" %")[0] + " %",
+                "peer": peer_name,
+                "peer after pruning": _fmt4(peer.get("accuracy_after_pruning")),
+                "peer top-1": _fmt4(peer.get("accuracy")),
+                "ours": ours_name,
+                "ours after pruning": _fmt4(ours.get("accuracy_after_pruning")),
+                "our top-1": _fmt4(ours.get("accuracy")),
+                "Δ top-1": _pt(ours["accuracy"] - peer["accuracy"])
+                if "accuracy" in ours and "accuracy" in peer
+                else None,
+            }
+        )
     return pairs
 
 
@@ -166,16 +209,27 @@ def engine_setup_line(setup: Mapping[str, Any]) -> str:
 
 def engine_markdown(result: Mapping[str, Any]) -> str:
     main, absolute = engine_rows(result)
-    return "\n\n".join([engine_setup_line(result["setup"]), format_markdown(main, ENGINE_COLUMNS),
-                        format_markdown(absolute, ENGINE_ABS_COLUMNS)])
+    return "\n\n".join(
+        [
+            engine_setup_line(result["setup"]),
+            format_markdown(main, ENGINE_COLUMNS),
+            format_markdown(absolute, ENGINE_ABS_COLUMNS),
+        ]
+    )
 
 
 # --------------------------------------------------------------------------- plots
 
 
 def _short(name: str) -> str:
-    return (name.replace(" (QDQ, per-channel)", "").replace(" (x86)", "").replace("amct ", "")
-            .replace("Torch-Pruning", "TP").replace(" + INT8", "+INT8").replace(" + ORT PTQ", "+PTQ"))
+    return (
+        name.replace(" (QDQ, per-channel)", "")
+        .replace(" (x86)", "")
+        .replace("amct ", "")
+        .replace("Torch-Pruning", "TP")
+        .replace(" + INT8", "+INT8")
+        .replace(" + ORT PTQ", "+PTQ")
+    )
 
 
 def _plot_rows(result: Mapping[str, Any]) -> list[Row]:
@@ -193,8 +247,15 @@ def _scatter(ax, rows: Sequence[Row], y_of) -> None:
         pts = [(r["bytes_ratio"], y_of(r), r["name"]) for r in rows if r["family"] == family and y_of(r) is not None]
         if not pts:
             continue
-        ax.scatter([p[0] for p in pts], [p[1] for p in pts], marker=marker, c=colour, s=60 if marker == "*" else 36,
-                   label={"ours": "amct (ours)", "peer": "peers", "baseline": "FP32"}[family], zorder=3)
+        ax.scatter(
+            [p[0] for p in pts],
+            [p[1] for p in pts],
+            marker=marker,
+            c=colour,
+            s=60 if marker == "*" else 36,
+            label={"ours": "amct (ours)", "peer": "peers", "baseline": "FP32"}[family],
+            zorder=3,
+        )
         for x, y, name in pts:
             # stack the labels of points that sit on top of each other (same size, close values)
             near = sum(1 for px, py in placed if abs(px - x) < 0.03 and abs(py - y) < span * 0.04)
@@ -312,34 +373,65 @@ def pair_losses(peer: Row, ours: Row) -> list[dict[str, str]]:
     if "accuracy" in peer and "accuracy" in ours and beats_accuracy(peer["accuracy"], ours["accuracy"]):
         found.append(("top-1", f"{peer['accuracy']:.4f}", f"{ours['accuracy']:.4f}", accuracy_cause(peer, ours)))
     if "bytes_ratio" in peer and peer["bytes_ratio"] < ours.get("bytes_ratio", 0) * (1 - BYTES_NOISE):
-        found.append(("deploy size", f"{peer['bytes_ratio']:.3f}×", f"{ours['bytes_ratio']:.3f}×",
-                      "their file stores fewer bytes per weight or fewer weights; see 'deployed as'"))
+        found.append(
+            (
+                "deploy size",
+                f"{peer['bytes_ratio']:.3f}×",
+                f"{ours['bytes_ratio']:.3f}×",
+                "their file stores fewer bytes per weight or fewer weights; see 'deployed as'",
+            )
+        )
     for batch in (1, 64):
         if _better_latency(peer, ours, batch):
             key = f"latency_b{batch}_ratio"
-            found.append((f"ORT latency b{batch}", f"{peer[key]['median']:.2f}×", f"{ours[key]['median']:.2f}×",
-                          latency_cause(peer, ours)))
-    if "step_ratio_min" in peer and "step_ratio_min" in ours and \
-            peer["step_ratio_min"] < ours["step_ratio_min"] * (1 - TIME_NOISE):
-        found.append(("train step", f"{peer['step_ratio_min']:.2f}×", f"{ours['step_ratio_min']:.2f}×",
-                      step_cause(peer)))
-    return [{"metric": metric, "peer": peer["name"], "ours": ours["name"], "peer value": pv, "our value": ov,
-             "cause": cause} for metric, pv, ov, cause in found]
+            found.append(
+                (
+                    f"ORT latency b{batch}",
+                    f"{peer[key]['median']:.2f}×",
+                    f"{ours[key]['median']:.2f}×",
+                    latency_cause(peer, ours),
+                )
+            )
+    if (
+        "step_ratio_min" in peer
+        and "step_ratio_min" in ours
+        and peer["step_ratio_min"] < ours["step_ratio_min"] * (1 - TIME_NOISE)
+    ):
+        found.append(
+            ("train step", f"{peer['step_ratio_min']:.2f}×", f"{ours['step_ratio_min']:.2f}×", step_cause(peer))
+        )
+    return [
+        {
+            "metric": metric,
+            "peer": peer["name"],
+            "ours": ours["name"],
+            "peer value": pv,
+            "our value": ov,
+            "cause": cause,
+        }
+        for metric, pv, ov, cause in found
+    ]
 
 
 def accuracy_cause(peer: Row, ours: Row) -> str:
     basic = ours.get("accuracy_ort_basic")
     if basic is not None and abs(basic - ours["accuracy"]) > ACCURACY_NOISE_PT / 100:
         theirs = peer.get("accuracy_ort_basic")
-        return (f"onnxruntime's default graph optimisation (its QDQ→QLinear* fusion) changes our deploy model's "
-                f"numbers: top-1 {basic:.4f} with basic rewrites only vs {ours['accuracy']:.4f} at the default "
-                f"level; PyTorch eval {ours['torch_accuracy']:.4f}"
-                + (f" (theirs: {theirs:.4f} basic vs {peer['accuracy']:.4f} default)" if theirs is not None else ""))
+        return (
+            f"onnxruntime's default graph optimisation (its QDQ→QLinear* fusion) changes our deploy model's "
+            f"numbers: top-1 {basic:.4f} with basic rewrites only vs {ours['accuracy']:.4f} at the default "
+            f"level; PyTorch eval {ours['torch_accuracy']:.4f}"
+            + (f" (theirs: {theirs:.4f} basic vs {peer['accuracy']:.4f} default)" if theirs is not None else "")
+        )
     if abs(ours["torch_accuracy"] - ours["accuracy"]) > ACCURACY_NOISE_PT / 100:
-        return (f"our deploy ONNX scores {ours['accuracy']:.4f} in onnxruntime but {ours['torch_accuracy']:.4f} "
-                "in PyTorch eval: an export/runtime mismatch")
-    return ("the training recipe: same data, epochs and lr, different quantisers; "
-            "this run does not isolate which part gives the difference")
+        return (
+            f"our deploy ONNX scores {ours['accuracy']:.4f} in onnxruntime but {ours['torch_accuracy']:.4f} "
+            "in PyTorch eval: an export/runtime mismatch"
+        )
+    return (
+        "the training recipe: same data, epochs and lr, different quantisers; "
+        "this run does not isolate which part gives the difference"
+    )
 
 
 def _op_difference(a: Row, b: Row) -> str:
@@ -350,23 +442,31 @@ def _op_difference(a: Row, b: Row) -> str:
 
 def latency_cause(peer: Row, ours: Row) -> str:
     if not any(op in (peer.get("ops") or {}) for op in QUANT_OPS):
-        return (f"{peer['name']} deploys a float graph; on a model this small onnxruntime's float kernels beat its "
-                f"int8 path, whose quantise/dequantise nodes cost more than they save (ours has "
-                f"{_op_difference(ours, peer)} more)")
-    return (f"the graphs differ: ours has {_op_difference(ours, peer)} that theirs lacks, theirs has "
-            f"{_op_difference(peer, ours)}; onnxruntime fuses only QuantizeLinear→op→DequantizeLinear patterns "
-            "into int8 kernels (QLinearConv/QGemm) and runs every other node separately; on x86 without VNNI our "
-            "weights are uint8 codes + 128 (deploy_target x86_avx2), which run the exact u8u8 kernels, slower than "
-            "the u8s8 ones (those saturate there); the profile table shows the per-node times")
+        return (
+            f"{peer['name']} deploys a float graph; on a model this small onnxruntime's float kernels beat its "
+            f"int8 path, whose quantise/dequantise nodes cost more than they save (ours has "
+            f"{_op_difference(ours, peer)} more)"
+        )
+    return (
+        f"the graphs differ: ours has {_op_difference(ours, peer)} that theirs lacks, theirs has "
+        f"{_op_difference(peer, ours)}; onnxruntime fuses only QuantizeLinear→op→DequantizeLinear patterns "
+        "into int8 kernels (QLinearConv/QGemm) and runs every other node separately; on x86 without VNNI our "
+        "weights are uint8 codes + 128 (deploy_target x86_avx2), which run the exact u8u8 kernels, slower than "
+        "the u8s8 ones (those saturate there); the profile table shows the per-node times"
+    )
 
 
 def step_cause(peer: Row) -> str:
     if peer["family"] == "peer" and peer["name"].startswith("Torch-Pruning"):
-        return ("Torch-Pruning fine-tunes the pruned model in plain FP32; ours trains it with fake quantisation "
-                "(QAT) at the same time, which the INT8 deploy model needs")
-    return ("ours fake-quantises activations (ULQ, learnt clipping) and weights (ARQ, per channel) with several "
-            "element-wise PyTorch ops per layer and trains BN unfolded; the benchmark does not isolate "
-            f"which part makes {peer['name']}'s step faster")
+        return (
+            "Torch-Pruning fine-tunes the pruned model in plain FP32; ours trains it with fake quantisation "
+            "(QAT) at the same time, which the INT8 deploy model needs"
+        )
+    return (
+        "ours fake-quantises activations (ULQ, learnt clipping) and weights (ARQ, per channel) with several "
+        "element-wise PyTorch ops per layer and trains BN unfolded; the benchmark does not isolate "
+        f"which part makes {peer['name']}'s step faster"
+    )
 
 
 def capture_losses(capture: Mapping[str, Any]) -> list[dict[str, str]]:
@@ -377,13 +477,25 @@ def capture_losses(capture: Mapping[str, Any]) -> list[dict[str, str]]:
             ratio = entry.get("ratio_vs_ours")
             if label == "ours" or not ratio or ratio["median"] >= 1 - TIME_NOISE:
                 continue
-            cause = ("ours rebuilds TorchScript through torch's TS2EPConverter and then re-traces it with "
-                     "torch.export (the converter's imports alone take seconds), while the TorchScript ONNX "
-                     "exporter walks the loaded graph once") if "TorchScript" in source else \
-                "ours captures with torch.fx and analyses every layer; the ONNX route exports and parses once"
-            losses.append({"metric": f"capture from {source}", "peer": label,
-                           "peer value": f"{entry['s']['median']:.2f} s", "ours": "create_quant_retrain_config",
-                           "our value": f"{ours['s']['median']:.2f} s", "cause": cause})
+            cause = (
+                (
+                    "ours rebuilds TorchScript through torch's TS2EPConverter and then re-traces it with "
+                    "torch.export (the converter's imports alone take seconds), while the TorchScript ONNX "
+                    "exporter walks the loaded graph once"
+                )
+                if "TorchScript" in source
+                else "ours captures with torch.fx and analyses every layer; the ONNX route exports and parses once"
+            )
+            losses.append(
+                {
+                    "metric": f"capture from {source}",
+                    "peer": label,
+                    "peer value": f"{entry['s']['median']:.2f} s",
+                    "ours": "create_quant_retrain_config",
+                    "our value": f"{ours['s']['median']:.2f} s",
+                    "cause": cause,
+                }
+            )
     return losses
 
 
@@ -398,23 +510,28 @@ def own_costs(results: Mapping[str, Any]) -> list[str]:
             for batch in (1, 64):
                 ratio = r.get(f"latency_b{batch}_ratio")
                 if ratio and ratio["median"] > 1 + TIME_NOISE:
-                    notes.append(f"{r['name']}: ORT latency at batch {batch} is {ratio['median']:.2f}× FP32 "
-                                 f"(slower than the model it compresses; the peers' int8 models are too: see the "
-                                 f"profile table for which nodes cost it).")
+                    notes.append(
+                        f"{r['name']}: ORT latency at batch {batch} is {ratio['median']:.2f}× FP32 "
+                        f"(slower than the model it compresses; the peers' int8 models are too: see the "
+                        f"profile table for which nodes cost it)."
+                    )
             if r.get("accuracy_delta", 0) < -1 / 100:
                 notes.append(f"{r['name']}: top-1 {_pt(r['accuracy_delta'])} vs FP32.")
     minilm = _section(results, "minilm")
     for name, entry in ((minilm or {}).get("latency_s") or {}).items():
         ratio = entry.get("ratio") if isinstance(entry, Mapping) else None
         if ratio and ratio["median"] > 1 + TIME_NOISE:
-            notes.append(f"MiniLM INT8 deploy: ORT latency at {name.replace('batch', 'batch ')} is "
-                         f"{ratio['median']:.2f}× FP32.")
+            notes.append(
+                f"MiniLM INT8 deploy: ORT latency at {name.replace('batch', 'batch ')} is {ratio['median']:.2f}× FP32."
+            )
     crepe = _section(results, "crepe")
     if crepe:
         for batch, ratio in crepe["latency_ratio"].items():
             if ratio["median"] > 1 + TIME_NOISE:
-                notes.append(f"CREPE tiny compressed: ORT latency at batch {batch[1:]} is {ratio['median']:.2f}× FP32"
-                             + _crepe_latency_cause(crepe))
+                notes.append(
+                    f"CREPE tiny compressed: ORT latency at batch {batch[1:]} is {ratio['median']:.2f}× FP32"
+                    + _crepe_latency_cause(crepe)
+                )
     for name, find in (("ptq", mixed_costs), ("warm_start", warm_start_costs), ("recovery", recovery_costs)):
         section = _section(results, name)
         notes += find(section) if section else []
@@ -429,9 +546,11 @@ def _crepe_latency_cause(crepe: Mapping[str, Any]) -> str:
     if not slow:
         return "."
     share = sum(n["us"] for n in slow) / int8["ort_profile"][0]["total_us"]
-    return (f": ConvInteger nodes take {100 * share:.0f} % of the deploy model's time. Each conv is followed by "
-            "ReLU then BatchNorm, so its output does not reach the next quantised layer through ReLU/max-pool only "
-            "and is not requantised into a QLinearConv; onnxruntime's ConvInteger has no fast CPU kernel.")
+    return (
+        f": ConvInteger nodes take {100 * share:.0f} % of the deploy model's time. Each conv is followed by "
+        "ReLU then BatchNorm, so its output does not reach the next quantised layer through ReLU/max-pool only "
+        "and is not requantised into a QLinearConv; onnxruntime's ConvInteger has no fast CPU kernel."
+    )
 
 
 # --------------------------------------------------------------------------- sections
@@ -442,8 +561,7 @@ def _section(results: Mapping[str, Any], name: str) -> Mapping[str, Any] | None:
     return section["result"] if section and section["status"] == "ok" else None
 
 
-def _section_head(results: Mapping[str, Any], name: str,
-                  title: str) -> tuple[list[str], Mapping[str, Any] | None]:
+def _section_head(results: Mapping[str, Any], name: str, title: str) -> tuple[list[str], Mapping[str, Any] | None]:
     """A section's heading lines and its result; a failed or skipped section gets its status line and no result."""
     section = results["sections"].get(name)
     if section is None:
@@ -483,30 +601,41 @@ def header_md(results: Mapping[str, Any]) -> list[str]:
         lines += ["", "> **Quick (smoke) run: tiny sizes, not for publishing.**"]
     lines += [
         "",
-        _kv_table([
-            ("command", f"`{meta['command']}`"), ("date (UTC)", meta["started"][:19].replace("T", " ")),
-            ("revision", meta["revision"]), ("CPU", m["cpu"]),
-            ("cores", f"{m['cores']} ({m['usable_cores']} usable)"), ("RAM", f"{m['ram_gib']} GiB"),
-            ("OS", m["os"]), ("Python", m["python"]),
-            *([("CPU ISA flags", ", ".join(m["isa"]) or "none of interest")] if "isa" in m else []),
-            ("load average at start", " / ".join(f"{x:.2f}" for x in m["load_avg_at_start"])),
-            ("total time", f"{meta.get('total_s', 0) / 60:.1f} min"),
-        ]),
+        _kv_table(
+            [
+                ("command", f"`{meta['command']}`"),
+                ("date (UTC)", meta["started"][:19].replace("T", " ")),
+                ("revision", meta["revision"]),
+                ("CPU", m["cpu"]),
+                ("cores", f"{m['cores']} ({m['usable_cores']} usable)"),
+                ("RAM", f"{m['ram_gib']} GiB"),
+                ("OS", m["os"]),
+                ("Python", m["python"]),
+                *([("CPU ISA flags", ", ".join(m["isa"]) or "none of interest")] if "isa" in m else []),
+                ("load average at start", " / ".join(f"{x:.2f}" for x in m["load_avg_at_start"])),
+                ("total time", f"{meta.get('total_s', 0) / 60:.1f} min"),
+            ]
+        ),
         "",
         "Versions: " + ", ".join(f"{k} {v}" for k, v in meta["versions"].items()) + ".",
         "",
-        format_markdown([_status_row(name, s) for name, s in results["sections"].items()],
-                        ["section", "status", "time", "load average (1 min) before → after", "environment"]),
+        format_markdown(
+            [_status_row(name, s) for name, s in results["sections"].items()],
+            ["section", "status", "time", "load average (1 min) before → after", "environment"],
+        ),
     ]
     return lines
 
 
 def _status_row(name: str, s: Mapping[str, Any]) -> dict[str, str | None]:
     load = s.get("load_avg")
-    return {"section": name, "status": s["status"] + (f": {s['reason']}" if s.get("reason") else ""),
-            "time": f"{s['wall_s'] / 60:.1f} min", "environment": ", ".join(f"`{k}={v}`" for k, v in
-                                                                          (s.get("env") or {}).items()) or None,
-            "load average (1 min) before → after": f"{load[0][0]:.2f} → {load[1][0]:.2f}" if load else None}
+    return {
+        "section": name,
+        "status": s["status"] + (f": {s['reason']}" if s.get("reason") else ""),
+        "time": f"{s['wall_s'] / 60:.1f} min",
+        "environment": ", ".join(f"`{k}={v}`" for k, v in (s.get("env") or {}).items()) or None,
+        "load average (1 min) before → after": f"{load[0][0]:.2f} → {load[1][0]:.2f}" if load else None,
+    }
 
 
 def engine_md(results: Mapping[str, Any], images: Path, md_dir: Path) -> list[str]:
@@ -519,37 +648,72 @@ def engine_md(results: Mapping[str, Any], images: Path, md_dir: Path) -> list[st
     plot_accuracy_vs_size(result, acc)
     plot_latency_vs_size(result, lat)
     lines = [
-        "## Engine: Fashion-MNIST, ours against the tools a user would otherwise pick", "",
-        engine_setup_line(result["setup"]), "",
+        "## Engine: Fashion-MNIST, ours against the tools a user would otherwise pick",
+        "",
+        engine_setup_line(result["setup"]),
+        "",
         "Ours in **bold**. Ratios are against the FP32 row (same extra epochs, no compression). ORT latency: "
         "median ratio with the ratio of the minima in brackets; one ORT thread, every model timed round-robin "
         f"({result['setup']['latency_rounds']} rounds) so load bursts hit all alike. 'train step': the fastest "
         "training step over the FP32 row's fastest (rows train one after another, so the minimum is the figure a "
         "load burst moves least), the ratio of the medians in brackets; distillation has only a mean time per "
-        "batch of images, compared with the FP32 row's mean.", "",
-        format_markdown(main, ENGINE_COLUMNS), "",
-        f"![accuracy vs size]({acc.relative_to(md_dir).as_posix()})", "",
-        f"![latency vs size]({lat.relative_to(md_dir).as_posix()})", "",
-        "Absolute numbers (ms are min / median / max):", "",
-        format_markdown(absolute, ENGINE_ABS_COLUMNS), "",
+        "batch of images, compared with the FP32 row's mean.",
+        "",
+        format_markdown(main, ENGINE_COLUMNS),
+        "",
+        f"![accuracy vs size]({acc.relative_to(md_dir).as_posix()})",
+        "",
+        f"![latency vs size]({lat.relative_to(md_dir).as_posix()})",
+        "",
+        "Absolute numbers (ms are min / median / max):",
+        "",
+        format_markdown(absolute, ENGINE_ABS_COLUMNS),
+        "",
     ]
     pairs = pruning_pairs(result)
     if pairs:
-        lines += ["Filter pruning, our best recipe beside Torch-Pruning at the same ratio (same channel counts): "
-                  "top-1 of the pruned float model before any training, and of the deployed model after the "
-                  "epoch (Δ: ours − peer):", "", format_markdown(pairs, PRUNING_COLUMNS), ""]
-    differing = [r for r in result["rows"] if r["status"] == "ok" and "accuracy_ort_basic" in r
-                 and abs(r["accuracy_ort_basic"] - r["accuracy"]) > ACCURACY_NOISE_PT / 100]
+        lines += [
+            "Filter pruning, our best recipe beside Torch-Pruning at the same ratio (same channel counts): "
+            "top-1 of the pruned float model before any training, and of the deployed model after the "
+            "epoch (Δ: ours − peer):",
+            "",
+            format_markdown(pairs, PRUNING_COLUMNS),
+            "",
+        ]
+    differing = [
+        r
+        for r in result["rows"]
+        if r["status"] == "ok"
+        and "accuracy_ort_basic" in r
+        and abs(r["accuracy_ort_basic"] - r["accuracy"]) > ACCURACY_NOISE_PT / 100
+    ]
     if differing:
-        lines += ["onnxruntime's default optimisation level changes these deploy models' top-1 (vs basic rewrites "
-                  "only): " + "; ".join(f"{r['name']} {r['accuracy']:.4f} default vs {r['accuracy_ort_basic']:.4f} "
-                                        f"basic (PyTorch {r['torch_accuracy']:.4f})" for r in differing) + ".", ""]
+        lines += [
+            "onnxruntime's default optimisation level changes these deploy models' top-1 (vs basic rewrites "
+            "only): "
+            + "; ".join(
+                f"{r['name']} {r['accuracy']:.4f} default vs {r['accuracy_ort_basic']:.4f} "
+                f"basic (PyTorch {r['torch_accuracy']:.4f})"
+                for r in differing
+            )
+            + ".",
+            "",
+        ]
     lines += profile_md(result["rows"])
-    sparse = [r for r in result["rows"] if r["status"] == "ok" and r.get("nonzero_ratio") is not None
-              and r["nonzero_ratio"] < (r.get("params_ratio") or 1) - 0.05]
+    sparse = [
+        r
+        for r in result["rows"]
+        if r["status"] == "ok"
+        and r.get("nonzero_ratio") is not None
+        and r["nonzero_ratio"] < (r.get("params_ratio") or 1) - 0.05
+    ]
     if sparse:
-        lines += ["Sparse rows keep zeros in a dense file: " + "; ".join(
-            f"{r['name']} non-zero weights {r['nonzero_ratio']:.2f}× FP32" for r in sparse) + ".", ""]
+        lines += [
+            "Sparse rows keep zeros in a dense file: "
+            + "; ".join(f"{r['name']} non-zero weights {r['nonzero_ratio']:.2f}× FP32" for r in sparse)
+            + ".",
+            "",
+        ]
     return lines
 
 
@@ -559,15 +723,27 @@ def profile_md(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     for row in rows:
         for prof in row.get("ort_profile", ()):
             total = prof["total_us"]
-            costliest = "; ".join(f"{n['op']} `{n['node'].strip('/')}` {n['us']:.0f} ({100 * n['us'] / total:.0f} %)"
-                                  for n in prof["nodes"][:4])
-            table.append({"method": row["name"], "batch": str(prof["batch"]), "all nodes µs": f"{total:.0f}",
-                          "costliest nodes, µs per run (share)": costliest})
+            costliest = "; ".join(
+                f"{n['op']} `{n['node'].strip('/')}` {n['us']:.0f} ({100 * n['us'] / total:.0f} %)"
+                for n in prof["nodes"][:4]
+            )
+            table.append(
+                {
+                    "method": row["name"],
+                    "batch": str(prof["batch"]),
+                    "all nodes µs": f"{total:.0f}",
+                    "costliest nodes, µs per run (share)": costliest,
+                }
+            )
     if not table:
         return []
-    return ["Where onnxruntime spends a run (its own profiler, one thread, mean over the runs; node names are "
-            "those of the optimised graph, e.g. a fused `QLinearConv`):", "",
-            format_markdown(table, ["method", "batch", "all nodes µs", "costliest nodes, µs per run (share)"]), ""]
+    return [
+        "Where onnxruntime spends a run (its own profiler, one thread, mean over the runs; node names are "
+        "those of the optimised graph, e.g. a fused `QLinearConv`):",
+        "",
+        format_markdown(table, ["method", "batch", "all nodes µs", "costliest nodes, µs per run (share)"]),
+        "",
+    ]
 
 
 def minilm_md(results: Mapping[str, Any]) -> list[str]:
@@ -577,15 +753,26 @@ def minilm_md(results: Mapping[str, Any]) -> list[str]:
     try:
         sentences = m["sentences"]
         pairs = [
-            ("sentences (train / held-out / tokens)", f"{sentences['train']} / {sentences['eval']} / "
-                                                       f"{sentences['tokens']}"),
+            (
+                "sentences (train / held-out / tokens)",
+                f"{sentences['train']} / {sentences['eval']} / {sentences['tokens']}",
+            ),
             ("mean cosine, INT8 student vs FP32 embedding (PyTorch)", f"{m['cos_student_fp32']:.4f}"),
-            ("mean (min) cosine, deploy ONNX vs FP32", f"{m['cos_deploy_fp32']['mean']:.4f} "
-                                                       f"({m['cos_deploy_fp32']['min']:.4f})"),
-            ("mean (min) cosine, deploy ONNX vs PyTorch student", f"{m['cos_deploy_pytorch']['mean']:.5f} "
-                                                                  f"({m['cos_deploy_pytorch']['min']:.5f})"),
-            *[(f"ORT latency deploy / FP32, {name.replace('batch', 'batch ')} (median, min)",
-               _ratio_cell(entry["ratio"])) for name, entry in m["latency_s"].items()],
+            (
+                "mean (min) cosine, deploy ONNX vs FP32",
+                f"{m['cos_deploy_fp32']['mean']:.4f} ({m['cos_deploy_fp32']['min']:.4f})",
+            ),
+            (
+                "mean (min) cosine, deploy ONNX vs PyTorch student",
+                f"{m['cos_deploy_pytorch']['mean']:.5f} ({m['cos_deploy_pytorch']['min']:.5f})",
+            ),
+            *[
+                (
+                    f"ORT latency deploy / FP32, {name.replace('batch', 'batch ')} (median, min)",
+                    _ratio_cell(entry["ratio"]),
+                )
+                for name, entry in m["latency_s"].items()
+            ],
             ("deploy bytes / FP32 ONNX (word embeddings stay FP32)", f"{m['deploy_bytes_ratio']:.3f}×"),
             ("distill step (one group) / FP32 train step", _x(m["distill_group_step_over_fp32_step"])),
             ("distillation wall time", f"{m['distill_total_s']:.0f} s"),
@@ -597,8 +784,12 @@ def minilm_md(results: Mapping[str, Any]) -> list[str]:
 
 
 def crepe_md(results: Mapping[str, Any]) -> list[str]:
-    lines, c = _section_head(results, "crepe", "### CREPE tiny, compressed retrain (30 % filter pruning + INT8, and "
-                                               "INT8 alone) with the FP32 model as teacher")
+    lines, c = _section_head(
+        results,
+        "crepe",
+        "### CREPE tiny, compressed retrain (30 % filter pruning + INT8, and "
+        "INT8 alone) with the FP32 model as teacher",
+    )
     if c is None:
         return lines
     s = c["setup"]
@@ -606,49 +797,90 @@ def crepe_md(results: Mapping[str, Any]) -> list[str]:
         f"Synthetic harmonic tones, {s['range_hz'][0]:g}–{s['range_hz'][1]:g} Hz, 16 kHz frames of 1,024 samples: "
         f"{s['train_tones']} for training, {s['test_tones']} held out. {s['epochs']} epochs, Adam {s['lr']:g} "
         f"decaying to {s['lr'] / 100:g} on a cosine, batch {s['batch']}, "
-        "BCE against the teacher's 360 activations (no labels).", "",
-        format_markdown([{"model": name, "median error Hz": f"{e['median_hz']:.2f}",
-                          "mean error Hz": f"{e['mean_hz']:.2f}", "median error cents": f"{e['median_cents']:.1f}",
-                          "mean error cents": f"{e['mean_cents']:.1f}", "within 50 cents": f"{e['rpa_50c']:.3f}"}
-                         for name, e in c["errors"].items()],
-                        ["model", "median error Hz", "mean error Hz", "median error cents", "mean error cents",
-                         "within 50 cents"]), "",
-        _kv_table([
-            ("parameters compressed / FP32", f"{c['params']['ratio']:.3f}× ({c['params']['compressed']:,} / "
-                                             f"{c['params']['fp32']:,})"),
-            ("deploy bytes / FP32 ONNX", f"{c['bytes_ratio']:.3f}×"),
-            ("ORT latency / FP32, batch 1 (median, min)", _ratio_cell(c["latency_ratio"]["b1"])),
-            ("ORT latency / FP32, batch 64 (median, min)", _ratio_cell(c["latency_ratio"]["b64"])),
-            *([("INT8 only (no pruning): deploy bytes / FP32 ONNX", f"{c['int8_only']['bytes_ratio']:.3f}×"),
-               ("INT8 only: ORT latency / FP32, batch 1 (median, min)",
-                _ratio_cell(c["int8_only"]["latency_ratio"]["b1"])),
-               ("INT8 only: ORT latency / FP32, batch 64 (median, min)",
-                _ratio_cell(c["int8_only"]["latency_ratio"]["b64"]))] if "int8_only" in c else []),
-            ("median |deploy − teacher| pitch, cents", f"{c['agreement_cents_vs_teacher']:.1f}"),
-            ("train step median, s", f"{c['step_s']:.3f}"), ("section time, s", f"{c['total_s']:.0f}"),
-        ]), "",
+        "BCE against the teacher's 360 activations (no labels).",
+        "",
+        format_markdown(
+            [
+                {
+                    "model": name,
+                    "median error Hz": f"{e['median_hz']:.2f}",
+                    "mean error Hz": f"{e['mean_hz']:.2f}",
+                    "median error cents": f"{e['median_cents']:.1f}",
+                    "mean error cents": f"{e['mean_cents']:.1f}",
+                    "within 50 cents": f"{e['rpa_50c']:.3f}",
+                }
+                for name, e in c["errors"].items()
+            ],
+            ["model", "median error Hz", "mean error Hz", "median error cents", "mean error cents", "within 50 cents"],
+        ),
+        "",
+        _kv_table(
+            [
+                (
+                    "parameters compressed / FP32",
+                    f"{c['params']['ratio']:.3f}× ({c['params']['compressed']:,} / {c['params']['fp32']:,})",
+                ),
+                ("deploy bytes / FP32 ONNX", f"{c['bytes_ratio']:.3f}×"),
+                ("ORT latency / FP32, batch 1 (median, min)", _ratio_cell(c["latency_ratio"]["b1"])),
+                ("ORT latency / FP32, batch 64 (median, min)", _ratio_cell(c["latency_ratio"]["b64"])),
+                *(
+                    [
+                        ("INT8 only (no pruning): deploy bytes / FP32 ONNX", f"{c['int8_only']['bytes_ratio']:.3f}×"),
+                        (
+                            "INT8 only: ORT latency / FP32, batch 1 (median, min)",
+                            _ratio_cell(c["int8_only"]["latency_ratio"]["b1"]),
+                        ),
+                        (
+                            "INT8 only: ORT latency / FP32, batch 64 (median, min)",
+                            _ratio_cell(c["int8_only"]["latency_ratio"]["b64"]),
+                        ),
+                    ]
+                    if "int8_only" in c
+                    else []
+                ),
+                ("median |deploy − teacher| pitch, cents", f"{c['agreement_cents_vs_teacher']:.1f}"),
+                ("train step median, s", f"{c['step_s']:.3f}"),
+                ("section time, s", f"{c['total_s']:.0f}"),
+            ]
+        ),
+        "",
     ]
     return lines + profile_md(c.get("ort_profile", []))
 
 
 def capture_md(results: Mapping[str, Any]) -> list[str]:
-    lines, c = _section_head(results, "capture",
-                             "## Graph capture: ours (capture + config) vs AMCT's route (ONNX export + load)")
+    lines, c = _section_head(
+        results, "capture", "## Graph capture: ours (capture + config) vs AMCT's route (ONNX export + load)"
+    )
     if c is None:
         return lines
     rows = []
     for source, routes in c["routes"].items():
         for label, entry in routes.items():
             if entry["status"] != "ok":
-                rows.append({"source": source, "route": label, "seconds min / med / max": entry["status"] + ": "
-                             + entry["reason"]})
+                rows.append(
+                    {
+                        "source": source,
+                        "route": label,
+                        "seconds min / med / max": entry["status"] + ": " + entry["reason"],
+                    }
+                )
                 continue
-            rows.append({"source": source, "route": "**ours: create_quant_retrain_config**" if label == "ours"
-                         else label, "seconds min / med / max": _ms(entry["s"], 1, 2),
-                         "time / ours": _x(entry.get("ratio_vs_ours", {}).get("median"))})
-    lines += [f"{c['model']}, {c['quantizable_layers']} quantisable layers, {c['repeats']} repeat(s); the TorchScript "
-              f"rebuild gives the same distill groups as the nn.Module: {c['same_groups_from_torchscript']}.", "",
-              format_markdown(rows, ["source", "route", "seconds min / med / max", "time / ours"]), ""]
+            rows.append(
+                {
+                    "source": source,
+                    "route": "**ours: create_quant_retrain_config**" if label == "ours" else label,
+                    "seconds min / med / max": _ms(entry["s"], 1, 2),
+                    "time / ours": _x(entry.get("ratio_vs_ours", {}).get("median")),
+                }
+            )
+    lines += [
+        f"{c['model']}, {c['quantizable_layers']} quantisable layers, {c['repeats']} repeat(s); the TorchScript "
+        f"rebuild gives the same distill groups as the nn.Module: {c['same_groups_from_torchscript']}.",
+        "",
+        format_markdown(rows, ["source", "route", "seconds min / med / max", "time / ours"]),
+        "",
+    ]
     return lines
 
 
@@ -667,7 +899,8 @@ def service_md(results: Mapping[str, Any]) -> list[str]:
         f"queued after {setup['window_s']:.0f} s are cancelled (their messages must then be skipped), and the "
         f"database is audited. Server environment: "
         + ", ".join(f"`{k}={v}`" for k, v in setup["server_env"].items())
-        + " (the reaper re-sends every job queued over a minute, so duplicate deliveries are part of the test).", "",
+        + " (the reaper re-sends every job queued over a minute, so duplicate deliveries are part of the test).",
+        "",
     ]
     rows = []
     for b in s["backends"].values():
@@ -676,36 +909,59 @@ def service_md(results: Mapping[str, Any]) -> list[str]:
             continue
         batch, audit = b["batch"], b["batch"]["audit"]
         processes = b.get("api_processes", 1)
-        row = {"back end": f"{b['backend']}, {processes} API process{'es' if processes > 1 else ''}, "
-                           f"{b['workers']} worker(s), auth {b['auth']}",
-               "submit → running s": f"{b['submit_to_running_s']['median']:.2f}"}
+        row = {
+            "back end": f"{b['backend']}, {processes} API process{'es' if processes > 1 else ''}, "
+            f"{b['workers']} worker(s), auth {b['auth']}",
+            "submit → running s": f"{b['submit_to_running_s']['median']:.2f}",
+        }
         for phase in ("idle", "busy"):
             for endpoint, stats in b[f"read_{phase}"]["endpoints"].items():
                 short = "get" if "{id}" in endpoint else "list"
-                row[f"{short} p50/p99 ms ({phase})"] = (f"{stats['p50_ms']:.1f} / {stats['p99_ms']:.1f}"
-                                                        if "p50_ms" in stats else "-")
+                row[f"{short} p50/p99 ms ({phase})"] = (
+                    f"{stats['p50_ms']:.1f} / {stats['p99_ms']:.1f}" if "p50_ms" in stats else "-"
+                )
         row["submits/s"] = f"{batch['jobs'] / batch['submit_s']:.0f}"
         row["jobs/min"] = f"{batch['jobs_per_min']:.1f}" if batch["jobs_per_min"] else "-"
-        row["ran / cancelled / failed"] = (f"{batch['succeeded']} / {audit['statuses'].get('cancelled', 0)} / "
-                                           f"{audit['statuses'].get('failed', 0)}")
+        row["ran / cancelled / failed"] = (
+            f"{batch['succeeded']} / {audit['statuses'].get('cancelled', 0)} / {audit['statuses'].get('failed', 0)}"
+        )
         row["lost"] = str(batch["lost"])
         row["ran twice"] = str(batch["ran_twice"])
         row["re-sent messages"] = str(audit["re_sent_messages"])
         rows.append(row)
-    columns = ["back end", "submit → running s", "get p50/p99 ms (idle)", "list p50/p99 ms (idle)",
-               "get p50/p99 ms (busy)", "list p50/p99 ms (busy)", "submits/s", "jobs/min",
-               "ran / cancelled / failed", "lost", "ran twice", "re-sent messages"]
-    errors = {name: b[f"read_{p}"]["errors"] for name, b in s["backends"].items() if b["status"] == "ok"
-              for p in ("idle", "busy") if b[f"read_{p}"]["errors"]}
+    columns = [
+        "back end",
+        "submit → running s",
+        "get p50/p99 ms (idle)",
+        "list p50/p99 ms (idle)",
+        "get p50/p99 ms (busy)",
+        "list p50/p99 ms (busy)",
+        "submits/s",
+        "jobs/min",
+        "ran / cancelled / failed",
+        "lost",
+        "ran twice",
+        "re-sent messages",
+    ]
+    errors = {
+        name: b[f"read_{p}"]["errors"]
+        for name, b in s["backends"].items()
+        if b["status"] == "ok"
+        for p in ("idle", "busy")
+        if b[f"read_{p}"]["errors"]
+    }
     lines += [format_markdown(rows, columns), ""]
     if errors:
         lines += [f"GET errors: {errors}.", ""]
-    lines += ["'get' is `GET /v1/jobs/{id}`, 'list' is `GET /v1/jobs?limit=50`. 'lost': jobs missing or not in a "
-              "terminal state after the run; 'ran twice': jobs claimed more than once, reclaimed, requeued or with "
-              "attempt ≠ 1 (from the `jobs` rows and their state events). jobs/min: succeeded jobs over the span "
-              "from the first start to the last finish. Each job runs the engine in a fresh child process "
-              "forked from its worker's fork server (torch and the engine already imported and used; docs/scaling.md, "
-              "\"Fork server\"), then captures, trains, exports and checks.", ""]
+    lines += [
+        "'get' is `GET /v1/jobs/{id}`, 'list' is `GET /v1/jobs?limit=50`. 'lost': jobs missing or not in a "
+        "terminal state after the run; 'ran twice': jobs claimed more than once, reclaimed, requeued or with "
+        "attempt ≠ 1 (from the `jobs` rows and their state events). jobs/min: succeeded jobs over the span "
+        "from the first start to the last finish. Each job runs the engine in a fresh child process "
+        "forked from its worker's fork server (torch and the engine already imported and used; docs/scaling.md, "
+        '"Fork server"), then captures, trains, exports and checks.',
+        "",
+    ]
     return lines
 
 
@@ -716,14 +972,17 @@ def deploy_md(results: Mapping[str, Any]) -> list[str]:
         return lines
     h = d["header"]
     load = h.get("load_avg_at_start")
-    lines += [f"CPU ISA: {', '.join(h['isa'])}; deploy_target auto = `{h['deploy_target(auto)']}`; onnxruntime "
-              f"{h['onnxruntime']}, {h['threads']} threads{_load_text(load, ' at start')}. Per model and batch: "
-              "the minimum and median ms per run (interleaved rounds) and each as a ratio to FP32's in the same "
-              "run; the ratio of minima is the least load-sensitive wall figure (see Noise), 'ours / best peer' "
-              "uses it; `cpu_vs_fp32` is the ratio of minimum CPU times on one thread with spinning off (the work "
-              "a run needs, which the load barely moves). "
-              "Random-init weights (BN statistics set) except CREPE (pretrained) and MiniLM (distilled); "
-              "ours is a calibration-only quantisation of the same weights.", ""]
+    lines += [
+        f"CPU ISA: {', '.join(h['isa'])}; deploy_target auto = `{h['deploy_target(auto)']}`; onnxruntime "
+        f"{h['onnxruntime']}, {h['threads']} threads{_load_text(load, ' at start')}. Per model and batch: "
+        "the minimum and median ms per run (interleaved rounds) and each as a ratio to FP32's in the same "
+        "run; the ratio of minima is the least load-sensitive wall figure (see Noise), 'ours / best peer' "
+        "uses it; `cpu_vs_fp32` is the ratio of minimum CPU times on one thread with spinning off (the work "
+        "a run needs, which the load barely moves). "
+        "Random-init weights (BN statistics set) except CREPE (pretrained) and MiniLM (distilled); "
+        "ours is a calibration-only quantisation of the same weights.",
+        "",
+    ]
     for section in d["sections"]:
         lines += [f"### {section['name']}", ""]
         if "rows" not in section:
@@ -735,25 +994,35 @@ def deploy_md(results: Mapping[str, Any]) -> list[str]:
         for label, note in section.get("notes", {}).items():
             lines.append(f"- {label}: {note}")
         for batch, best in section.get("ours_vs_best_peer", {}).items():
-            others = "".join(f", {best[key]:.2f}× by {what}" for key, what in
-                             (("ratio_median", "medians"), ("ratio_cpu", "one-thread CPU time")) if key in best)
+            others = "".join(
+                f", {best[key]:.2f}× by {what}"
+                for key, what in (("ratio_median", "medians"), ("ratio_cpu", "one-thread CPU time"))
+                if key in best
+            )
             lines.append(f"- ours / best peer at {batch}: {best['ratio']:.2f}× by minima ({best['peer']}){others}")
         if "load_avg" in section:
             before, after = section["load_avg"]
-            lines.append(f"- load average (1 / 5 / 15 min) while timing: {_loads(before)} before, "
-                         f"{_loads(after)} after")
+            lines.append(
+                f"- load average (1 / 5 / 15 min) while timing: {_loads(before)} before, {_loads(after)} after"
+            )
         report = section.get("report", {})
-        lines.append(f"- ours after ORT's optimiser: {_op_counts(report.get('optimized_op_counts', {}))}; "
-                     f"layers not fused: {', '.join(report.get('not_fused') or {}) or 'none'}")
+        lines.append(
+            f"- ours after ORT's optimiser: {_op_counts(report.get('optimized_op_counts', {}))}; "
+            f"layers not fused: {', '.join(report.get('not_fused') or {}) or 'none'}"
+        )
         layout = {k: v for k, v in report.get("conv_layout", {}).items() if v}
         if layout:
-            lines.append("- conv layout rewrites (export.conv_layout): "
-                         + "; ".join(f"{k.replace('_', ' ')}: {', '.join(v)}" for k, v in layout.items()))
+            lines.append(
+                "- conv layout rewrites (export.conv_layout): "
+                + "; ".join(f"{k.replace('_', ' ')}: {', '.join(v)}" for k, v in layout.items())
+            )
         for key, label in (("profile_ours", "ours"), ("profile_best_peer", "best peer")):
             top = list(section.get(key, {}).items())[:6]
             if top:
-                lines.append(f"- µs per run by op type (one thread, each node's fastest run), {label}: "
-                             + ", ".join(f"{op} {us:.0f}" for op, us in top))
+                lines.append(
+                    f"- µs per run by op type (one thread, each node's fastest run), {label}: "
+                    + ", ".join(f"{op} {us:.0f}" for op, us in top)
+                )
         lines.append("")
     return lines
 
@@ -798,11 +1067,12 @@ PTQ_FLOWS_MD = (
     "the INT8 ONNX file on disk. Ours is the four AMCT calls, which write three ONNX files (AMCT's fused float "
     "model, the fake-quant and the deploy model) and check the two quantised ones with `onnx.checker` and one "
     "onnxruntime run each. ORT's user-visible call from a PyTorch model is `torch.onnx.export` (TorchScript "
-    "exporter) + `quant_pre_process` + `quantize_static` with its calibration reader, files included; \"FP32 ONNX "
-    "file given\" leaves the FP32 export out, for a user who already has the ONNX model. NNCF is `nncf.quantize` + "
+    'exporter) + `quant_pre_process` + `quantize_static` with its calibration reader, files included; "FP32 ONNX '
+    'file given" leaves the FP32 export out, for a user who already has the ONNX model. NNCF is `nncf.quantize` + '
     "`nncf.strip` + `torch.onnx.export` (its C++ extension, built on first use, falls in the warm-up). One untimed "
     "warm-up, then {rounds} rounds, every flow once per round in a rotated order; ours (IFMR) / the flow, min to min "
-    "and median to median, measured in the same run:")
+    "and median to median, measured in the same run:"
+)
 
 
 def _command(results: Mapping[str, Any], name: str, standalone: str) -> str:
@@ -820,8 +1090,14 @@ def ptq_md(results: Mapping[str, Any], images: Path, md_dir: Path) -> list[str]:
     lines, p = _section_head(results, "ptq", PTQ_TITLE)
     if p is None:
         return lines
-    lines += [_command(results, "ptq", "OMP_NUM_THREADS=1 python bench/ptq.py --threads 2 --plot "
-                                       "docs/images/bench_mixed_precision.png"), ""]
+    lines += [
+        _command(
+            results,
+            "ptq",
+            "OMP_NUM_THREADS=1 python bench/ptq.py --threads 2 --plot docs/images/bench_mixed_precision.png",
+        ),
+        "",
+    ]
     lines += ptq_accuracy_md(p) + ptq_timing_md(p)
     if not p.get("mixed_precision"):
         return lines
@@ -839,13 +1115,15 @@ def ptq_tables(p: Mapping[str, Any]) -> list[str]:
 def _ptq_setting(p: Mapping[str, Any]) -> str:
     h, fp32 = p["header"], next((r for r in p["rows"] if r["family"] == "baseline" and "accuracy" in r), None)
     base = f" (test top-1 {fp32['accuracy']:.4f})" if fp32 else ""
-    return (f"Every method quantises the FP32 row's model of the engine table{base}, trained here again from the same "
-            f"seed, with the first {p['calibration']['images']} training images in batches of "
-            f"{p['calibration']['batch']}; top-1 of each ONNX file in onnxruntime on {p['setting']['test_images']} "
-            f"test images. CPU ISA flags: {', '.join(h['isa']) or 'none of interest'}; torch {h['torch']} "
-            f"({h['threads']} thread(s), OMP_NUM_THREADS={h['omp_num_threads']}, "
-            f"OMP_WAIT_POLICY={h['omp_wait_policy']}), onnxruntime {h['onnxruntime']} (its default threads)"
-            f"{_load_pair(h.get('load_avg'))}.")
+    return (
+        f"Every method quantises the FP32 row's model of the engine table{base}, trained here again from the same "
+        f"seed, with the first {p['calibration']['images']} training images in batches of "
+        f"{p['calibration']['batch']}; top-1 of each ONNX file in onnxruntime on {p['setting']['test_images']} "
+        f"test images. CPU ISA flags: {', '.join(h['isa']) or 'none of interest'}; torch {h['torch']} "
+        f"({h['threads']} thread(s), OMP_NUM_THREADS={h['omp_num_threads']}, "
+        f"OMP_WAIT_POLICY={h['omp_wait_policy']}), onnxruntime {h['onnxruntime']} (its default threads)"
+        f"{_load_pair(h.get('load_avg'))}."
+    )
 
 
 def ptq_accuracy_md(p: Mapping[str, Any]) -> list[str]:
@@ -857,12 +1135,24 @@ def ptq_accuracy_md(p: Mapping[str, Any]) -> list[str]:
             rows.append({"method": label, "test top-1": _status_cell(r)})
             continue
         baseline = r is fp32 or fp32 is None
-        rows.append({"method": label, "test top-1": f"{r['accuracy']:.4f}", "deploy ONNX bytes": f"{r['bytes']:,}",
-                     "Δ vs FP32": "(baseline)" if baseline else _pt(r["accuracy"] - fp32["accuracy"]),
-                     "bytes / FP32": None if baseline else _x(r["bytes"] / fp32["bytes"], 3),
-                     "deployed as": r.get("deploy_kind")})
-    return [_ptq_setting(p), "", format_markdown(rows, ["method", "test top-1", "Δ vs FP32", "deploy ONNX bytes",
-                                                         "bytes / FP32", "deployed as"]), ""]
+        rows.append(
+            {
+                "method": label,
+                "test top-1": f"{r['accuracy']:.4f}",
+                "deploy ONNX bytes": f"{r['bytes']:,}",
+                "Δ vs FP32": "(baseline)" if baseline else _pt(r["accuracy"] - fp32["accuracy"]),
+                "bytes / FP32": None if baseline else _x(r["bytes"] / fp32["bytes"], 3),
+                "deployed as": r.get("deploy_kind"),
+            }
+        )
+    return [
+        _ptq_setting(p),
+        "",
+        format_markdown(
+            rows, ["method", "test top-1", "Δ vs FP32", "deploy ONNX bytes", "bytes / FP32", "deployed as"]
+        ),
+        "",
+    ]
 
 
 def ptq_timing_md(p: Mapping[str, Any]) -> list[str]:
@@ -872,15 +1162,28 @@ def ptq_timing_md(p: Mapping[str, Any]) -> list[str]:
             rows.append({"flow": flow, "s min / median / max": f"unavailable: {t['unavailable']}"})
             continue
         r = p["ratios"].get(flow)
-        rows.append({"flow": f"**{flow}**" if flow == p["ours"] else flow, "s min / median / max": _ms(t, 1, 3),
-                     "ours / it, min": _x(r and r["min"]), "ours / it, median": _x(r and r["median"])})
-    lines = [PTQ_FLOWS_MD.format(rounds=p["rounds"]), "",
-             format_markdown(rows, ["flow", "s min / median / max", "ours / it, min", "ours / it, median"]), ""]
+        rows.append(
+            {
+                "flow": f"**{flow}**" if flow == p["ours"] else flow,
+                "s min / median / max": _ms(t, 1, 3),
+                "ours / it, min": _x(r and r["min"]),
+                "ours / it, median": _x(r and r["median"]),
+            }
+        )
+    lines = [
+        PTQ_FLOWS_MD.format(rounds=p["rounds"]),
+        "",
+        format_markdown(rows, ["flow", "s min / median / max", "ours / it, min", "ours / it, median"]),
+        "",
+    ]
     target = p["ratios"].get(p["ort_from_torch"])
     if target:
         met = "met" if target["min"] <= PTQ_TARGET else "not met"
-        lines += [f"Issue 20 asks for at most {PTQ_TARGET:g}× ORT's `quantize_static` from a PyTorch model: {met} "
-                  f"({target['min']:.2f}× by minima, {target['median']:.2f}× by medians).", ""]
+        lines += [
+            f"Issue 20 asks for at most {PTQ_TARGET:g}× ORT's `quantize_static` from a PyTorch model: {met} "
+            f"({target['min']:.2f}× by minima, {target['median']:.2f}× by medians).",
+            "",
+        ]
     return lines
 
 
@@ -893,26 +1196,51 @@ def mixed_md(p: Mapping[str, Any]) -> list[str]:
     """One row per distinct choice (budgets that chose the same model share it), beside all-INT8."""
     points = p["mixed_precision"]
     int8 = points[0]
-    rows = [{"top-1 budget": "(all INT8)", "choice": "all INT8",
-             "weight bytes (est.)": f"{int8['int8_weight_bytes']:,.0f}",
-             "deploy ONNX bytes": f"{int8['file_bytes']['int8_deploy']:,}", "bytes / all-INT8": "1.000×",
-             "test top-1": f"{int8['int8_test_accuracy']:.4f}", "Δ vs all-INT8": "(baseline)"}]
+    rows = [
+        {
+            "top-1 budget": "(all INT8)",
+            "choice": "all INT8",
+            "weight bytes (est.)": f"{int8['int8_weight_bytes']:,.0f}",
+            "deploy ONNX bytes": f"{int8['file_bytes']['int8_deploy']:,}",
+            "bytes / all-INT8": "1.000×",
+            "test top-1": f"{int8['int8_test_accuracy']:.4f}",
+            "Δ vs all-INT8": "(baseline)",
+        }
+    ]
     for group in _budget_groups(points):
         q = group[0]
-        rows.append({"top-1 budget": ", ".join(f"{g['budget']:g}" for g in group), "choice": _choice(q["precisions"]),
-                     "weight bytes (est.)": f"{q['weight_bytes']:,.0f}",
-                     "deploy ONNX bytes": f"{q['file_bytes']['deploy']:,}",
-                     "bytes / all-INT8": _x(q["file_bytes"]["deploy"] / q["file_bytes"]["int8_deploy"], 3),
-                     "drop on the search images": f"{q['search_top1_drop'] or 0:.2f} pt",
-                     "test top-1": f"{q['test_accuracy']:.4f}",
-                     "Δ vs all-INT8": _pt(q["test_accuracy"] - q["int8_test_accuracy"])})
-    columns = ["top-1 budget", "choice", "weight bytes (est.)", "deploy ONNX bytes", "bytes / all-INT8",
-               "drop on the search images", "test top-1", "Δ vs all-INT8"]
-    return [f"`auto_mixed_precision` on the same model at top-1 budgets of {_budgets_text(points)} "
-            "points, searched on the last 2,000 training images (never the test set), each choice run through PTQ and "
-            "measured on the test set. The budget bounds the drop on the search images; 2,000 images resolve "
-            "0.05 pt each, so the test set can disagree. An INT4 layer adds a Cast node to the file "
-            "(docs/spec/engine.md §4.12).", "", format_markdown(rows, columns), ""]
+        rows.append(
+            {
+                "top-1 budget": ", ".join(f"{g['budget']:g}" for g in group),
+                "choice": _choice(q["precisions"]),
+                "weight bytes (est.)": f"{q['weight_bytes']:,.0f}",
+                "deploy ONNX bytes": f"{q['file_bytes']['deploy']:,}",
+                "bytes / all-INT8": _x(q["file_bytes"]["deploy"] / q["file_bytes"]["int8_deploy"], 3),
+                "drop on the search images": f"{q['search_top1_drop'] or 0:.2f} pt",
+                "test top-1": f"{q['test_accuracy']:.4f}",
+                "Δ vs all-INT8": _pt(q["test_accuracy"] - q["int8_test_accuracy"]),
+            }
+        )
+    columns = [
+        "top-1 budget",
+        "choice",
+        "weight bytes (est.)",
+        "deploy ONNX bytes",
+        "bytes / all-INT8",
+        "drop on the search images",
+        "test top-1",
+        "Δ vs all-INT8",
+    ]
+    return [
+        f"`auto_mixed_precision` on the same model at top-1 budgets of {_budgets_text(points)} "
+        "points, searched on the last 2,000 training images (never the test set), each choice run through PTQ and "
+        "measured on the test set. The budget bounds the drop on the search images; 2,000 images resolve "
+        "0.05 pt each, so the test set can disagree. An INT4 layer adds a Cast node to the file "
+        "(docs/spec/engine.md §4.12).",
+        "",
+        format_markdown(rows, columns),
+        "",
+    ]
 
 
 def _budgets_text(points: Sequence[Mapping[str, Any]]) -> str:
@@ -939,13 +1267,23 @@ def plot_mixed_precision(p: Mapping[str, Any], path: Path) -> None:
     budgets: dict[tuple[float, float], list[str]] = {}  # budgets that chose the same model share a point
     for q in points:
         budgets.setdefault((q["file_bytes"]["deploy"] / 1024, q["test_accuracy"] * 100), []).append(f"{q['budget']:g}")
-    ax.plot([x for x, _ in budgets], [y for _, y in budgets], "o", color="tab:blue",
-            label="amct auto mixed precision (top-1 budget, pt)")
+    ax.plot(
+        [x for x, _ in budgets],
+        [y for _, y in budgets],
+        "o",
+        color="tab:blue",
+        label="amct auto mixed precision (top-1 budget, pt)",
+    )
     for (x, y), names in budgets.items():
         ax.annotate(", ".join(names), (x, y), textcoords="offset points", xytext=(5, 3), fontsize=8)
     int8 = points[0]
-    ax.plot([int8["file_bytes"]["int8_deploy"] / 1024], [int8["int8_test_accuracy"] * 100], "s",
-            color="tab:green", label="amct PTQ, all INT8")
+    ax.plot(
+        [int8["file_bytes"]["int8_deploy"] / 1024],
+        [int8["int8_test_accuracy"] * 100],
+        "s",
+        color="tab:green",
+        label="amct PTQ, all INT8",
+    )
     references = [r for r in p["rows"] if r["status"] == "ok" and r["family"] != "ours"]
     for r, marker in zip(references, "^Dv", strict=False):
         ax.plot([r["bytes"] / 1024], [r["accuracy"] * 100], marker, label=r["name"])
@@ -970,30 +1308,55 @@ def ptq_losses(p: Mapping[str, Any]) -> list[dict[str, str]]:
     for ours in (r for r in rows if r["family"] == "ours"):
         for peer in (r for r in rows if r["family"] == "peer"):
             if beats_accuracy(peer["accuracy"], ours["accuracy"]):
-                losses.append(_loss("PTQ top-1", peer["name"], f"{peer['accuracy']:.4f}", ours["name"],
-                                    f"{ours['accuracy']:.4f}", "the calibration: same images and batches, "
-                                    "different range estimates (ours IFMR/HFMG search, theirs MinMax or NNCF's)"))
+                losses.append(
+                    _loss(
+                        "PTQ top-1",
+                        peer["name"],
+                        f"{peer['accuracy']:.4f}",
+                        ours["name"],
+                        f"{ours['accuracy']:.4f}",
+                        "the calibration: same images and batches, "
+                        "different range estimates (ours IFMR/HFMG search, theirs MinMax or NNCF's)",
+                    )
+                )
             if peer["bytes"] < ours["bytes"] * (1 - BYTES_NOISE):
-                losses.append(_loss("PTQ deploy bytes", peer["name"], f"{peer['bytes']:,}", ours["name"],
-                                    f"{ours['bytes']:,}", "their file stores fewer bytes per weight or fewer nodes"))
+                losses.append(
+                    _loss(
+                        "PTQ deploy bytes",
+                        peer["name"],
+                        f"{peer['bytes']:,}",
+                        ours["name"],
+                        f"{ours['bytes']:,}",
+                        "their file stores fewer bytes per weight or fewer nodes",
+                    )
+                )
     ours_flows = {r["name"] for r in p["rows"] if r["family"] == "ours"}
     for flow, r in p["ratios"].items():
         if r and r["min"] > 1 + TIME_NOISE and flow not in ours_flows:
             t, o = p["timing"][flow], p["timing"][p["ours"]]
-            losses.append(_loss("PTQ wall time", flow, f"{t['min']:.3f} s", p["ours"], f"{o['min']:.3f} s",
-                                PTQ_TIME_CAUSE))
+            losses.append(
+                _loss("PTQ wall time", flow, f"{t['min']:.3f} s", p["ours"], f"{o['min']:.3f} s", PTQ_TIME_CAUSE)
+            )
     return losses
 
 
-PTQ_TIME_CAUSE = ("ours writes three ONNX files (AMCT's fused float model, then the fake-quant and deploy models, "
-                  "all from one trace: docs/spec/engine.md §5.1), checks both quantised files in onnxruntime and "
-                  "searches each layer's range with IFMR (a 65,536-bin histogram, 60 candidates), where ORT writes "
-                  "one quantised file and takes the min and max")
+PTQ_TIME_CAUSE = (
+    "ours writes three ONNX files (AMCT's fused float model, then the fake-quant and deploy models, "
+    "all from one trace: docs/spec/engine.md §5.1), checks both quantised files in onnxruntime and "
+    "searches each layer's range with IFMR (a 65,536-bin histogram, 60 candidates), where ORT writes "
+    "one quantised file and takes the min and max"
+)
 
 
 def _loss(metric: str, peer: str, peer_value: str, ours: str, our_value: str, cause: str) -> dict[str, str]:
-    return {"metric": metric, "peer": peer, "peer value": peer_value, "ours": ours, "our value": our_value,
-            "cause": cause}
+    return {
+        "metric": metric,
+        "peer": peer,
+        "peer value": peer_value,
+        "ours": ours,
+        "our value": our_value,
+        "cause": cause,
+    }
 
 
 def mixed_costs(p: Mapping[str, Any]) -> list[str]:
@@ -1003,17 +1366,26 @@ def mixed_costs(p: Mapping[str, Any]) -> list[str]:
         q = group[0]
         drop = (q["int8_test_accuracy"] - q["test_accuracy"]) * 100
         if drop > q["budget"] + ACCURACY_NOISE_PT:
-            notes.append(f"mixed precision at a top-1 budget of {q['budget']:g} pt ({_choice(q['precisions'])}): "
-                         f"{drop:.2f} pt below all-INT8 on the test set (on the search images "
-                         f"{q['search_top1_drop'] or 0:.2f} pt).")
+            notes.append(
+                f"mixed precision at a top-1 budget of {q['budget']:g} pt ({_choice(q['precisions'])}): "
+                f"{drop:.2f} pt below all-INT8 on the test set (on the search images "
+                f"{q['search_top1_drop'] or 0:.2f} pt)."
+            )
     return notes
 
 
 # --------------------------------------------------------------------------- prune search (bench/prune_search.py)
 
 PRUNE_SEARCH_TITLE = "## Prune search vs uniform BCP"
-PRUNE_SEARCH_COLUMNS = ["seed", "row", "MACs (share)", "params", "top-1 after pruning", "top-1 after the epoch",
-                        "search − row, after the epoch"]
+PRUNE_SEARCH_COLUMNS = [
+    "seed",
+    "row",
+    "MACs (share)",
+    "params",
+    "top-1 after pruning",
+    "top-1 after the epoch",
+    "search − row, after the epoch",
+]
 
 
 def prune_search_md(results: Mapping[str, Any]) -> list[str]:
@@ -1022,20 +1394,29 @@ def prune_search_md(results: Mapping[str, Any]) -> list[str]:
         return lines
     setting = s["seeds"][0]["setting"]
     lines += [
-        _command(results, "prune_search", "OMP_NUM_THREADS=1 python bench/prune_search.py --seed 0 --seed 1"), "",
+        _command(results, "prune_search", "OMP_NUM_THREADS=1 python bench/prune_search.py --seed 0 --seed 1"),
+        "",
         f"The engine table's setting: FP32 base {setting['base_epochs']} epoch on {setting['base_images']:,} images, "
         "then each row `create_prune_retrain_model` (channels removed, BatchNorms re-estimated on 8 training "
         f"batches) and {setting['epochs']} epoch on the first {setting['train_limit']:,} training images, same "
         f"batches and Adam lr {setting['lr']:g}; only the prune cfg differs. The search ({_pct(s['target_macs'])} "
         "MACs target) measures on the last 2,000 training images; top-1 on the "
-        f"{setting['test_images']:,} test images (PyTorch, FP32 pruned model). \"MACs matched\": the uniform ratio "
-        f"whose MACs come closest to the search's. {s['threads']} thread(s){_load_pair(s.get('load_avg'))}.", "",
-        format_markdown([row for seed in s["seeds"] for row in _prune_search_rows(seed)], PRUNE_SEARCH_COLUMNS), "",
+        f'{setting["test_images"]:,} test images (PyTorch, FP32 pruned model). "MACs matched": the uniform ratio '
+        f"whose MACs come closest to the search's. {s['threads']} thread(s){_load_pair(s.get('load_avg'))}.",
+        "",
+        format_markdown([row for seed in s["seeds"] for row in _prune_search_rows(seed)], PRUNE_SEARCH_COLUMNS),
+        "",
     ]
-    return lines + [f"- {line}" for line in _prune_search_verdicts(s)] + [
-        "- The search steers by the damage before retraining (docs/spec/engine.md §4.13); the order after the epoch "
-        "need not follow it. Scoring choices after a short fine-tune would measure what retraining recovers; it is "
-        "not done.", ""]
+    return (
+        lines
+        + [f"- {line}" for line in _prune_search_verdicts(s)]
+        + [
+            "- The search steers by the damage before retraining (docs/spec/engine.md §4.13); the order after the "
+            "epoch need not follow it. Scoring choices after a short fine-tune would measure what retraining "
+            "recovers; it is not done.",
+            "",
+        ]
+    )
 
 
 def _prune_search_rows(seed: Mapping[str, Any]) -> list[dict[str, str]]:
@@ -1048,9 +1429,17 @@ def _prune_search_rows(seed: Mapping[str, Any]) -> list[dict[str, str]]:
         else:
             name, top1 = r["name"].removeprefix("amct "), f"{r['accuracy']:.4f}"
             delta = _pt(search["accuracy"] - r["accuracy"])
-        rows.append({"seed": str(seed["seed"]), "row": name, "MACs (share)": f"{r['macs_ratio']:.3f}",
-                     "params": f"{r['params']:,}", "top-1 after pruning": f"{r['accuracy_after_pruning']:.4f}",
-                     "top-1 after the epoch": top1, "search − row, after the epoch": delta})
+        rows.append(
+            {
+                "seed": str(seed["seed"]),
+                "row": name,
+                "MACs (share)": f"{r['macs_ratio']:.3f}",
+                "params": f"{r['params']:,}",
+                "top-1 after pruning": f"{r['accuracy_after_pruning']:.4f}",
+                "top-1 after the epoch": top1,
+                "search − row, after the epoch": delta,
+            }
+        )
     return rows
 
 
@@ -1063,16 +1452,22 @@ def _by_role(seed: Mapping[str, Any], role: str) -> Mapping[str, Any]:
 
 
 def _prune_search_verdicts(s: Mapping[str, Any]) -> list[str]:
-    uniform = {seed["seed"]: _by_role(seed, "search")["accuracy"] - _by_role(seed, "uniform")["accuracy"]
-               for seed in s["seeds"]}
-    matched = {seed["seed"]: _by_role(seed, "search")["accuracy"] - _by_role(seed, "matched")["accuracy"]
-               for seed in s["seeds"]}
+    uniform = {
+        seed["seed"]: _by_role(seed, "search")["accuracy"] - _by_role(seed, "uniform")["accuracy"]
+        for seed in s["seeds"]
+    }
+    matched = {
+        seed["seed"]: _by_role(seed, "search")["accuracy"] - _by_role(seed, "matched")["accuracy"]
+        for seed in s["seeds"]
+    }
     met = all(d >= 0 for d in uniform.values())
-    return [f"Issue 20's done-when (search at {_pct(s['target_macs'])} MACs ≥ uniform 50 % BCP at the same epochs): "
-            f"{'met' if met else 'not met'}: " + ", ".join(f"{_pt(d)} on seed {k}" for k, d in uniform.items()) + ".",
-            "Against the MACs-matched uniform cut (the fairer row: uniform 50 % is the harder cut): "
-            + ", ".join(f"{_pt(d)} on seed {k}" for k, d in matched.items())
-            + f"; within ±{ACCURACY_NOISE_PT} pt is this model's seed-to-seed noise."]
+    return [
+        f"Issue 20's done-when (search at {_pct(s['target_macs'])} MACs ≥ uniform 50 % BCP at the same epochs): "
+        f"{'met' if met else 'not met'}: " + ", ".join(f"{_pt(d)} on seed {k}" for k, d in uniform.items()) + ".",
+        "Against the MACs-matched uniform cut (the fairer row: uniform 50 % is the harder cut): "
+        + ", ".join(f"{_pt(d)} on seed {k}" for k, d in matched.items())
+        + f"; within ±{ACCURACY_NOISE_PT} pt is this model's seed-to-seed noise.",
+    ]
 
 
 def prune_search_losses(s: Mapping[str, Any]) -> list[dict[str, str]]:
@@ -1082,12 +1477,18 @@ def prune_search_losses(s: Mapping[str, Any]) -> list[dict[str, str]]:
         search = _by_role(seed, "search")
         for r in seed["rows"]:
             if r["role"] != "search" and beats_accuracy(r["accuracy"], search["accuracy"]):
-                losses.append(_loss(f"prune search: top-1 after the epoch, seed {seed['seed']}", r["name"],
-                                    f"{r['accuracy']:.4f}",
-                                    "amct prune search", f"{search['accuracy']:.4f}",
-                                    f"the search chose by the damage before retraining ({search['macs_ratio']:.3f} "
-                                    f"of the MACs against {r['macs_ratio']:.3f}); what the epoch recovers is not "
-                                    "measured"))
+                losses.append(
+                    _loss(
+                        f"prune search: top-1 after the epoch, seed {seed['seed']}",
+                        r["name"],
+                        f"{r['accuracy']:.4f}",
+                        "amct prune search",
+                        f"{search['accuracy']:.4f}",
+                        f"the search chose by the damage before retraining ({search['macs_ratio']:.3f} "
+                        f"of the MACs against {r['macs_ratio']:.3f}); what the epoch recovers is not "
+                        "measured",
+                    )
+                )
     return losses
 
 
@@ -1095,14 +1496,21 @@ def prune_search_losses(s: Mapping[str, Any]) -> list[dict[str, str]]:
 
 PRUNE_COMPARE_TITLE = "## Filter pruning: our recipes against Torch-Pruning"
 PRUNE_COMPARE_459K_TITLE = "### The 459k-parameter CNN"
-PRUNE_COMPARE_COLUMNS = ["ratio", "method", "params", "top-1 after pruning", "top-1 after the epoch",
-                         "Δ vs Torch-Pruning + ORT PTQ"]
+PRUNE_COMPARE_COLUMNS = [
+    "ratio",
+    "method",
+    "params",
+    "top-1 after pruning",
+    "top-1 after the epoch",
+    "Δ vs Torch-Pruning + ORT PTQ",
+]
 
 
 def prune_compare_md(results: Mapping[str, Any]) -> list[str]:
     """The 20k CNN's table (every recipe), then the 459k CNN's (bench/prune_compare.py LARGE_MODEL_RECIPES)."""
-    return (_prune_compare_md(results, "prune_compare", PRUNE_COMPARE_TITLE, "")
-            + _prune_compare_md(results, "prune_compare_459k", PRUNE_COMPARE_459K_TITLE, " --model 459k"))
+    return _prune_compare_md(results, "prune_compare", PRUNE_COMPARE_TITLE, "") + _prune_compare_md(
+        results, "prune_compare_459k", PRUNE_COMPARE_459K_TITLE, " --model 459k"
+    )
 
 
 def _prune_compare_md(results: Mapping[str, Any], name: str, title: str, flags: str) -> list[str]:
@@ -1111,21 +1519,24 @@ def _prune_compare_md(results: Mapping[str, Any], name: str, title: str, flags: 
         return lines
     st = c["setting"]
     lines += [
-        _command(results, name, f"OMP_NUM_THREADS=1 python bench/prune_compare.py{flags}"), "",
+        _command(results, name, f"OMP_NUM_THREADS=1 python bench/prune_compare.py{flags}"),
+        "",
         f"{st['model']}; the engine table's setting (FP32 base top-1 {st['base_accuracy']:.4f}; {st['epochs']} extra "
         f"epoch on the first {st['train_limit']:,} training images, same batches, Adam lr {st['lr']:g}, seed "
         f"{st['seed']}, {st['threads']} thread(s)), pruning rows only. Ours: the recipes of bench/compress.py in the "
-        "table (criterion, BatchNorm recalibration, schedule, KD) with INT8 QAT during the epoch, or (\"FP32 epoch, "
+        'table (criterion, BatchNorm recalibration, schedule, KD) with INT8 QAT during the epoch, or ("FP32 epoch, '
         "PTQ\") the epoch in FP32 then our PTQ on the images ORT's PTQ gets; deployed as our INT8 ONNX. "
         "Torch-Pruning: `MetaPruner` with group L2 magnitude (the classifier excluded, as ours; per-layer ratios that "
-        "keep our channel counts), FP32 fine-tuning, FP32 ONNX; \"+ ORT PTQ\": that ONNX through "
+        'keep our channel counts), FP32 fine-tuning, FP32 ONNX; "+ ORT PTQ": that ONNX through '
         f"ORT's static PTQ on {c['ptq_calibration_images']} training images. 'after pruning': the pruned float "
         "model before any training (ours: BatchNorms recalibrated when the recipe has it); 'after the epoch': the "
         f"deployed model in onnxruntime on {st['test_images']:,} test images. Δ: ours − Torch-Pruning + ORT PTQ at "
         f"the same ratio, both INT8{_load_pair(c.get('load_avg'))}. One seed's Δ is a few test images either way: "
         f"`OMP_NUM_THREADS=1 python bench/prune_compare.py{flags} --seed 0 --seed 1 …` pairs each recipe with "
-        "Torch-Pruning + ORT PTQ seed by seed and prints the mean Δ with its 95 % interval.", "",
-        format_markdown(_prune_compare_rows(c["rows"]), PRUNE_COMPARE_COLUMNS), "",
+        "Torch-Pruning + ORT PTQ seed by seed and prints the mean Δ with its 95 % interval.",
+        "",
+        format_markdown(_prune_compare_rows(c["rows"]), PRUNE_COMPARE_COLUMNS),
+        "",
     ]
     return lines + [f"- {line}" for line in _prune_compare_best(c["rows"])] + [""]
 
@@ -1134,12 +1545,18 @@ def _prune_compare_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, str
     out = []
     for r in rows:
         peer = _tp_ptq(rows, r["ratio"])
-        out.append({"ratio": f"{round(r['ratio'] * 100)} %", "method": f"**{r['name']}**" if r["family"] == "ours"
-                    else r["name"], "params": f"{r['params']:,}" if r.get("params") else None,
-                    "top-1 after pruning": _fmt4(r.get("accuracy_after_pruning")),
-                    "top-1 after the epoch": f"{r['accuracy']:.4f}",
-                    "Δ vs Torch-Pruning + ORT PTQ": _pt(r["accuracy"] - peer["accuracy"])
-                    if r["family"] == "ours" and peer else None})
+        out.append(
+            {
+                "ratio": f"{round(r['ratio'] * 100)} %",
+                "method": f"**{r['name']}**" if r["family"] == "ours" else r["name"],
+                "params": f"{r['params']:,}" if r.get("params") else None,
+                "top-1 after pruning": _fmt4(r.get("accuracy_after_pruning")),
+                "top-1 after the epoch": f"{r['accuracy']:.4f}",
+                "Δ vs Torch-Pruning + ORT PTQ": _pt(r["accuracy"] - peer["accuracy"])
+                if r["family"] == "ours" and peer
+                else None,
+            }
+        )
     return out
 
 
@@ -1155,11 +1572,13 @@ def _prune_compare_best(rows: Sequence[Mapping[str, Any]]) -> list[str]:
         if not ours or not peers:
             continue
         best, peer = max(ours, key=lambda r: r["accuracy"]), max(peers, key=lambda r: r["accuracy"])
-        lines.append(f"{round(ratio * 100)} %: our best recipe in this run, {best['name']}, {best['accuracy']:.4f}; "
-                     f"the best Torch-Pruning row, {peer['name']}, {peer['accuracy']:.4f} "
-                     f"({_pt(best['accuracy'] - peer['accuracy'])}). 'Where we lose' measures the peers against the "
-                     f"recipe named before the run ({BEST_PRUNE_ROW.format(pct=round(ratio * 100))}), not this "
-                     "run's best.")
+        lines.append(
+            f"{round(ratio * 100)} %: our best recipe in this run, {best['name']}, {best['accuracy']:.4f}; "
+            f"the best Torch-Pruning row, {peer['name']}, {peer['accuracy']:.4f} "
+            f"({_pt(best['accuracy'] - peer['accuracy'])}). 'Where we lose' measures the peers against the "
+            f"recipe named before the run ({BEST_PRUNE_ROW.format(pct=round(ratio * 100))}), not this "
+            "run's best."
+        )
     return lines
 
 
@@ -1172,26 +1591,32 @@ def prune_compare_losses(c: Mapping[str, Any], label: str = "pruning recipes") -
         ours = rows.get(BEST_PRUNE_ROW.format(pct=round(peer["ratio"] * 100)))
         if ours is None:
             continue
-        for key, when, cause in (("accuracy_after_pruning", "right after pruning", PRUNED_CAUSE),
-                                 ("accuracy", "after the epoch", TRAINED_CAUSE)):
+        for key, when, cause in (
+            ("accuracy_after_pruning", "right after pruning", PRUNED_CAUSE),
+            ("accuracy", "after the epoch", TRAINED_CAUSE),
+        ):
             metric = f"{label}: top-1 {when}"
             if peer.get(key) is not None and ours.get(key) is not None and beats_accuracy(peer[key], ours[key]):
-                losses.append(_loss(metric, peer["name"], f"{peer[key]:.4f}", ours["name"], f"{ours[key]:.4f}",
-                                    cause))
+                losses.append(_loss(metric, peer["name"], f"{peer[key]:.4f}", ours["name"], f"{ours[key]:.4f}", cause))
     return losses
 
 
 PRUNED_CAUSE = "the channels each removes: same criterion family (group L2), different grouping and per-layer ratios"
-TRAINED_CAUSE = ("the training recipe: same data, epochs and lr; ours trains with fake quantisation (QAT), "
-                 "Torch-Pruning fine-tunes in FP32")
+TRAINED_CAUSE = (
+    "the training recipe: same data, epochs and lr; ours trains with fake quantisation (QAT), "
+    "Torch-Pruning fine-tunes in FP32"
+)
 
 
 # --------------------------------------------------------------------------- warm start and recovery (service)
 
 WARM_TITLE = "## Warm job processes and the fork server: cold vs warm start"
-WARM_KEYS = {"submit_to_running_s": "submit → running", "running_to_training_s": "running → training",
-             "running_to_first_step_s": "running → first recorded step",
-             "submit_to_first_step_s": "submit → first recorded step"}
+WARM_KEYS = {
+    "submit_to_running_s": "submit → running",
+    "running_to_training_s": "running → training",
+    "running_to_first_step_s": "running → first recorded step",
+    "submit_to_first_step_s": "submit → first recorded step",
+}
 
 
 def warm_start_md(results: Mapping[str, Any]) -> list[str]:
@@ -1199,27 +1624,40 @@ def warm_start_md(results: Mapping[str, Any]) -> list[str]:
     if w is None:
         return lines
     setup, load = w["setup"], w.get("load_average") or {}
-    rows = [_warm_row(f"cold (`AMCT_WARM_START=0`), median of {len(w['cold']['samples'])}", w["cold"]),
-            _warm_row(f"warm process (`AMCT_FORK_SERVER=0`), median of {len(w['warm']['samples'])}", w["warm"])]
+    rows = [
+        _warm_row(f"cold (`AMCT_WARM_START=0`), median of {len(w['cold']['samples'])}", w["cold"]),
+        _warm_row(f"warm process (`AMCT_FORK_SERVER=0`), median of {len(w['warm']['samples'])}", w["warm"]),
+    ]
     if "fork" in w:  # since stop 31
         rows.append(_warm_row(f"fork server (default), median of {len(w['fork']['samples'])}", w["fork"]))
     for mode in ("warm", "fork"):
         if f"{mode}_over_cold" in w:
-            rows.append({"mode": f"{mode} / cold", **{label: _x(w[f"{mode}_over_cold"].get(key))
-                                                     for key, label in WARM_KEYS.items()}})
+            rows.append(
+                {
+                    "mode": f"{mode} / cold",
+                    **{label: _x(w[f"{mode}_over_cold"].get(key)) for key, label in WARM_KEYS.items()},
+                }
+            )
     loads = _load_pair([load["before"], load["after"]]) if load else ""
     return lines + [
-        _command(results, "warm_start", f"python bench/warm_start.py --samples {setup['samples']} "
-                                        f"--idle {setup['idle_s']:g}"), "",
+        _command(
+            results, "warm_start", f"python bench/warm_start.py --samples {setup['samples']} --idle {setup['idle_s']:g}"
+        ),
+        "",
         f"`amct serve` on {setup['backend']} with its embedded worker, one small job at a time on an idle worker "
         "(the 2.6k-parameter TorchScript model of bench/service_load.py, 64 samples, 1 epoch INT8 QAT). Times come "
         "from the database: submit, claim, the `training` phase and the first recorded `progress` event (an upper "
         f"bound on the first step). {setup['samples']} samples per mode, each after {setup['idle_s']:g} s idle; "
         f"before each warm sample the worker's warm job process (or fork server) is ready{loads}. Seconds; min – max "
-        "in brackets.", "", format_markdown(rows, ["mode", *WARM_KEYS.values()]), "",
+        "in brackets.",
+        "",
+        format_markdown(rows, ["mode", *WARM_KEYS.values()]),
+        "",
         "The warm-up is the work a cold job does before its first step (imports, the sandbox), done ahead: once "
         "per job by a warm process, once per 100 jobs by the fork server. What remains after the hand-over is the "
-        "job's own: its inputs, the dataset, the FP32 export and the capture (docs/scaling.md).", ""]
+        "job's own: its inputs, the dataset, the FP32 export and the capture (docs/scaling.md).",
+        "",
+    ]
 
 
 def _warm_row(mode: str, entry: Mapping[str, Any]) -> dict[str, str]:
@@ -1240,8 +1678,11 @@ def warm_start_costs(w: Mapping[str, Any]) -> list[str]:
 
 
 RECOVERY_TITLE = "## Crash recovery"
-RECOVERY_LABELS = {"worker": "worker group killed, new worker started", "engine": "engine child killed",
-                   "embedded": "`amct serve`'s worker killed"}
+RECOVERY_LABELS = {
+    "worker": "worker group killed, new worker started",
+    "engine": "engine child killed",
+    "embedded": "`amct serve`'s worker killed",
+}
 RECOVERY_COUNTS = ("succeeded", "resumed", "none_run_twice", "none_left_queued")
 
 
@@ -1251,22 +1692,38 @@ def recovery_md(results: Mapping[str, Any]) -> list[str]:
         return lines
     rows = []
     for name, t in r["scenarios"].items():
-        rows.append({"scenario": RECOVERY_LABELS.get(name, name), "trials": str(t["trials"]),
-                     **{c.replace("_", " "): str(t[c]) for c in RECOVERY_COUNTS}, "orphans": str(t["orphans"]),
-                     "kill → resumed s (min / median / max)": _spread(t["recover_s"]),
-                     "kill → succeeded s": _spread(t["finish_s"])})
-    columns = ["scenario", "trials", *(c.replace("_", " ") for c in RECOVERY_COUNTS), "orphans",
-               "kill → resumed s (min / median / max)", "kill → succeeded s"]
+        rows.append(
+            {
+                "scenario": RECOVERY_LABELS.get(name, name),
+                "trials": str(t["trials"]),
+                **{c.replace("_", " "): str(t[c]) for c in RECOVERY_COUNTS},
+                "orphans": str(t["orphans"]),
+                "kill → resumed s (min / median / max)": _spread(t["recover_s"]),
+                "kill → succeeded s": _spread(t["finish_s"]),
+            }
+        )
+    columns = [
+        "scenario",
+        "trials",
+        *(c.replace("_", " ") for c in RECOVERY_COUNTS),
+        "orphans",
+        "kill → resumed s (min / median / max)",
+        "kill → succeeded s",
+    ]
     return lines + [
-        _command(results, "recovery", "python bench/recovery.py --trials 10"), "",
+        _command(results, "recovery", "python bench/recovery.py --trials 10"),
+        "",
         f"{r['trials']} trial(s) per scenario (10 on its own): a 2-epoch INT8 QAT job (SmallFashionCnn, 400 "
         "Fashion-MNIST images, batch 16) killed once the checkpoint of epoch 1 is stored: the whole process group of "
         "a Celery worker (a new one is started), only the engine child (both on "
         f"{r['database']} + a private redis-server), and the worker of a real `amct serve` (SQLite, filesystem "
         "queue). Counts are trials out of the total: succeeded, resumed from the checkpoint stored before the kill, "
         "trained no step twice, left no job queued (requeued → claimed within 30 s); times from the kill"
-        f"{_load_pair(r.get('load_avg'))}. There is no peer: the baseline is every trial recovering.", "",
-        format_markdown(rows, columns), ""]
+        f"{_load_pair(r.get('load_avg'))}. There is no peer: the baseline is every trial recovering.",
+        "",
+        format_markdown(rows, columns),
+        "",
+    ]
 
 
 def _spread(samples: Sequence[float]) -> str | None:
@@ -1282,8 +1739,9 @@ def recovery_costs(r: Mapping[str, Any]) -> list[str]:
         if t["orphans"]:
             short.append(f"{t['orphans']} orphan process(es)")
         if short:
-            notes.append(f"crash recovery, {RECOVERY_LABELS.get(name, name)}: of {t['trials']} trials, "
-                         + ", ".join(short) + ".")
+            notes.append(
+                f"crash recovery, {RECOVERY_LABELS.get(name, name)}: of {t['trials']} trials, " + ", ".join(short) + "."
+            )
     return notes
 
 
@@ -1302,28 +1760,36 @@ STANDALONE_MD = [
 ]
 
 
-LOSS_SOURCES = (("engine", engine_losses), ("ptq", ptq_losses), ("prune_search", prune_search_losses),
-                ("prune_compare", prune_compare_losses),
-                ("prune_compare_459k", lambda c: prune_compare_losses(c, "pruning recipes, 459k CNN")),
-                ("capture", capture_losses))
+LOSS_SOURCES = (
+    ("engine", engine_losses),
+    ("ptq", ptq_losses),
+    ("prune_search", prune_search_losses),
+    ("prune_compare", prune_compare_losses),
+    ("prune_compare_459k", lambda c: prune_compare_losses(c, "pruning recipes, 459k CNN")),
+    ("capture", capture_losses),
+)
 LOSS_MATCHING = (
     "Peers are matched as: in the engine table, ORT PTQ, torchao and NNCF against amct INT8 QAT, and Torch-Pruning "
     "(± ORT PTQ) against our best pruning recipe ({best}) at the same ratio; in the PTQ section, ORT static PTQ and "
     "NNCF against each of our PTQ rows, and every other flow's wall time against ours (IFMR); in the prune search, "
     "uniform BCP (AMCT's recipe, at 50 % and MACs-matched) against the search, per seed; in the pruning recipes "
     "(both CNNs), Torch-Pruning (± ORT PTQ) against {best} at the same ratio, right after pruning and after the "
-    "epoch.")
+    "epoch."
+)
 
 
 def losses_md(results: Mapping[str, Any]) -> list[str]:
     losses = [loss for name, find in LOSS_SOURCES if (section := _section(results, name)) for loss in find(section)]
     lines = ["## Where we lose", ""]
     if losses:
-        lines += [f"Computed from the numbers above: every metric on which a peer (or AMCT's own recipe or ONNX route) "
-                  f"beats the matching row of ours by more than the noise margin (top-1 {ACCURACY_NOISE_PT} pt, size "
-                  f"{BYTES_NOISE:.0%}, time {TIME_NOISE:.0%}). "
-                  + LOSS_MATCHING.format(best=BEST_PRUNE_ROW.format(pct="N")), "",
-                  format_markdown(losses, ["metric", "peer", "peer value", "ours", "our value", "cause"]), ""]
+        lines += [
+            f"Computed from the numbers above: every metric on which a peer (or AMCT's own recipe or ONNX route) "
+            f"beats the matching row of ours by more than the noise margin (top-1 {ACCURACY_NOISE_PT} pt, size "
+            f"{BYTES_NOISE:.0%}, time {TIME_NOISE:.0%}). " + LOSS_MATCHING.format(best=BEST_PRUNE_ROW.format(pct="N")),
+            "",
+            format_markdown(losses, ["metric", "peer", "peer value", "ours", "our value", "cause"]),
+            "",
+        ]
     else:
         lines += ["No peer beats the matching row of ours beyond the noise margins in this run.", ""]
     deploy = _section(results, "deploy")
@@ -1332,8 +1798,11 @@ def losses_md(results: Mapping[str, Any]) -> list[str]:
         lines += ["Deploy speed (section above), beyond the time noise margin:", ""] + [f"- {s}" for s in slower] + [""]
     costs = own_costs(results)
     if costs:
-        lines += ["Where our compression or service costs more than it gives, against the uncompressed model, "
-                  "the budget or the cold start:", ""]
+        lines += [
+            "Where our compression or service costs more than it gives, against the uncompressed model, "
+            "the budget or the cold start:",
+            "",
+        ]
         lines += [f"- {c}" for c in costs] + [""]
     return lines
 
@@ -1370,8 +1839,12 @@ def render(results: Mapping[str, Any], md_path: Path, images: Path) -> None:
     if engine:
         curves = images / "bench_training_curves.png"
         plot_training_curves(engine, crepe, curves)
-        lines += ["Training curves (same batches for every row):", "",
-                  f"![training curves]({curves.relative_to(md_path.parent).as_posix()})", ""]
+        lines += [
+            "Training curves (same batches for every row):",
+            "",
+            f"![training curves]({curves.relative_to(md_path.parent).as_posix()})",
+            "",
+        ]
     lines += ptq_md(results, images, md_path.parent) + prune_search_md(results) + prune_compare_md(results)
     lines += ["## Real pretrained models", ""] + minilm_md(results) + crepe_md(results)
     lines += deploy_md(results) + capture_md(results) + service_md(results) + warm_start_md(results)

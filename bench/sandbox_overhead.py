@@ -19,8 +19,11 @@ from pathlib import Path
 
 from job_process import bubblewrap, sandbox
 
-CHILDREN = {"true": ["/usr/bin/true"], "python": [sys.executable, "-c", "pass"],
-            "import torch": [sys.executable, "-c", "import torch"]}
+CHILDREN = {
+    "true": ["/usr/bin/true"],
+    "python": [sys.executable, "-c", "pass"],
+    "import torch": [sys.executable, "-c", "import torch"],
+}
 
 
 def cpu_flags() -> str:

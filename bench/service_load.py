@@ -118,30 +118,47 @@ def _api_key(data_dir: Path, database_url: str | None) -> tuple[str, dict[str, s
         from service.db.session import session_factory
         from service.settings import Settings
 
-        _key_id, secret = auth.create_key(session_factory(database_url), Settings().project, ["admin"],
-                                          name="bench")
+        _key_id, secret = auth.create_key(session_factory(database_url), Settings().project, ["admin"], name="bench")
     return "keys", {"Authorization": f"Bearer {secret}"}
 
 
 @contextmanager
-def running_server(data_dir: Path, env_extra: dict[str, str], max_jobs: int,
-                   api_workers: int | None = None) -> Iterator[Server]:
+def running_server(
+    data_dir: Path, env_extra: dict[str, str], max_jobs: int, api_workers: int | None = None
+) -> Iterator[Server]:
     """`python -m service serve` (API + embedded worker) in its own process group; stopped on exit.
 
     `api_workers`: the production API instead, `python -m service api --workers N` (docker-compose.yml),
     with no worker: the caller starts them."""
     port = _free_port()
-    env = dict(os.environ, PYTHONPATH=str(ROOT), AMCT_MAX_ACTIVE_JOBS=str(max_jobs + 100), AMCT_DATA_DIR=str(data_dir),
-               **WORKER_ENV, **env_extra)
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(ROOT),
+        AMCT_MAX_ACTIVE_JOBS=str(max_jobs + 100),
+        AMCT_DATA_DIR=str(data_dir),
+        **WORKER_ENV,
+        **env_extra,
+    )
     log = data_dir / "serve.log"
     if api_workers:
-        command = [sys.executable, "-m", "service", "api", "--workers", str(api_workers), "--port", str(port),
-                   "--log-level", "warning"]
+        command = [
+            sys.executable,
+            "-m",
+            "service",
+            "api",
+            "--workers",
+            str(api_workers),
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+        ]
     else:
         command = [sys.executable, "-m", "service", "serve", "--port", str(port), "--data-dir", str(data_dir)]
     with open(log, "wb") as out:
-        proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_ready(url, proc, log)
@@ -193,16 +210,16 @@ def tiny_inputs() -> tuple[bytes, bytes]:
     torch.jit.save(torch.jit.script(Tiny().eval()), model)
     rng = np.random.default_rng(0)
     data = io.BytesIO()
-    np.savez(data, inputs=rng.standard_normal((64, *INPUT_SHAPE[1:]), dtype=np.float32),
-             labels=rng.integers(0, 10, 64))
+    np.savez(data, inputs=rng.standard_normal((64, *INPUT_SHAPE[1:]), dtype=np.float32), labels=rng.integers(0, 10, 64))
     return model.getvalue(), data.getvalue()
 
 
 def upload_inputs(client: httpx.Client) -> dict[str, str]:
     model_bytes, data_bytes = tiny_inputs()
     shape = ",".join(map(str, INPUT_SHAPE))
-    model = client.post("/v1/models", files={"file": ("tiny.pt", model_bytes)},
-                        data={"name": "tiny", "input_shape": shape})
+    model = client.post(
+        "/v1/models", files={"file": ("tiny.pt", model_bytes)}, data={"name": "tiny", "input_shape": shape}
+    )
     config = client.post("/v1/configs", files={"file": ("q.cfg", CFG)}, data={"kind": "retrain"})
     dataset = client.post("/v1/datasets", files={"file": ("d.npz", data_bytes)})
     for r in (model, config, dataset):
@@ -260,8 +277,9 @@ async def _open_loop(url: str, headers: dict, paths: dict[str, list[str]], rate:
     samples: dict[str, list[float]] = {name: [] for name in paths}
     errors: Counter[str] = Counter()
     connector = aiohttp.TCPConnector(limit=64)
-    async with aiohttp.ClientSession(base_url=url, headers=headers, connector=connector,
-                                     timeout=aiohttp.ClientTimeout(total=30)) as client:
+    async with aiohttp.ClientSession(
+        base_url=url, headers=headers, connector=connector, timeout=aiohttp.ClientTimeout(total=30)
+    ) as client:
         loop = asyncio.get_running_loop()
         start = loop.time()
 
@@ -309,8 +327,9 @@ class ReadLoad:
         ctx = mp.get_context("spawn")
         self.queue: mp.Queue = ctx.Queue()
         # A daemon: a load that outlives its measurement (a server too slow to answer) dies with the bench.
-        self.proc = ctx.Process(target=_load_process, args=(server.url, server.headers, paths, rate, seconds,
-                                                            self.queue), daemon=True)
+        self.proc = ctx.Process(
+            target=_load_process, args=(server.url, server.headers, paths, rate, seconds, self.queue), daemon=True
+        )
 
     def start(self) -> ReadLoad:
         self.proc.start()
@@ -321,12 +340,20 @@ class ReadLoad:
             raw = self.queue.get(timeout=self.seconds + 300)
         except queue.Empty:  # the server answered too slowly for the load to finish: say so, keep the rest
             self.proc.terminate()
-            return {"rate_per_endpoint": self.rate, "seconds": self.seconds, "endpoints": {},
-                    "errors": {"the load did not finish within its time": 1}}
+            return {
+                "rate_per_endpoint": self.rate,
+                "seconds": self.seconds,
+                "endpoints": {},
+                "errors": {"the load did not finish within its time": 1},
+            }
         self.proc.join()
         endpoints = {name: _percentiles(s) for name, s in raw["samples"].items()}
-        return {"rate_per_endpoint": self.rate, "seconds": self.seconds, "endpoints": endpoints,
-                "errors": raw["errors"]}
+        return {
+            "rate_per_endpoint": self.rate,
+            "seconds": self.seconds,
+            "endpoints": endpoints,
+            "errors": raw["errors"],
+        }
 
 
 def submit_batch(client: httpx.Client, ids: dict, jobs: int) -> tuple[list[str], list[float], float]:
@@ -396,8 +423,9 @@ def audit_database(database_url: str, job_ids: list[str]) -> dict[str, Any]:
     wanted = set(job_ids)
     with session_factory(database_url)() as session:
         rows = {j.id: j for j in session.scalars(select(Job).where(Job.id.in_(job_ids)))}
-        events = session.execute(select(JobEvent.job_id, JobEvent.type, JobEvent.payload).where(
-            JobEvent.job_id.in_(job_ids))).all()
+        events = session.execute(
+            select(JobEvent.job_id, JobEvent.type, JobEvent.payload).where(JobEvent.job_id.in_(job_ids))
+        ).all()
     claims: Counter[str] = Counter()
     reclaims: Counter[str] = Counter()
     resent: Counter[str] = Counter()
@@ -417,8 +445,7 @@ def audit_database(database_url: str, job_ids: list[str]) -> dict[str, Any]:
         "not_terminal": sum(1 for j in rows.values() if j.status not in TERMINAL),
         "statuses": dict(Counter(j.status for j in rows.values())),
         "ran": len(ran),
-        "ran_twice": sum(1 for j in wanted if claims[j] > 1 or reclaims[j] > 0)
-        + sum(1 for j in ran if j.attempt != 1),
+        "ran_twice": sum(1 for j in wanted if claims[j] > 1 or reclaims[j] > 0) + sum(1 for j in ran if j.attempt != 1),
         "never_claimed_but_ran": sum(1 for j in ran if claims[j.id] == 0),
         "re_sent_messages": sum(resent.values()),
         "jobs_with_re_sent_message": len(resent),
@@ -426,8 +453,9 @@ def audit_database(database_url: str, job_ids: list[str]) -> dict[str, Any]:
     }
 
 
-def run_batch(client: httpx.Client, server: Server, ids: dict, jobs: int, window_s: float, rate: float,
-              seconds: float) -> dict[str, Any]:
+def run_batch(
+    client: httpx.Client, server: Server, ids: dict, jobs: int, window_s: float, rate: float, seconds: float
+) -> dict[str, Any]:
     """Submit the batch, read-load the API while it drains, close the window, audit the database."""
     _log(f"submitting {jobs} jobs")
     job_ids, submit_ms, submit_s = submit_batch(client, ids, jobs)
@@ -469,20 +497,31 @@ def backend_server(backend: str, jobs: int, api_workers: int | None = None) -> I
     PostgreSQL + Redis: with `api_workers`, the production shape (that many API processes, two Celery workers,
     one with the reaper's beat); without, `amct serve`'s embedded worker and one more."""
     api_workers = api_workers if backend == "postgres" else None
-    with _workdir(backend) as tmp, _backend_env(backend) as env, \
-            running_server(Path(tmp), env, jobs, api_workers) as server, \
-            httpx.Client(base_url=server.url, headers=server.headers, timeout=60) as client:
+    with (
+        _workdir(backend) as tmp,
+        _backend_env(backend) as env,
+        running_server(Path(tmp), env, jobs, api_workers) as server,
+        httpx.Client(base_url=server.url, headers=server.headers, timeout=60) as client,
+    ):
         if backend != "postgres":
             yield server, client
             return
         with contextlib.ExitStack() as workers:
-            for beat in ([True, False] if api_workers else [False]):
+            for beat in [True, False] if api_workers else [False]:
                 workers.enter_context(_extra_worker(Path(tmp), env, beat=beat))
             yield server, client
 
 
-def run_backend(backend: str, jobs: int, window_s: float, rate: float, seconds: float, samples: int,
-                idle_s: float, api_workers: int | None = None) -> dict[str, Any]:
+def run_backend(
+    backend: str,
+    jobs: int,
+    window_s: float,
+    rate: float,
+    seconds: float,
+    samples: int,
+    idle_s: float,
+    api_workers: int | None = None,
+) -> dict[str, Any]:
     with backend_server(backend, jobs, api_workers) as (server, client):
         ids = upload_inputs(client)
         _log(f"{backend}: submit → running ({samples} samples)")
@@ -564,17 +603,22 @@ def _drop_redis_keys(queue_prefix: str) -> None:
 
 
 def _backend_label(backend: str) -> str:
-    return {"embedded": "amct serve (SQLite + filesystem queue)",
-            "postgres": "PostgreSQL + Redis"}[backend]
+    return {"embedded": "amct serve (SQLite + filesystem queue)", "postgres": "PostgreSQL + Redis"}[backend]
 
 
 def _log(message: str) -> None:
     print(f"[service] {message}", file=sys.stderr, flush=True)
 
 
-def run(quick: bool = False, backends: Sequence[str] = ("embedded", "postgres"), jobs: int | None = None,
-        window_s: float | None = None, rate: float = 100.0, seconds: float | None = None,
-        api_workers: int | None = 2) -> dict[str, Any]:
+def run(
+    quick: bool = False,
+    backends: Sequence[str] = ("embedded", "postgres"),
+    jobs: int | None = None,
+    window_s: float | None = None,
+    rate: float = 100.0,
+    seconds: float | None = None,
+    api_workers: int | None = 2,
+) -> dict[str, Any]:
     """Every back end in turn; a failed back end is reported as such and the next still runs.
 
     `rate` is per endpoint: the default 100 + 100 is the 200 requests/s of docs/scaling.md's targets."""
@@ -584,10 +628,16 @@ def run(quick: bool = False, backends: Sequence[str] = ("embedded", "postgres"),
     samples, idle_s = (2, 2.0) if quick else (5, 5.0)
     inherited = {FORK_SERVER_ENV: os.environ[FORK_SERVER_ENV]} if FORK_SERVER_ENV in os.environ else {}
     results: dict[str, Any] = {
-        "setup": {"jobs": jobs, "window_s": window_s, "rate_per_endpoint": rate, "seconds": seconds,
-                  "submit_samples": samples, "idle_s": idle_s,
-                  "server_env": {**WORKER_ENV, **inherited},
-                  "model": "TorchScript conv(1→4) + linear(256→10), 64 samples of 1x8x8, 1 epoch INT8 QAT"},
+        "setup": {
+            "jobs": jobs,
+            "window_s": window_s,
+            "rate_per_endpoint": rate,
+            "seconds": seconds,
+            "submit_samples": samples,
+            "idle_s": idle_s,
+            "server_env": {**WORKER_ENV, **inherited},
+            "model": "TorchScript conv(1→4) + linear(256→10), 64 samples of 1x8x8, 1 epoch INT8 QAT",
+        },
         "backends": {},
     }
     for backend in backends:
@@ -596,8 +646,11 @@ def run(quick: bool = False, backends: Sequence[str] = ("embedded", "postgres"),
             res = run_backend(backend, jobs, window_s, rate, seconds, samples, idle_s, api_workers)
             res["status"] = "ok"
         except Exception as e:  # one back end down (e.g. no PostgreSQL) must not lose the other's numbers
-            res = {"status": "failed", "reason": f"{type(e).__name__}: {e}".splitlines()[0][:300],
-                   "backend": _backend_label(backend)}
+            res = {
+                "status": "failed",
+                "reason": f"{type(e).__name__}: {e}".splitlines()[0][:300],
+                "backend": _backend_label(backend),
+            }
         res["wall_s"] = time.perf_counter() - start
         res["load_average_after"] = os.getloadavg()  # the machine's 1/5/15-minute load: other work skews latency
         results["backends"][backend] = res
@@ -610,8 +663,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, help="jobs in the batch (default 1000; 20 with --quick)")
     parser.add_argument("--window", type=float, help="seconds the batch may drain before the rest is cancelled")
     parser.add_argument("--rate", type=float, default=100.0, help="GET requests a second, per endpoint (two)")
-    parser.add_argument("--api-workers", type=int, default=2,
-                        help="PostgreSQL + Redis: API processes (the production command); 0: `amct serve` instead")
+    parser.add_argument(
+        "--api-workers",
+        type=int,
+        default=2,
+        help="PostgreSQL + Redis: API processes (the production command); 0: `amct serve` instead",
+    )
     parser.add_argument("--seconds", type=float, help="duration of each GET load")
     parser.add_argument("--backends", nargs="+", default=["embedded", "postgres"], choices=["embedded", "postgres"])
     args = parser.parse_args(argv)

@@ -96,12 +96,18 @@ def measure(name: str, case: tuple, folder: Path, repeats: int) -> dict:
     for step in samples[True][0]:
         with_checks = sorted(s[step] for s in samples[True])[repeats // 2]
         without = sorted(s[step] for s in samples[False])[repeats // 2]
-        result[step] = {"with_checks_s": round(with_checks, 3), "without_s": round(without, 3),
-                        "checks_s": round(with_checks - without, 3)}
+        result[step] = {
+            "with_checks_s": round(with_checks, 3),
+            "without_s": round(without, 3),
+            "checks_s": round(with_checks - without, 3),
+        }
     total_with = sum(r["with_checks_s"] for r in result.values())
     total_checks = sum(r["checks_s"] for r in result.values())
-    result["total"] = {"with_checks_s": round(total_with, 3), "checks_s": round(total_checks, 3),
-                       "checks_share": round(total_checks / total_with, 3)}
+    result["total"] = {
+        "with_checks_s": round(total_with, 3),
+        "checks_s": round(total_checks, 3),
+        "checks_share": round(total_checks / total_with, 3),
+    }
     return {name: result}
 
 

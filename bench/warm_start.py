@@ -39,8 +39,11 @@ from bench.service_load import TERMINAL, _backend_env, _job_body, _log, running_
 
 # Per mode: the environment, and the worker's log line that says it is ready for a job (a warm process says
 # it once per job, a fork server once).
-MODES = {"cold": ({"AMCT_WARM_START": "0"}, None), "warm": ({"AMCT_FORK_SERVER": "0"}, "warm job process ready"),
-         "fork": ({"AMCT_FORK_SERVER": "1"}, "fork server ready")}
+MODES = {
+    "cold": ({"AMCT_WARM_START": "0"}, None),
+    "warm": ({"AMCT_FORK_SERVER": "0"}, "warm job process ready"),
+    "fork": ({"AMCT_FORK_SERVER": "1"}, "fork server ready"),
+}
 
 
 def _times(database_url: str, job_id: str) -> dict[str, float | None]:
@@ -51,21 +54,28 @@ def _times(database_url: str, job_id: str) -> dict[str, float | None]:
 
     with session_factory(database_url)() as session:
         job = session.get(Job, job_id)
-        events = session.execute(select(JobEvent.ts, JobEvent.type, JobEvent.payload).where(
-            JobEvent.job_id == job_id).order_by(JobEvent.seq)).all()
+        events = session.execute(
+            select(JobEvent.ts, JobEvent.type, JobEvent.payload).where(JobEvent.job_id == job_id).order_by(JobEvent.seq)
+        ).all()
     step = next((ts for ts, type_, payload in events if type_ == "progress" and payload.get("step")), None)
-    training = next((ts for ts, type_, payload in events if type_ == "phase" and payload.get("phase") == "training"),
-                    None)
-    warm = next((p["message"] for _, t, p in events if t == "log" and str(p.get("message", "")).startswith("warm")),
-                None)
+    training = next(
+        (ts for ts, type_, payload in events if type_ == "phase" and payload.get("phase") == "training"), None
+    )
+    warm = next(
+        (p["message"] for _, t, p in events if t == "log" and str(p.get("message", "")).startswith("warm")), None
+    )
 
     def since(a, b):
         return (b - a).total_seconds() if a is not None and b is not None else None
 
-    return {"submit_to_running_s": since(job.created_at, job.started_at),
-            "running_to_training_s": since(job.started_at, training),
-            "running_to_first_step_s": since(job.started_at, step),
-            "submit_to_first_step_s": since(job.created_at, step), "status": job.status, "warm_log": warm}
+    return {
+        "submit_to_running_s": since(job.created_at, job.started_at),
+        "running_to_training_s": since(job.started_at, training),
+        "running_to_first_step_s": since(job.started_at, step),
+        "submit_to_first_step_s": since(job.created_at, step),
+        "status": job.status,
+        "warm_log": warm,
+    }
 
 
 def _wait_ready(log: Path, ready: str, count: int, timeout: float = 300) -> None:
@@ -78,11 +88,15 @@ def _wait_ready(log: Path, ready: str, count: int, timeout: float = 300) -> None
 
 def run_mode(mode: str, samples: int, idle_s: float) -> dict[str, Any]:
     extra, ready = MODES[mode]
-    with tempfile.TemporaryDirectory(prefix="amct-warm-bench-", ignore_cleanup_errors=True) as tmp, \
-            _backend_env("postgres") as env:
+    with (
+        tempfile.TemporaryDirectory(prefix="amct-warm-bench-", ignore_cleanup_errors=True) as tmp,
+        _backend_env("postgres") as env,
+    ):
         env = {**env, **extra}
-        with running_server(Path(tmp), env, max_jobs=samples) as server, \
-                httpx.Client(base_url=server.url, headers=server.headers, timeout=60) as client:
+        with (
+            running_server(Path(tmp), env, max_jobs=samples) as server,
+            httpx.Client(base_url=server.url, headers=server.headers, timeout=60) as client,
+        ):
             ids = upload_inputs(client)
             rows = []
             for i in range(samples):

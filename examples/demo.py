@@ -35,7 +35,7 @@ def _train(model, loader, lr, label):
 
 def _ort_accuracy(path, x, y) -> float:
     session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
-    logits = np.concatenate([session.run(None, {"x": x[i:i + 1000].numpy()})[0] for i in range(0, len(x), 1000)])
+    logits = np.concatenate([session.run(None, {"x": x[i : i + 1000].numpy()})[0] for i in range(0, len(x), 1000)])
     return float((logits.argmax(1) == y.numpy()).mean())
 
 
@@ -45,8 +45,9 @@ def main(argv=None) -> int:
     parser.add_argument("--train-limit", type=int, default=60000, help="training images to use")
     args = parser.parse_args(argv)
     if not fashion_mnist_available():
-        print("demo: Fashion-MNIST is missing; install it with `apt-get install dataset-fashion-mnist`",
-              file=sys.stderr)
+        print(
+            "demo: Fashion-MNIST is missing; install it with `apt-get install dataset-fashion-mnist`", file=sys.stderr
+        )
         return 2
     torch.manual_seed(0)
     x_train, y_train = load_fashion_mnist("train", limit=args.train_limit)
@@ -66,8 +67,14 @@ def main(argv=None) -> int:
     _train(qmodel, make_loader(x_train, y_train, 128, seed=1), 5e-4, "INT8 QAT")
     qat_accuracy = evaluate_accuracy(qmodel, x_test, y_test)
     paths = amct.save_quant_retrain_model(
-        config, qmodel, record, os.path.join(args.out, "fmnist"), example,
-        input_names=["x"], output_names=["logits"], dynamic_axes={"x": {0: "n"}, "logits": {0: "n"}},
+        config,
+        qmodel,
+        record,
+        os.path.join(args.out, "fmnist"),
+        example,
+        input_names=["x"],
+        output_names=["logits"],
+        dynamic_axes={"x": {0: "n"}, "logits": {0: "n"}},
     )
     fp32_path = os.path.join(args.out, "fmnist_fp32.onnx")
     export_onnx(model.eval(), fp32_path, (example,), ["x"], ["logits"], {"x": {0: "n"}, "logits": {0: "n"}})

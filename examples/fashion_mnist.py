@@ -105,9 +105,7 @@ def _parse_split(folder: str, split: str, stamps: tuple[int, ...]) -> tuple[np.n
     if images.ndim != 3 or images.shape[1:] != (28, 28):
         raise ValueError(f"{image_file}: expected images of shape [N, 28, 28], got {list(images.shape)}")
     if labels.ndim != 1 or labels.shape[0] != images.shape[0]:
-        raise ValueError(
-            f"{os.path.join(folder, label_name)}: {labels.shape[0]} labels for {images.shape[0]} images"
-        )
+        raise ValueError(f"{os.path.join(folder, label_name)}: {labels.shape[0]} labels for {images.shape[0]} images")
     if labels.size and int(labels.max()) >= len(CLASSES):
         raise ValueError(f"{os.path.join(folder, label_name)}: label {int(labels.max())} out of range 0..9")
     return images, labels

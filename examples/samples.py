@@ -21,10 +21,10 @@ from job_process.training import make_loader, train_epochs
 
 CONFIGS = {
     "quant.cfg": "retrain_data_quant_config { ulq_quantize { dst_type: INT8 } }\n"
-                 "retrain_weight_quant_config { arq_retrain { channel_wise: true dst_type: INT8 } }\n",
+    "retrain_weight_quant_config { arq_retrain { channel_wise: true dst_type: INT8 } }\n",
     "compress.cfg": "prune_config { filter_pruner { balanced_l2_norm_filter_prune {\n"
-                    "  prune_ratio: 0.3\n  ascend_optimized: false\n} } }\n"
-                    "retrain_weight_quant_config { arq_retrain { channel_wise: true dst_type: INT8 } }\n",
+    "  prune_ratio: 0.3\n  ascend_optimized: false\n} } }\n"
+    "retrain_weight_quant_config { arq_retrain { channel_wise: true dst_type: INT8 } }\n",
     "distill.cfg": "batch_num: 1\ngroup_size: 1\n",
 }
 
@@ -35,8 +35,10 @@ def main(argv=None) -> int:
     parser.add_argument("--dataset-size", type=int, default=2000)
     args = parser.parse_args(argv)
     if not fashion_mnist_available():
-        print("samples: Fashion-MNIST is missing; install it with `apt-get install dataset-fashion-mnist`",
-              file=sys.stderr)
+        print(
+            "samples: Fashion-MNIST is missing; install it with `apt-get install dataset-fashion-mnist`",
+            file=sys.stderr,
+        )
         return 2
     os.makedirs(args.out, exist_ok=True)
     torch.manual_seed(0)

@@ -34,9 +34,20 @@ def load_arrays(path: str, fmt: str) -> dict[str, np.ndarray]:
 
 # -- streaming: headers and values without holding an array whole (the API describes uploads this way) --
 
-SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "I64": "int64", "I32": "int32",
-                      "I16": "int16", "I8": "int8", "U8": "uint8", "U16": "uint16", "U32": "uint32",
-                      "U64": "uint64", "BOOL": "bool"}
+SAFETENSORS_DTYPES = {
+    "F64": "float64",
+    "F32": "float32",
+    "F16": "float16",
+    "I64": "int64",
+    "I32": "int32",
+    "I16": "int16",
+    "I8": "int8",
+    "U8": "uint8",
+    "U16": "uint16",
+    "U32": "uint32",
+    "U64": "uint64",
+    "BOOL": "bool",
+}
 CHUNK_BYTES = 16 << 20
 
 

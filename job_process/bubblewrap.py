@@ -104,8 +104,11 @@ def _probe(bwrap: str | None) -> State:
     finally:
         command.close_fds()
     if done.returncode != 0:
-        return State("unavailable", f"{bwrap} cannot create its namespaces here (in a container: see "
-                                    f"docs/security.md): {done.stderr.strip()[-300:]}")
+        return State(
+            "unavailable",
+            f"{bwrap} cannot create its namespaces here (in a container: see "
+            f"docs/security.md): {done.stderr.strip()[-300:]}",
+        )
     return State("bubblewrap", f"{bwrap}: namespaces, read-only system, job folder only", seccomp.available(), bwrap)
 
 
@@ -113,8 +116,10 @@ def require() -> State:
     """The state, or SandboxUnavailable when user models must not run here."""
     current = state()
     if not current.usable:
-        raise SandboxUnavailable(f"refusing to run a user model without a sandbox: {current.detail}; "
-                                 f"set {UNSAFE_ENV}=1 only on a single-user machine (docs/security.md)")
+        raise SandboxUnavailable(
+            f"refusing to run a user model without a sandbox: {current.detail}; "
+            f"set {UNSAFE_ENV}=1 only on a single-user machine (docs/security.md)"
+        )
     return current
 
 
@@ -124,24 +129,49 @@ def log_state(who: str) -> State:
     if current.mode == "bubblewrap":
         log.info("%s: user models run in bubblewrap (seccomp %s)", who, "on" if current.seccomp else "off")
     elif current.mode == "unsafe-no-sandbox":
-        log.warning("%s: SECURITY: %s. Any uploaded model can read and write what this process can, "
-                    "including the database and the api-key.", who, current.detail)
+        log.warning(
+            "%s: SECURITY: %s. Any uploaded model can read and write what this process can, "
+            "including the database and the api-key.",
+            who,
+            current.detail,
+        )
     else:
         log.error("%s: user models will be refused: %s", who, current.detail)
     return current
 
 
-def wrap(inner: Sequence[str], workdir: Path, read_only: Iterable[Path] = (), *, bwrap: str,
-         writable: bool = True, packages: Iterable[str] = (), share_net: bool = False) -> Command:
+def wrap(
+    inner: Sequence[str],
+    workdir: Path,
+    read_only: Iterable[Path] = (),
+    *,
+    bwrap: str,
+    writable: bool = True,
+    packages: Iterable[str] = (),
+    share_net: bool = False,
+) -> Command:
     """bwrap argv running `inner` with `workdir` as its only writable folder and `read_only` files visible.
 
     `share_net`: the host's network instead of an empty namespace, for the ranks of a job across several
     nodes only, which the operator enables (docs/security.md, "Distributed jobs")."""
     fds: list[int] = []
-    argv = [bwrap, "--unshare-all", *(["--share-net"] if share_net else []), "--unshare-user",
-            *_if_supported(bwrap, "--disable-userns"),
-            "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--uid", str(SANDBOX_UID),
-            "--gid", str(SANDBOX_GID), "--hostname", "sandbox"]
+    argv = [
+        bwrap,
+        "--unshare-all",
+        *(["--share-net"] if share_net else []),
+        "--unshare-user",
+        *_if_supported(bwrap, "--disable-userns"),
+        "--die-with-parent",
+        "--new-session",
+        "--cap-drop",
+        "ALL",
+        "--uid",
+        str(SANDBOX_UID),
+        "--gid",
+        str(SANDBOX_GID),
+        "--hostname",
+        "sandbox",
+    ]
     argv += _system_mounts()
     for name, text in (("passwd", _PASSWD), ("group", _GROUP), ("hosts", _HOSTS)):
         fds.append(_data_fd(text.encode()))
@@ -190,8 +220,12 @@ def _system_mounts() -> list[str]:
 
 def _python_dirs(packages: Iterable[str]) -> list[str]:
     """The interpreter's install, the venv, and the repo's packages (never the repo root: `var/` lives there)."""
-    dirs = {os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix), sys.prefix,
-            os.path.dirname(os.path.realpath(sys.executable))}
+    dirs = {
+        os.path.realpath(sys.base_prefix),
+        os.path.realpath(sys.prefix),
+        sys.prefix,
+        os.path.dirname(os.path.realpath(sys.executable)),
+    }
     dirs |= {str(ROOT / p) for p in package_dirs(packages) if (ROOT / p).exists()}
     # /usr is mounted already; a folder inside another one in the list comes with it.
     return sorted(d for d in dirs if not any(d.startswith(other + "/") for other in dirs | {"/usr"}))

@@ -120,9 +120,18 @@ class Checkpoints:
             epoch_end = step % steps_per_epoch == 0
             if not self.enabled or not (epoch_end or (self.every_steps and step % self.every_steps == 0)):
                 return
-            self.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                       "loader_rng": loader.shuffle.state(), "world_size": self.rank.world_size, **_rng_state()},
-                      epoch=step // steps_per_epoch, step=step, steps_per_epoch=steps_per_epoch)
+            self.save(
+                {
+                    "model": model.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "loader_rng": loader.shuffle.state(),
+                    "world_size": self.rank.world_size,
+                    **_rng_state(),
+                },
+                epoch=step // steps_per_epoch,
+                step=step,
+                steps_per_epoch=steps_per_epoch,
+            )
 
         return after_step
 
@@ -133,8 +142,10 @@ class Checkpoints:
         if state is None:
             return 0
         if state.get("groups") != groups or state.get("steps_per_group") != steps_per_group:
-            self._ignore(f"it was taken for {state.get('groups')} groups of {state.get('steps_per_group')} steps, "
-                         f"not {groups} of {steps_per_group}")
+            self._ignore(
+                f"it was taken for {state.get('groups')} groups of {state.get('steps_per_group')} steps, "
+                f"not {groups} of {steps_per_group}"
+            )
             return 0
         student.load_state_dict(state["model"])
         _set_rng(state)
@@ -142,8 +153,13 @@ class Checkpoints:
         return int(state["group"])
 
     def save_distill(self, student: nn.Module, group: int, step: int, groups: int, steps_per_group: int) -> None:
-        self.save({"model": student.state_dict(), **_rng_state()}, group=group, step=step, groups=groups,
-                  steps_per_group=steps_per_group)
+        self.save(
+            {"model": student.state_dict(), **_rng_state()},
+            group=group,
+            step=step,
+            groups=groups,
+            steps_per_group=steps_per_group,
+        )
 
 
 def _rng_state() -> dict:

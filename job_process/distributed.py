@@ -87,8 +87,14 @@ class Node:
     def of(cls, spec: dict) -> Node:
         size, count = world_size(spec), int(spec.get("params", {}).get("nodes", 1))
         meet = spec.get("rendezvous") or {}
-        return cls(int(spec.get("node_rank", 0)), count, size // count, meet.get("host", LOOPBACK),
-                   int(meet.get("port", 0)), float(spec.get("join_timeout_s", 600)))
+        return cls(
+            int(spec.get("node_rank", 0)),
+            count,
+            size // count,
+            meet.get("host", LOOPBACK),
+            int(meet.get("port", 0)),
+            float(spec.get("join_timeout_s", 600)),
+        )
 
 
 def launch(workdir: Path, spec: dict, run_rank) -> int:
@@ -107,13 +113,20 @@ def launch(workdir: Path, spec: dict, run_rank) -> int:
     size, node = world_size(spec), Node.of(spec)
     store = None
     if node.index == 0:
-        store = dist.TCPStore("0.0.0.0" if node.count > 1 else LOOPBACK, 0, None, is_master=True,
-                              wait_for_workers=False, timeout=timedelta(seconds=node.join_timeout_s))
+        store = dist.TCPStore(
+            "0.0.0.0" if node.count > 1 else LOOPBACK,
+            0,
+            None,
+            is_master=True,
+            wait_for_workers=False,
+            timeout=timedelta(seconds=node.join_timeout_s),
+        )
         node = replace(node, port=store.port)
         if node.count > 1:
             emit("rendezvous", port=store.port, nodes=node.count, world_size=size)
-    context = mp.start_processes(_rank_main, args=(str(workdir), spec, node, size, run_rank), nprocs=node.local,
-                                 join=False, start_method="spawn")
+    context = mp.start_processes(
+        _rank_main, args=(str(workdir), spec, node, size, run_rank), nprocs=node.local, join=False, start_method="spawn"
+    )
     try:
         while not context.join():
             pass
@@ -172,6 +185,7 @@ def first_error(workdir: Path, text: str) -> None:
 
 
 # -- inside a rank ------------------------------------------------------------------------------------------
+
 
 def shard(value, rank: Rank):
     """This rank's slice of a global batch (tensors, tuples of them, dicts, None): samples rank, rank + W, …
@@ -239,8 +253,12 @@ def sync_buffers(model, rank: Rank) -> None:
     import torch.distributed as dist
     from torch.nn.modules.batchnorm import _BatchNorm
 
-    averaged = {id(b) for m in model.modules() if isinstance(m, _BatchNorm) and m.track_running_stats
-                for b in (m.running_mean, m.running_var)}
+    averaged = {
+        id(b)
+        for m in model.modules()
+        if isinstance(m, _BatchNorm) and m.track_running_stats
+        for b in (m.running_mean, m.running_var)
+    }
     for buffer in model.buffers():
         if id(buffer) in averaged:
             dist.all_reduce(buffer.data)
@@ -266,13 +284,21 @@ def compare_ranks(rank: Rank, model, record: Path, device) -> dict:
         if name.rsplit(".", 1)[-1] in FACTORS:
             factors.update(name.encode())
             factors.update(tensor.detach().cpu().contiguous().numpy().tobytes())
-    mine = {"rank": rank.rank, "factors_sha256": factors.hexdigest(),
-            "record_sha256": hashlib.sha256(record.read_bytes()).hexdigest() if record.is_file() else None}
+    mine = {
+        "rank": rank.rank,
+        "factors_sha256": factors.hexdigest(),
+        "record_sha256": hashlib.sha256(record.read_bytes()).hexdigest() if record.is_file() else None,
+    }
     everyone = gather(mine, rank)
     dist.destroy_process_group()
     if not rank.leader:
         raise RankDone()
-    same = all((r["factors_sha256"], r["record_sha256"]) == (mine["factors_sha256"], mine["record_sha256"])
-               for r in everyone)
-    return {"world_size": rank.world_size, "backend": BACKENDS.get(device.type, "gloo"), "ranks": everyone,
-            "identical_across_ranks": same}
+    same = all(
+        (r["factors_sha256"], r["record_sha256"]) == (mine["factors_sha256"], mine["record_sha256"]) for r in everyone
+    )
+    return {
+        "world_size": rank.world_size,
+        "backend": BACKENDS.get(device.type, "gloo"),
+        "ranks": everyone,
+        "identical_across_ranks": same,
+    }

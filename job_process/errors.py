@@ -60,6 +60,6 @@ def describe(e: BaseException, stage: str) -> str:
     raised = [i for i, ln in enumerate(lines) if _RAISED.match(ln)]
     if raised:
         match = _RAISED.match(lines[raised[-1]])
-        name, lines = match.group(1), [match.group(2), *lines[raised[-1] + 1:]]
+        name, lines = match.group(1), [match.group(2), *lines[raised[-1] + 1 :]]
     excerpt = scrub(lines[-1] if lines else "", EXCERPT_CHARS)
     return f"the model raised {name} in {stage}" + (f": {excerpt}" if excerpt else "")

@@ -50,8 +50,9 @@ class JobKind:
         if self.cfg_kind not in CFG_KINDS:
             raise ValueError(f"job kind {self.name!r}: cfg_kind must be one of {CFG_KINDS}, not {self.cfg_kind!r}")
         if self.engine_api is not None and self.engine_api not in ENGINE_APIS:
-            raise ValueError(f"job kind {self.name!r}: engine_api must be one of {ENGINE_APIS} or None, "
-                             f"not {self.engine_api!r}")
+            raise ValueError(
+                f"job kind {self.name!r}: engine_api must be one of {ENGINE_APIS} or None, not {self.engine_api!r}"
+            )
         if self.engine_api is not None and self.cfg_kind != "retrain":
             raise ValueError(f"job kind {self.name!r}: only a retrain cfg is checked against an engine API")
 
@@ -77,44 +78,95 @@ def kinds_for_cfg(cfg_kind: str) -> list[JobKind]:
     return [k for k in JOB_KINDS.values() if k.cfg_kind == cfg_kind]
 
 
-register_job_kind(JobKind(
-    "compressed_retrain", "retrain", "compressed", True,
-    "prune channels and quantise in one retraining (create/save_compressed_retrain_model)",
-    "job_process.runners:compressed_retrain", distributed=True))
-register_job_kind(JobKind(
-    "quant_retrain", "retrain", "quant", True,
-    "quantisation-aware training (create_quant_retrain_config/model, save_quant_retrain_model)",
-    "job_process.runners:quant_retrain", distributed=True))
-register_job_kind(JobKind(
-    "prune_retrain", "retrain", "prune", True,
-    "structured channel pruning with retraining (create/save_prune_retrain_model)",
-    "job_process.runners:prune_retrain", distributed=True))
-register_job_kind(JobKind(
-    "distill", "distill", None, False,
-    "block-wise distillation of a quantised student from the original model, no labels needed "
-    "(create_distill_config/model, distill, save_distill_model)",
-    "job_process.runners:distill"))
+register_job_kind(
+    JobKind(
+        "compressed_retrain",
+        "retrain",
+        "compressed",
+        True,
+        "prune channels and quantise in one retraining (create/save_compressed_retrain_model)",
+        "job_process.runners:compressed_retrain",
+        distributed=True,
+    )
+)
+register_job_kind(
+    JobKind(
+        "quant_retrain",
+        "retrain",
+        "quant",
+        True,
+        "quantisation-aware training (create_quant_retrain_config/model, save_quant_retrain_model)",
+        "job_process.runners:quant_retrain",
+        distributed=True,
+    )
+)
+register_job_kind(
+    JobKind(
+        "prune_retrain",
+        "retrain",
+        "prune",
+        True,
+        "structured channel pruning with retraining (create/save_prune_retrain_model)",
+        "job_process.runners:prune_retrain",
+        distributed=True,
+    )
+)
+register_job_kind(
+    JobKind(
+        "distill",
+        "distill",
+        None,
+        False,
+        "block-wise distillation of a quantised student from the original model, no labels needed "
+        "(create_distill_config/model, distill, save_distill_model)",
+        "job_process.runners:distill",
+    )
+)
 
 
-register_job_kind(JobKind(
-    "ptq", "calibration", None, False,
-    "post-training quantisation, no training: calibration batches from the dataset "
-    "(create_quant_config, quantize_model, save_model)",
-    "job_process.search_runners:ptq"))
-register_job_kind(JobKind(
-    "sensitivity", "calibration", None, False,
-    "PTQ plus a per-layer sensitivity table: each layer at INT8 / INT4 or pruned alone, damage on held-out data",
-    "job_process.search_runners:sensitivity"))
-register_job_kind(JobKind(
-    "auto_mixed_precision", "calibration", None, False,
-    "per-layer INT4 / INT8 / INT16 / float under an accuracy budget, checked on the deploy model; "
-    "writes the chosen .cfg",
-    "job_process.search_runners:auto_mixed_precision"))
-register_job_kind(JobKind(
-    "prune_search", "calibration", None, True,
-    "per-group BCP prune ratios that reach search_config.target_macs_ratio of the MACs (least summed damage), "
-    "then prune retraining; writes the chosen .cfg",
-    "job_process.search_runners:prune_search"))
+register_job_kind(
+    JobKind(
+        "ptq",
+        "calibration",
+        None,
+        False,
+        "post-training quantisation, no training: calibration batches from the dataset "
+        "(create_quant_config, quantize_model, save_model)",
+        "job_process.search_runners:ptq",
+    )
+)
+register_job_kind(
+    JobKind(
+        "sensitivity",
+        "calibration",
+        None,
+        False,
+        "PTQ plus a per-layer sensitivity table: each layer at INT8 / INT4 or pruned alone, damage on held-out data",
+        "job_process.search_runners:sensitivity",
+    )
+)
+register_job_kind(
+    JobKind(
+        "auto_mixed_precision",
+        "calibration",
+        None,
+        False,
+        "per-layer INT4 / INT8 / INT16 / float under an accuracy budget, checked on the deploy model; "
+        "writes the chosen .cfg",
+        "job_process.search_runners:auto_mixed_precision",
+    )
+)
+register_job_kind(
+    JobKind(
+        "prune_search",
+        "calibration",
+        None,
+        True,
+        "per-group BCP prune ratios that reach search_config.target_macs_ratio of the MACs (least summed damage), "
+        "then prune retraining; writes the chosen .cfg",
+        "job_process.search_runners:prune_search",
+    )
+)
 
 
 def _import_extra_kinds() -> None:

@@ -39,8 +39,14 @@ ERROR_TYPES = ("engine_error", "unsupported", "quality_gate")  # the types job_p
 class ChildProcess:
     """One run of the job process on the spec in `workdir`; a context manager that never leaves it running."""
 
-    def __init__(self, workdir: Path, module: str = JOB_MODULE, read_only: Iterable[Path] = (),
-                 warm: bool = False, share_net: bool = False) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        module: str = JOB_MODULE,
+        read_only: Iterable[Path] = (),
+        warm: bool = False,
+        share_net: bool = False,
+    ) -> None:
         self.workdir, self.module, self.read_only, self.is_warm = workdir, module, list(read_only), warm
         self.share_net = share_net  # a node of a multi-node job (job_process/distributed.py)
         self.sandbox_dir = workdir  # the folder's path inside the sandbox: workdir's name when the child started
@@ -64,10 +70,18 @@ class ChildProcess:
         args = [str(self.workdir), WARM_FLAG] if self.is_warm else [str(self.workdir)]
         # Through the module attribute: tests stand in for the child with sandbox.popen.
         try:
-            self._proc = sandbox.popen(self.module, args, cwd=self.workdir, stdout=subprocess.PIPE,
-                                       stderr=self._log, text=True, bufsize=1, read_only=self.read_only,
-                                       **({"stdin": subprocess.PIPE} if self.is_warm else {}),
-                                       **({"share_net": True} if self.share_net else {}))
+            self._proc = sandbox.popen(
+                self.module,
+                args,
+                cwd=self.workdir,
+                stdout=subprocess.PIPE,
+                stderr=self._log,
+                text=True,
+                bufsize=1,
+                read_only=self.read_only,
+                **({"stdin": subprocess.PIPE} if self.is_warm else {}),
+                **({"share_net": True} if self.share_net else {}),
+            )
         except BaseException:
             self._log.close()
             raise

@@ -28,9 +28,14 @@ from job_process.zygote import FORK_SERVER_FLAG
 
 # Share of overall progress each stage ends at; training fills the span between.
 TRAIN_START, TRAIN_END = 0.1, 0.8
-MEDIA_TYPES = {".json": "application/json", ".txt": "text/plain", ".cfg": "text/plain",
-               ".onnx": "application/octet-stream",
-               ".pt": "application/octet-stream", ".log": "text/plain"}
+MEDIA_TYPES = {
+    ".json": "application/json",
+    ".txt": "text/plain",
+    ".cfg": "text/plain",
+    ".onnx": "application/octet-stream",
+    ".pt": "application/octet-stream",
+    ".log": "text/plain",
+}
 
 
 def _split(x, y, fraction: float, seed: int, targets=None):
@@ -64,11 +69,15 @@ def _tensors(spec: dict, arrays: dict):
 
     signature = spec["inputs"]
     sources = input_arrays(signature, arrays)
-    x = tuple(torch.from_numpy(np.ascontiguousarray(arrays[sources[s["name"]]])).to(getattr(torch, s["dtype"]))
-              for s in signature)
+    x = tuple(
+        torch.from_numpy(np.ascontiguousarray(arrays[sources[s["name"]]])).to(getattr(torch, s["dtype"]))
+        for s in signature
+    )
     labels = torch.from_numpy(arrays["labels"].astype(np.int64)) if "labels" in arrays else None
-    targets = {out: torch.from_numpy(np.ascontiguousarray(arrays[name])).float()
-               for out, name in target_arrays(spec.get("outputs"), arrays).items()}
+    targets = {
+        out: torch.from_numpy(np.ascontiguousarray(arrays[name])).float()
+        for out, name in target_arrays(spec.get("outputs"), arrays).items()
+    }
     return x, labels, targets
 
 
@@ -103,8 +112,14 @@ def _progress_fn(epochs: int):
         if now - last[0] < 0.1 and event["step"] != total:
             return
         last[0] = now
-        emit("progress", progress=TRAIN_START + (TRAIN_END - TRAIN_START) * share, step=event["step"],
-             total_steps=total, epoch=event.get("epoch", 0), loss=event.get("loss"))
+        emit(
+            "progress",
+            progress=TRAIN_START + (TRAIN_END - TRAIN_START) * share,
+            step=event["step"],
+            total_steps=total,
+            epoch=event.get("epoch", 0),
+            loss=event.get("loss"),
+        )
 
     return on_step
 
@@ -164,10 +179,21 @@ def run(workdir: Path, spec: dict, rank: Rank = SINGLE) -> dict:
     original_parameters = sum(p.numel() for p in original.parameters())
 
     ctx = runners.JobContext(
-        workdir=workdir, model_path=spec["model"], cfg_path=spec["cfg"], example=example, train_x=train_x,
-        train_y=train_y, params=params, device=device, on_step=_progress_fn(params["epochs"]),
-        phase=phase, checkpoints=checkpoints, io=io, labelled=labels is not None and train_y is train_labels,
-        loss_fn=build_loss(params, original, spec.get("outputs"), labels is not None, device), rank=rank,
+        workdir=workdir,
+        model_path=spec["model"],
+        cfg_path=spec["cfg"],
+        example=example,
+        train_x=train_x,
+        train_y=train_y,
+        params=params,
+        device=device,
+        on_step=_progress_fn(params["epochs"]),
+        phase=phase,
+        checkpoints=checkpoints,
+        io=io,
+        labelled=labels is not None and train_y is train_labels,
+        loss_fn=build_loss(params, original, spec.get("outputs"), labels is not None, device),
+        rank=rank,
     )
     model = run_kind(ctx)
 
@@ -176,10 +202,20 @@ def run(workdir: Path, spec: dict, rank: Rank = SINGLE) -> dict:
     onnx_files = {"fp32": fp32_onnx, "deploy": ctx.files["deploy"]}
     if "fake_quant" in ctx.files and ctx.files["fake_quant"] != ctx.files["deploy"]:
         onnx_files["fake_quant"] = ctx.files["fake_quant"]
-    result_report = report.build_report(spec["kind"], original_parameters, onnx_files, eval_x, eval_labels, split,
-                                        batch, pytorch_accuracy, params.get("deploy_format", "onnx"),
-                                        output_names=io["output_names"], outputs=spec.get("outputs"),
-                                        input_names=io["input_names"])
+    result_report = report.build_report(
+        spec["kind"],
+        original_parameters,
+        onnx_files,
+        eval_x,
+        eval_labels,
+        split,
+        batch,
+        pytorch_accuracy,
+        params.get("deploy_format", "onnx"),
+        output_names=io["output_names"],
+        outputs=spec.get("outputs"),
+        input_names=io["input_names"],
+    )
     result_report.update(ctx.report)  # the tables a search kind adds (sensitivity, mixed precision, …)
     if "fused_onnx" in ctx.files:  # PTQ's BN-folded float model: what it was checked at, too
         result_report["shapes"].update(size_report.shapes({"fused": ctx.files["fused_onnx"]}))
@@ -187,20 +223,27 @@ def run(workdir: Path, spec: dict, rank: Rank = SINGLE) -> dict:
         result_report["training"] = {"objective": objective, "loss": loss_trend(ctx.losses)}
         if objective == "distill_outputs":
             result_report["training"]["distill_loss"] = leaf_choices(
-                params.get("distill_loss", "auto"), spec.get("outputs"), labels is not None)
+                params.get("distill_loss", "auto"), spec.get("outputs"), labels is not None
+            )
     missed = gate_failures(result_report, params, ctx.losses)
-    result_report["quality_gate"] = {"passed": not missed, "failures": missed,
-                                     **{k: params.get(k) for k in ("max_accuracy_drop", "min_output_cosine")}}
+    result_report["quality_gate"] = {
+        "passed": not missed,
+        "failures": missed,
+        **{k: params.get(k) for k in ("max_accuracy_drop", "min_output_cosine")},
+    }
     report_path = workdir / "out" / "report.json"
     report_path.write_text(json.dumps(result_report, indent=2))
     files = {**ctx.files, "fp32_onnx": fp32_onnx, "report": str(report_path)}
     metrics = summary_metrics(result_report)
     if checkpoints.resumed_from is not None:
         metrics["resumed_from"] = checkpoints.resumed_from
-    result = {"metrics": metrics,
-              "artifacts": [{"kind": kind, "path": path, "media_type": MEDIA_TYPES.get(Path(path).suffix,
-                                                                                      "application/octet-stream")}
-                            for kind, path in sorted(files.items())]}
+    result = {
+        "metrics": metrics,
+        "artifacts": [
+            {"kind": kind, "path": path, "media_type": MEDIA_TYPES.get(Path(path).suffix, "application/octet-stream")}
+            for kind, path in sorted(files.items())
+        ],
+    }
     if missed:
         raise GateMissed("; ".join(missed), result)
     return result
@@ -216,9 +259,12 @@ class GateMissed(Exception):
 
 def summary_metrics(rep: dict) -> dict:
     """The few numbers GET /v1/jobs/{id} shows; the rest is in report.json."""
-    metrics = {"onnx_size_bytes": rep["onnx_size_bytes"], "size_ratio": rep["size_ratio"],
-               "latency_ms": {k: v["median"] for k, v in rep["latency_ms"].items() if isinstance(v, dict)},
-               "speedup": rep["latency_ms"]["speedup"]}
+    metrics = {
+        "onnx_size_bytes": rep["onnx_size_bytes"],
+        "size_ratio": rep["size_ratio"],
+        "latency_ms": {k: v["median"] for k, v in rep["latency_ms"].items() if isinstance(v, dict)},
+        "speedup": rep["latency_ms"]["speedup"],
+    }
     if "accuracy" in rep:
         metrics["accuracy_before"] = rep["accuracy"]["fp32"]
         metrics["accuracy_after"] = rep["accuracy"]["deploy"]
@@ -252,8 +298,12 @@ def _wait_warm() -> bool:
     sys.stdout.flush()
     if not warm.wait_for_start():
         return False
-    emit("log", level="info", message=f"warm engine process: warmed up in {ready - started:.1f} s, then waited "
-                                      f"{time.monotonic() - ready:.1f} s for this job")
+    emit(
+        "log",
+        level="info",
+        message=f"warm engine process: warmed up in {ready - started:.1f} s, then waited "
+        f"{time.monotonic() - ready:.1f} s for this job",
+    )
     return True
 
 

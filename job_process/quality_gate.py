@@ -25,7 +25,8 @@ def check_step_loss(event: dict, lr: float) -> None:
     if loss is not None and not math.isfinite(loss):
         raise QualityGateFailed(
             f"the training loss became {loss} at step {event['step']} (epoch {event.get('epoch', 0) + 1}); "
-            f"the model diverged: submit again with a lower lr than {lr:g} (e.g. {lr / 10:g})")
+            f"the model diverged: submit again with a lower lr than {lr:g} (e.g. {lr / 10:g})"
+        )
 
 
 def loss_trend(losses: list[float]) -> dict | None:
@@ -43,18 +44,24 @@ def failures(report: dict, params: dict, losses: list[float]) -> list[str]:
     # there; min_output_cosine is its gate.
     trend = loss_trend(losses) if params.get("objective") != "distill_outputs" else None
     if trend and trend["start"] > 0 and trend["end"] > LOSS_GROWTH * trend["start"]:
-        missed.append(f"the training loss ended at {trend['end']:.4g}, {trend['end'] / trend['start']:.1f}x its "
-                      f"start ({trend['start']:.4g}): the training diverged; try a lower lr than {params['lr']:g}")
+        missed.append(
+            f"the training loss ended at {trend['end']:.4g}, {trend['end'] / trend['start']:.1f}x its "
+            f"start ({trend['start']:.4g}): the training diverged; try a lower lr than {params['lr']:g}"
+        )
     limit = params.get("max_accuracy_drop")
     if limit is not None and "accuracy_drop" in report and report["accuracy_drop"] > limit:
         acc = report["accuracy"]
-        missed.append(f"held-out top-1 fell from {acc['fp32']:.4f} (FP32) to {acc['deploy']:.4f} (deploy), a drop "
-                      f"of {report['accuracy_drop']:.4f} > max_accuracy_drop {limit:g}")
+        missed.append(
+            f"held-out top-1 fell from {acc['fp32']:.4f} (FP32) to {acc['deploy']:.4f} (deploy), a drop "
+            f"of {report['accuracy_drop']:.4f} > max_accuracy_drop {limit:g}"
+        )
     limit = params.get("min_output_cosine")
     if limit is not None:
         for name, figures in report.get("outputs", {}).items():
             cosine = figures["deploy"]["mean_cosine"]
             if cosine < limit:
-                missed.append(f"output {name!r}: mean cosine of the deploy model to FP32 is {cosine:.4f} "
-                              f"< min_output_cosine {limit:g}")
+                missed.append(
+                    f"output {name!r}: mean cosine of the deploy model to FP32 is {cosine:.4f} "
+                    f"< min_output_cosine {limit:g}"
+                )
     return missed

@@ -31,8 +31,9 @@ def _session(path: str, deploy_format: str = "onnx") -> ort.InferenceSession:
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
-def _feeds(session: ort.InferenceSession, x: tuple[np.ndarray, ...], names: list[str] | None, start: int,
-           stop: int) -> dict:
+def _feeds(
+    session: ort.InferenceSession, x: tuple[np.ndarray, ...], names: list[str] | None, start: int, stop: int
+) -> dict:
     """The model's inputs in signature order (`names`); the exporter drops an input the graph never reads."""
     present = [i.name for i in session.get_inputs()]
     if len(present) == len(x) or not names:
@@ -40,8 +41,9 @@ def _feeds(session: ort.InferenceSession, x: tuple[np.ndarray, ...], names: list
     return {name: a[start:stop] for name, a in zip(names, x, strict=False) if name in present}
 
 
-def predict(path: str, x, deploy_format: str = "onnx", batch: int = 256,
-            input_names: list[str] | None = None) -> list[np.ndarray]:
+def predict(
+    path: str, x, deploy_format: str = "onnx", batch: int = 256, input_names: list[str] | None = None
+) -> list[np.ndarray]:
     """Every output of the file over `x` (an array or a tuple of arrays, one per input), concatenated."""
     x = x if isinstance(x, tuple) else (x,)
     session = _session(path, deploy_format)
@@ -74,13 +76,32 @@ def _weight_tensors(graph: onnx.GraphProto):
 # Which input of a layer op is its weight, and (integer ops) how many inputs later its zero point comes.
 # MatMulIntegerToFloat (A, B, a_scale, b_scale, a_zero_point, b_zero_point, bias): the deploy graph's
 # float-output Linears (amct_engine/export/float_output_matmul.py).
-WEIGHT_INPUT = {"Conv": 1, "ConvTranspose": 1, "Gemm": 1, "MatMul": 1, "ConvInteger": 1, "MatMulInteger": 1,
-                "QLinearConv": 3, "QLinearMatMul": 3, "MatMulIntegerToFloat": 1}
-ZERO_POINT_AFTER = {"ConvInteger": 2, "MatMulInteger": 2, "QLinearConv": 2, "QLinearMatMul": 2,
-                    "MatMulIntegerToFloat": 4}
+WEIGHT_INPUT = {
+    "Conv": 1,
+    "ConvTranspose": 1,
+    "Gemm": 1,
+    "MatMul": 1,
+    "ConvInteger": 1,
+    "MatMulInteger": 1,
+    "QLinearConv": 3,
+    "QLinearMatMul": 3,
+    "MatMulIntegerToFloat": 1,
+}
+ZERO_POINT_AFTER = {
+    "ConvInteger": 2,
+    "MatMulInteger": 2,
+    "QLinearConv": 2,
+    "QLinearMatMul": 2,
+    "MatMulIntegerToFloat": 4,
+}
 # The axis a per-channel zero point runs along: the output channel of a conv, the output column of a matmul.
-ZERO_POINT_AXIS = {"ConvInteger": 0, "QLinearConv": 0, "MatMulInteger": -1, "QLinearMatMul": -1,
-                   "MatMulIntegerToFloat": -1}
+ZERO_POINT_AXIS = {
+    "ConvInteger": 0,
+    "QLinearConv": 0,
+    "MatMulInteger": -1,
+    "QLinearMatMul": -1,
+    "MatMulIntegerToFloat": -1,
+}
 # Ops the exporters put between a stored weight and its layer without changing which values are zero.
 PASS_THROUGH = {"Transpose", "Cast", "Reshape", "Identity", "Squeeze", "Unsqueeze"}
 
@@ -150,7 +171,7 @@ def onnx_parameters(path: str) -> dict:
         codes, zero_point = found
         padded = _padded_input_channels(node, producers, constants)
         if padded:  # the deploy graph's zero channels for the int8 kernels are not the model's weights
-            codes = codes[:, :codes.shape[1] - padded]
+            codes = codes[:, : codes.shape[1] - padded]
         zp_slot = slot + ZERO_POINT_AFTER.get(node.op_type, len(node.input))
         if zp_slot < len(node.input) and node.input[zp_slot] in constants:
             zero_point = _along(constants[node.input[zp_slot]], codes.ndim, ZERO_POINT_AXIS[node.op_type])
@@ -165,13 +186,16 @@ def _padded_input_channels(conv: onnx.NodeProto, producers: dict, constants: dic
     if conv.op_type != "Conv":
         return 0
     dequantize = producers.get(conv.input[0])
-    pad = producers.get(dequantize.input[0]) if dequantize is not None and dequantize.op_type == "DequantizeLinear" \
+    pad = (
+        producers.get(dequantize.input[0])
+        if dequantize is not None and dequantize.op_type == "DequantizeLinear"
         else None
+    )
     if pad is None or pad.op_type != "Pad" or len(pad.input) < 2 or pad.input[1] not in constants:
         return 0
     pads = np.asarray(constants[pad.input[1]]).reshape(-1)
     rank = pads.size // 2
-    return int(pads[rank + 1]) if rank > 1 and not pads[:rank + 1].any() and not pads[rank + 2:].any() else 0
+    return int(pads[rank + 1]) if rank > 1 and not pads[: rank + 1].any() and not pads[rank + 2 :].any() else 0
 
 
 def _agreement(reference: np.ndarray, other: np.ndarray) -> dict:
@@ -181,8 +205,13 @@ def _agreement(reference: np.ndarray, other: np.ndarray) -> dict:
     oth = other.reshape(len(other), -1).astype(np.float64)
     cos = (ref * oth).sum(1) / (np.linalg.norm(ref, axis=1) * np.linalg.norm(oth, axis=1) + 1e-12)
     diff = ref - oth
-    out = {"mean_abs_diff": float(np.abs(diff).mean()), "mean_cosine": float(cos.mean()),
-           "min_cosine": float(cos.min()), "mse": float((diff ** 2).mean()), "max_abs_diff": float(np.abs(diff).max())}
+    out = {
+        "mean_abs_diff": float(np.abs(diff).mean()),
+        "mean_cosine": float(cos.mean()),
+        "min_cosine": float(cos.min()),
+        "mse": float((diff**2).mean()),
+        "max_abs_diff": float(np.abs(diff).max()),
+    }
     if reference.ndim == 2 and ref.shape[1] > 1:
         out["top1_agreement"] = float((ref.argmax(1) == oth.argmax(1)).mean())
     return out
@@ -193,10 +222,20 @@ def _is_classifier(shape: list, has_labels: bool, first: bool) -> bool:
     return len(shape) == 2 and shape[1] > 1 and first and has_labels
 
 
-def build_report(kind: str, original_parameters: int, onnx_files: dict[str, str], eval_x, eval_y, split: str,
-                 batch: int, pytorch_accuracy: float | None, deploy_format: str = "onnx",
-                 output_names: list[str] | None = None, outputs: dict | None = None,
-                 input_names: list[str] | None = None) -> dict:
+def build_report(
+    kind: str,
+    original_parameters: int,
+    onnx_files: dict[str, str],
+    eval_x,
+    eval_y,
+    split: str,
+    batch: int,
+    pytorch_accuracy: float | None,
+    deploy_format: str = "onnx",
+    output_names: list[str] | None = None,
+    outputs: dict | None = None,
+    input_names: list[str] | None = None,
+) -> dict:
     """`onnx_files`: `fp32`, `deploy` (in `deploy_format`) and, when the engine wrote one, `fake_quant`.
 
     `eval_x` is a tensor or a tuple of tensors (one per input). `outputs` (the structure recorded at
@@ -212,16 +251,19 @@ def build_report(kind: str, original_parameters: int, onnx_files: dict[str, str]
     per_output = {}
     for k, name in enumerate(names):
         classifier = _is_classifier(list(predictions["fp32"][k].shape), eval_y is not None, k == 0)
-        per_output[name] = {"shape": list(predictions["fp32"][k].shape[1:]),
-                            "kind": "classifier_logits" if classifier else "tensor",
-                            **{f: _agreement(predictions["fp32"][k], out[k])
-                               for f, out in predictions.items() if f != "fp32"}}
+        per_output[name] = {
+            "shape": list(predictions["fp32"][k].shape[1:]),
+            "kind": "classifier_logits" if classifier else "tensor",
+            **{f: _agreement(predictions["fp32"][k], out[k]) for f, out in predictions.items() if f != "fp32"},
+        }
     first = {name: out[0] for name, out in predictions.items()}
     report: dict = {
         "kind": kind,
         "eval": {"split": split, "samples": int(len(x[0]))},
-        "parameters": {"original": int(original_parameters),
-                       **{name: onnx_parameters(path) for name, path in onnx_files.items()}},
+        "parameters": {
+            "original": int(original_parameters),
+            **{name: onnx_parameters(path) for name, path in onnx_files.items()},
+        },
         "onnx_size_bytes": {name: os.path.getsize(path) for name, path in onnx_files.items()},
         # The first output's figures (what a one-output model has; kept for older clients).
         "agreement_with_original": {name: per_output[names[0]][name] for name in first if name != "fp32"},
@@ -235,8 +277,9 @@ def build_report(kind: str, original_parameters: int, onnx_files: dict[str, str]
         report["accuracy_output"] = names[0]
     n = len(x[0])
     sample = tuple(np.ascontiguousarray(a[:batch]) if n >= batch else np.repeat(a[:1], batch, axis=0) for a in x)
-    report["latency_ms"] = {name: latency_ms(onnx_files[name], sample, formats[name], input_names)
-                            for name in ("fp32", "deploy")}
+    report["latency_ms"] = {
+        name: latency_ms(onnx_files[name], sample, formats[name], input_names) for name in ("fp32", "deploy")
+    }
     report["latency_ms"]["speedup"] = report["latency_ms"]["fp32"]["median"] / report["latency_ms"]["deploy"]["median"]
     report["size_ratio"] = report["onnx_size_bytes"]["deploy"] / report["onnx_size_bytes"]["fp32"]
     report["formats"] = formats

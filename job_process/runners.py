@@ -24,8 +24,11 @@ from job_process.training import Inputs, ResumableLoader, Targets, make_loader, 
 
 # The export names of a one-input, one-output model; a job names its inputs and outputs after the
 # model's signature (job_process/signature.py io_names), put in JobContext.io.
-IO_NAMES = {"input_names": ["input"], "output_names": ["output"],
-            "dynamic_axes": {"input": {0: "batch"}, "output": {0: "batch"}}}
+IO_NAMES = {
+    "input_names": ["input"],
+    "output_names": ["output"],
+    "dynamic_axes": {"input": {0: "batch"}, "output": {0: "batch"}},
+}
 
 
 @dataclass
@@ -94,8 +97,10 @@ def create_pruned(ctx: JobContext, create: Callable, record: str) -> nn.Module:
     model = create(ctx.model_path, ctx.example, ctx.cfg_path, record, **extra)
     if batches:
         prune_report = getattr(model, "amct_prune_report", None)
-        ctx.report["bn_recalibration"] = {"batches": batches,
-                                          "batch_norms": prune_report.bn_recalibrated if prune_report else 0}
+        ctx.report["bn_recalibration"] = {
+            "batches": batches,
+            "batch_norms": prune_report.bn_recalibrated if prune_report else 0,
+        }
     return model
 
 
@@ -116,8 +121,16 @@ def train(ctx: JobContext, model: nn.Module) -> nn.Module:
         ctx.on_step(event)
         after_step(event)
 
-    train_epochs(trained, loader, ctx.params["epochs"], ctx.params["lr"], optimizer=optimizer, progress=on_step,
-                 start_step=start_step, loss_fn=ctx.loss_fn)
+    train_epochs(
+        trained,
+        loader,
+        ctx.params["epochs"],
+        ctx.params["lr"],
+        optimizer=optimizer,
+        progress=on_step,
+        start_step=start_step,
+        loss_fn=ctx.loss_fn,
+    )
     distributed.sync_buffers(model, ctx.rank)  # one set of BatchNorm statistics: the ranks' averaged
     model.cpu()
     torch.save(model.state_dict(), ctx.path("checkpoint.pt"))
@@ -128,15 +141,17 @@ def train(ctx: JobContext, model: nn.Module) -> nn.Module:
     with torch.no_grad():
         model(*ctx.example)
     if ctx.rank.distributed:
-        ctx.report["distributed"] = distributed.compare_ranks(ctx.rank, model, Path(ctx.path("record.txt")),
-                                                              ctx.device)
+        ctx.report["distributed"] = distributed.compare_ranks(ctx.rank, model, Path(ctx.path("record.txt")), ctx.device)
     return model
 
 
 def export_options(ctx: JobContext) -> dict:
     """Input/output names, the deploy layout and the deploy CPU the job asked for (default: onnx, auto)."""
-    return {**ctx.io, "deploy_format": ctx.params.get("deploy_format", "onnx"),
-            "deploy_target": ctx.params.get("deploy_target", "auto")}
+    return {
+        **ctx.io,
+        "deploy_format": ctx.params.get("deploy_format", "onnx"),
+        "deploy_target": ctx.params.get("deploy_target", "auto"),
+    }
 
 
 def add_saved_models(ctx: JobContext, paths) -> None:
@@ -154,8 +169,9 @@ def quant_retrain(ctx: JobContext) -> nn.Module:
     model = amct.create_quant_retrain_model(config, ctx.model_path, record, ctx.example)
     model = train(ctx, model)
     ctx.phase("exporting_onnx")
-    add_saved_models(ctx, amct.save_quant_retrain_model(config, model, record, ctx.path("model"), ctx.example,
-                                              **export_options(ctx)))
+    add_saved_models(
+        ctx, amct.save_quant_retrain_model(config, model, record, ctx.path("model"), ctx.example, **export_options(ctx))
+    )
     ctx.files.update(config=config, record=record)
     return model
 
@@ -166,8 +182,9 @@ def compressed_retrain(ctx: JobContext) -> nn.Module:
     model = create_pruned(ctx, amct.create_compressed_retrain_model, record)
     model = train(ctx, model)
     ctx.phase("exporting_onnx")
-    add_saved_models(ctx, amct.save_compressed_retrain_model(model, record, ctx.path("model"), ctx.example,
-                                                   **export_options(ctx)))
+    add_saved_models(
+        ctx, amct.save_compressed_retrain_model(model, record, ctx.path("model"), ctx.example, **export_options(ctx))
+    )
     ctx.files["record"] = record
     return model
 
@@ -225,12 +242,11 @@ def _distill_groups(ctx: JobContext, student: nn.Module, config: str, loader: De
     def on_step(event: dict) -> None:
         step = done * per_group + event["step"]  # the engine counts this call's steps from 1
         # Groups are numbered from 1 for people (distill-config, checkpoint events); the engine's is an index.
-        ctx.on_step({**event, "group": done + event["group"] + 1, "step": step,
-                     "total_steps": len(groups) * per_group})
+        ctx.on_step({**event, "group": done + event["group"] + 1, "step": step, "total_steps": len(groups) * per_group})
         ctx.checkpoints.check_cancel()
         if step % per_group == 0:
             ctx.checkpoints.save_distill(student, step // per_group, step, len(groups), per_group)
 
-    return amct.distill(ctx.model_path, student, config, loader, epochs=ctx.params["epochs"], lr=ctx.params["lr"],
-                        progress=on_step)
-
+    return amct.distill(
+        ctx.model_path, student, config, loader, epochs=ctx.params["epochs"], lr=ctx.params["lr"], progress=on_step
+    )

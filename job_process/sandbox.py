@@ -26,11 +26,23 @@ from job_process.kinds import MODULES_ENV
 
 ROOT = bubblewrap.ROOT
 # Only these reach the child: no DATABASE_URL, BROKER_URL, AWS_* or tokens.
-_PASS_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
-             "CUDA_VISIBLE_DEVICES", "ASCEND_RT_VISIBLE_DEVICES", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE",
-             "AMCT_FASHION_MNIST_DIR",
-             "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME",  # the interface the ranks of a multi-node job meet on
-             MODULES_ENV)  # so the job process loads the same extra job kinds as its parent
+_PASS_ENV = (
+    "PATH",
+    "HOME",
+    "LANG",
+    "LC_ALL",
+    "TMPDIR",
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "CUDA_VISIBLE_DEVICES",
+    "ASCEND_RT_VISIBLE_DEVICES",
+    "OPENBLAS_CORETYPE",
+    "OPENBLAS_L2_SIZE",
+    "AMCT_FASHION_MNIST_DIR",
+    "GLOO_SOCKET_IFNAME",
+    "NCCL_SOCKET_IFNAME",  # the interface the ranks of a multi-node job meet on
+    MODULES_ENV,
+)  # so the job process loads the same extra job kinds as its parent
 
 
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -144,10 +156,18 @@ def python_command(module: str, args: Sequence[str]) -> list[str]:
     return [sys.executable, "-m", module, *args]
 
 
-def popen(module: str, args: Sequence[str], cwd: str | os.PathLike, memory_bytes: int | None = None,
-          env: dict[str, str] | None = None, read_only: Iterable[str | os.PathLike] = (),
-          cpu_seconds: int | None = None, share_net: bool = False, keep_fds: Sequence[int] = (),
-          **kwargs) -> subprocess.Popen:
+def popen(
+    module: str,
+    args: Sequence[str],
+    cwd: str | os.PathLike,
+    memory_bytes: int | None = None,
+    env: dict[str, str] | None = None,
+    read_only: Iterable[str | os.PathLike] = (),
+    cpu_seconds: int | None = None,
+    share_net: bool = False,
+    keep_fds: Sequence[int] = (),
+    **kwargs,
+) -> subprocess.Popen:
     """Start `python -m module args` in the sandbox with `cwd` as its folder, the only one it may write.
 
     `read_only`: files outside that folder it may read (a local `amct compress`'s inputs). `keep_fds`:
@@ -165,25 +185,58 @@ def popen(module: str, args: Sequence[str], cwd: str | os.PathLike, memory_bytes
     if state.mode != "bubblewrap":
         log.warning("SECURITY: %s runs a user model WITHOUT a sandbox (%s)", module, state.detail)
         extra[PARENT_ENV] = str(os.getpid())  # bwrap's --die-with-parent does this otherwise
-        return subprocess.Popen(python_command(module, args), cwd=workdir, env=child_env(extra),
-                                start_new_session=True, pass_fds=list(keep_fds), **kwargs)
+        return subprocess.Popen(
+            python_command(module, args),
+            cwd=workdir,
+            env=child_env(extra),
+            start_new_session=True,
+            pass_fds=list(keep_fds),
+            **kwargs,
+        )
     extra.update(HOME=bubblewrap.SANDBOX_HOME, TMPDIR=bubblewrap.SANDBOX_HOME)
-    command = bubblewrap.wrap(python_command(module, args), workdir, [Path(p).resolve() for p in read_only],
-                              bwrap=state.bwrap, packages=[module], share_net=share_net)
+    command = bubblewrap.wrap(
+        python_command(module, args),
+        workdir,
+        [Path(p).resolve() for p in read_only],
+        bwrap=state.bwrap,
+        packages=[module],
+        share_net=share_net,
+    )
     try:
         # A new session: its own process group, so a cancel or time-out kills it and all it started.
-        return subprocess.Popen(command.argv, cwd=workdir, env=child_env(extra), start_new_session=True,
-                                pass_fds=[*command.pass_fds, *keep_fds], **kwargs)
+        return subprocess.Popen(
+            command.argv,
+            cwd=workdir,
+            env=child_env(extra),
+            start_new_session=True,
+            pass_fds=[*command.pass_fds, *keep_fds],
+            **kwargs,
+        )
     finally:
         command.close_fds()
 
 
-def run(module: str, args: Sequence[str], cwd: str | os.PathLike, timeout_s: float,
-        memory_bytes: int | None = None, cpu_seconds: int | None = None,
-        read_only: Iterable[str | os.PathLike] = ()) -> subprocess.CompletedProcess:
+def run(
+    module: str,
+    args: Sequence[str],
+    cwd: str | os.PathLike,
+    timeout_s: float,
+    memory_bytes: int | None = None,
+    cpu_seconds: int | None = None,
+    read_only: Iterable[str | os.PathLike] = (),
+) -> subprocess.CompletedProcess:
     """Run to completion; raises subprocess.TimeoutExpired after killing the whole group."""
-    proc = popen(module, args, cwd, memory_bytes, cpu_seconds=cpu_seconds, read_only=read_only,
-                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = popen(
+        module,
+        args,
+        cwd,
+        memory_bytes,
+        cpu_seconds=cpu_seconds,
+        read_only=read_only,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         out, err = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:

@@ -34,8 +34,10 @@ def _batches(ctx: JobContext, batch_num: int) -> list[tuple[torch.Tensor, ...]]:
     model's inputs in signature order (one tensor for a one-input model)."""
     size, count = ctx.params["batch_size"], samples(ctx.train_x)
     if count < batch_num * size:
-        raise ValueError(f"PTQ needs batch_num x batch_size = {batch_num} x {size} calibration samples; the "
-                         f"training split has {count}: lower batch_size or the cfg's batch_num")
+        raise ValueError(
+            f"PTQ needs batch_num x batch_size = {batch_num} x {size} calibration samples; the "
+            f"training split has {count}: lower batch_size or the cfg's batch_num"
+        )
     return [take(ctx.train_x, slice(i * size, (i + 1) * size)) for i in range(batch_num)]
 
 
@@ -43,6 +45,7 @@ def _progress(ctx: JobContext):
     def report(done: int, total: int) -> None:
         ctx.on_step({"step": done, "total_steps": total})
         ctx.checkpoints.check_cancel()
+
     return report
 
 
@@ -76,8 +79,12 @@ def ptq(ctx: JobContext) -> nn.Module:
             model(*batch)
             progress(i, len(batches))
     ctx.phase("exporting_onnx")
-    add_saved_models(ctx, amct.save_model(fused, record, ctx.path("model"), model=model,
-                                          deploy_format=ctx.params.get("deploy_format", "onnx")))
+    add_saved_models(
+        ctx,
+        amct.save_model(
+            fused, record, ctx.path("model"), model=model, deploy_format=ctx.params.get("deploy_format", "onnx")
+        ),
+    )
     ctx.files.update(config=config, record=record, fused_onnx=fused)
     ctx.report["ptq"] = {"batch_num": batch_num, "calibration_samples": batch_num * ctx.params["batch_size"]}
     return model
@@ -89,11 +96,21 @@ def sensitivity(ctx: JobContext) -> nn.Module:
     batches = _batches(ctx, ctx.report["ptq"]["batch_num"])
     x_eval, y_eval = _search_data(ctx, ctx.report["ptq"]["calibration_samples"])
     ctx.phase("sensitivity")
-    table = analyse_sensitivity(ctx.model_path, ctx.example, batches, x_eval, y_eval,
-                                precisions=[p for p in settings["precisions"] if p != "INT16"] or ("INT8", "INT4"),
-                                prune_ratios=settings["prune_ratios"], progress=_progress(ctx))
-    ctx.report["sensitivity"] = {**table.to_json(), "metric": "top1_drop" if y_eval is not None else "cosine",
-                                 "samples": samples(x_eval)}
+    table = analyse_sensitivity(
+        ctx.model_path,
+        ctx.example,
+        batches,
+        x_eval,
+        y_eval,
+        precisions=[p for p in settings["precisions"] if p != "INT16"] or ("INT8", "INT4"),
+        prune_ratios=settings["prune_ratios"],
+        progress=_progress(ctx),
+    )
+    ctx.report["sensitivity"] = {
+        **table.to_json(),
+        "metric": "top1_drop" if y_eval is not None else "cosine",
+        "samples": samples(x_eval),
+    }
     path = ctx.path("sensitivity.json")
     with open(path, "w") as f:
         json.dump(ctx.report["sensitivity"], f, indent=2)
@@ -109,17 +126,30 @@ def auto_mixed_precision(ctx: JobContext) -> nn.Module:
     candidates = settings["precisions"] or ["INT4", "INT8", "INT16"]
     candidates = [*candidates, "FP32"] if settings["keep_float"] else candidates
     ctx.phase("searching")
-    result = search_mixed_precision(ctx.model_path, ctx.example, batches, x_eval, y_eval,
-                                    Budget(**settings["budget"]), ctx.path("mixed_precision"), candidates,
-                                    progress=_progress(ctx), io=ctx.io)
+    result = search_mixed_precision(
+        ctx.model_path,
+        ctx.example,
+        batches,
+        x_eval,
+        y_eval,
+        Budget(**settings["budget"]),
+        ctx.path("mixed_precision"),
+        candidates,
+        progress=_progress(ctx),
+        io=ctx.io,
+    )
     deploy = result.files["ascend_deploy" if ctx.params.get("deploy_format") == "ascend" else "deploy"]
     add_saved_models(ctx, {"fake_quant": result.files["fake_quant"], "deploy": deploy})
     ctx.files["mixed_precision_cfg"] = result.cfg_file
     report = result.to_json()
     report["files"] = {k: os.path.basename(v) for k, v in report["files"].items()}
     report["cfg_file"] = os.path.basename(result.cfg_file)
-    ctx.report["mixed_precision"] = {**report, "budget": settings["budget"], "samples": samples(x_eval),
-                                     "cfg_text": Path(result.cfg_file).read_text()}
+    ctx.report["mixed_precision"] = {
+        **report,
+        "budget": settings["budget"],
+        "samples": samples(x_eval),
+        "cfg_text": Path(result.cfg_file).read_text(),
+    }
     return result.model
 
 
@@ -130,18 +160,25 @@ def prune_search(ctx: JobContext) -> nn.Module:
     batches = _batches(ctx, batch_num)
     x_eval, y_eval = _search_data(ctx, batch_num * ctx.params["batch_size"])
     ctx.phase("searching")
-    result = auto_channel_prune_search(ctx.model_path, ctx.example, batches, x_eval, y_eval,
-                                       settings["target_macs_ratio"], ctx.path("prune_search.cfg"),
-                                       progress=_progress(ctx))
+    result = auto_channel_prune_search(
+        ctx.model_path,
+        ctx.example,
+        batches,
+        x_eval,
+        y_eval,
+        settings["target_macs_ratio"],
+        ctx.path("prune_search.cfg"),
+        progress=_progress(ctx),
+    )
     record = ctx.path("record.txt")
     ctx.phase("creating")
     # A batch (inputs,) whose inputs are the tuple: the calibration reader's (inputs, labels, ...) form.
-    model = amct.create_prune_retrain_model(ctx.model_path, ctx.example, result.cfg_file, record,
-                                            calibration_data=[(batch,) for batch in batches])
+    model = amct.create_prune_retrain_model(
+        ctx.model_path, ctx.example, result.cfg_file, record, calibration_data=[(batch,) for batch in batches]
+    )
     model = train(ctx, model)
     ctx.phase("exporting_onnx")
-    add_saved_models(ctx, amct.save_prune_retrain_model(model, ctx.path("model"), ctx.example,
-                                                        **export_options(ctx)))
+    add_saved_models(ctx, amct.save_prune_retrain_model(model, ctx.path("model"), ctx.example, **export_options(ctx)))
     ctx.files.update(record=record, prune_search_cfg=result.cfg_file)
     report = {k: v for k, v in vars(result).items() if k != "cfg_file"}
     ctx.report["prune_search"] = {**report, "cfg_text": Path(result.cfg_file).read_text(), "samples": samples(x_eval)}

@@ -23,19 +23,62 @@ _SCMP_CMP_EQ, _SCMP_CMP_GT = 4, 6  # enum scmp_compare
 AF_UNIX, AF_INET, AF_INET6, AF_NETLINK = 1, 2, 10, 16
 _FAMILIES = (AF_UNIX, AF_INET, AF_INET6, AF_NETLINK)
 DENIED = (
-    "mount", "umount2", "pivot_root", "chroot", "unshare", "setns", "move_mount", "open_tree", "fsopen",
-    "fsmount", "fsconfig", "fspick", "mount_setattr", "keyctl", "add_key", "request_key", "bpf",
-    "perf_event_open", "userfaultfd", "io_uring_setup", "io_uring_enter", "io_uring_register", "kexec_load",
-    "kexec_file_load", "init_module", "finit_module", "delete_module", "open_by_handle_at",
-    "name_to_handle_at", "ptrace", "process_vm_readv", "process_vm_writev", "syslog", "acct", "swapon",
-    "swapoff", "reboot", "settimeofday", "clock_settime", "adjtimex", "iopl", "ioperm", "quotactl",
-    "fanotify_init", "lookup_dcookie", "vhangup",
+    "mount",
+    "umount2",
+    "pivot_root",
+    "chroot",
+    "unshare",
+    "setns",
+    "move_mount",
+    "open_tree",
+    "fsopen",
+    "fsmount",
+    "fsconfig",
+    "fspick",
+    "mount_setattr",
+    "keyctl",
+    "add_key",
+    "request_key",
+    "bpf",
+    "perf_event_open",
+    "userfaultfd",
+    "io_uring_setup",
+    "io_uring_enter",
+    "io_uring_register",
+    "kexec_load",
+    "kexec_file_load",
+    "init_module",
+    "finit_module",
+    "delete_module",
+    "open_by_handle_at",
+    "name_to_handle_at",
+    "ptrace",
+    "process_vm_readv",
+    "process_vm_writev",
+    "syslog",
+    "acct",
+    "swapon",
+    "swapoff",
+    "reboot",
+    "settimeofday",
+    "clock_settime",
+    "adjtimex",
+    "iopl",
+    "ioperm",
+    "quotactl",
+    "fanotify_init",
+    "lookup_dcookie",
+    "vhangup",
 )
 
 
 class _ArgCmp(ctypes.Structure):
-    _fields_ = [("arg", ctypes.c_uint), ("op", ctypes.c_int), ("datum_a", ctypes.c_uint64),
-                ("datum_b", ctypes.c_uint64)]
+    _fields_ = [
+        ("arg", ctypes.c_uint),
+        ("op", ctypes.c_int),
+        ("datum_a", ctypes.c_uint64),
+        ("datum_b", ctypes.c_uint64),
+    ]
 
 
 @functools.cache
@@ -47,8 +90,13 @@ def _lib():
         return None
     lib.seccomp_init.restype = ctypes.c_void_p
     lib.seccomp_init.argtypes = [ctypes.c_uint32]
-    lib.seccomp_rule_add_array.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int, ctypes.c_uint,
-                                           ctypes.POINTER(_ArgCmp)]
+    lib.seccomp_rule_add_array.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_uint32,
+        ctypes.c_int,
+        ctypes.c_uint,
+        ctypes.POINTER(_ArgCmp),
+    ]
     lib.seccomp_syscall_resolve_name.argtypes = [ctypes.c_char_p]
     lib.seccomp_export_bpf.argtypes = [ctypes.c_void_p, ctypes.c_int]
     lib.seccomp_release.argtypes = [ctypes.c_void_p]
@@ -85,8 +133,10 @@ def _deny_socket_families(lib, ctx) -> bool:
     netlink about interfaces; the empty network namespace answers 'lo'): raw packets, bluetooth, vsock…"""
     number = lib.seccomp_syscall_resolve_name(b"socket")
     rules = [(_SCMP_CMP_GT, AF_NETLINK)] + [(_SCMP_CMP_EQ, f) for f in range(AF_NETLINK) if f not in _FAMILIES]
-    return all(lib.seccomp_rule_add_array(ctx, _DENY, number, 1, ctypes.byref(_ArgCmp(0, op, value, 0))) == 0
-               for op, value in rules)
+    return all(
+        lib.seccomp_rule_add_array(ctx, _DENY, number, 1, ctypes.byref(_ArgCmp(0, op, value, 0))) == 0
+        for op, value in rules
+    )
 
 
 def _export(lib, ctx) -> bytes | None:

@@ -26,8 +26,10 @@ NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]{0,63}$")
 # others distinct odd sizes, so an output's axis can be told dynamic by its size (dynamic_axes()).
 EXAMPLE_BATCH, EXAMPLE_DYNAMIC = 2, (7, 11, 13, 17, 19, 23)
 # What an error about a signature shows as a good one (the API's 422 and the CLI's --inputs).
-INPUTS_EXAMPLE = ('[{"name": "input_ids", "shape": ["batch", 128], "dtype": "int64"}, '
-                  '{"name": "attention_mask", "shape": ["batch", 128], "dtype": "int64"}]')
+INPUTS_EXAMPLE = (
+    '[{"name": "input_ids", "shape": ["batch", 128], "dtype": "int64"}, '
+    '{"name": "attention_mask", "shape": ["batch", 128], "dtype": "int64"}]'
+)
 
 
 class SignatureError(ValueError):
@@ -47,8 +49,10 @@ def parse_inputs(raw: object) -> list[dict]:
             raise SignatureError(f"{where} must be an object with name, shape and optional dtype", where)
         name, shape, dtype = item["name"], item["shape"], item.get("dtype", "float32")
         if not isinstance(name, str) or not NAME.match(name) or name in seen or name == "labels":
-            raise SignatureError(f"{where}.name {name!r} must be a unique identifier (letters, digits, _ .), "
-                                 "not 'labels'", f"{where}.name")
+            raise SignatureError(
+                f"{where}.name {name!r} must be a unique identifier (letters, digits, _ .), not 'labels'",
+                f"{where}.name",
+            )
         seen.add(name)
         if dtype not in DTYPES:
             raise SignatureError(f"{where}.dtype must be one of {', '.join(DTYPES)}", f"{where}.dtype")
@@ -60,11 +64,13 @@ def _check_shape(shape: object, where: str) -> list:
     if not isinstance(shape, list) or not 1 <= len(shape) <= MAX_DIMS:
         raise SignatureError(f"{where} must be a list of 1 to {MAX_DIMS} dimensions", where)
     for d in shape:
-        ok = (isinstance(d, int) and not isinstance(d, bool) and 1 <= d <= MAX_ELEMENTS) or \
-             (isinstance(d, str) and NAME.match(d))
+        ok = (isinstance(d, int) and not isinstance(d, bool) and 1 <= d <= MAX_ELEMENTS) or (
+            isinstance(d, str) and NAME.match(d)
+        )
         if not ok:
-            raise SignatureError(f"{where}: each dimension is an integer >= 1 or an axis name such as "
-                                 f"'batch', got {d!r}", where)
+            raise SignatureError(
+                f"{where}: each dimension is an integer >= 1 or an axis name such as 'batch', got {d!r}", where
+            )
     if _elements(example_shape(shape)) > MAX_ELEMENTS:
         raise SignatureError(f"{where} {shape} has more than {MAX_ELEMENTS} elements", where)
     return list(shape)
@@ -95,8 +101,10 @@ def dynamic_sizes(inputs: list[dict], batch: int = EXAMPLE_BATCH) -> dict[str, i
 
 def example_shape(shape: list, sizes: dict[str, int] | None = None) -> list[int]:
     sizes = sizes or {}
-    return [d if isinstance(d, int) else sizes.get(d, EXAMPLE_BATCH if axis == 0 else EXAMPLE_DYNAMIC[0])
-            for axis, d in enumerate(shape)]
+    return [
+        d if isinstance(d, int) else sizes.get(d, EXAMPLE_BATCH if axis == 0 else EXAMPLE_DYNAMIC[0])
+        for axis, d in enumerate(shape)
+    ]
 
 
 def first_example_shape(inputs: list[dict], batch: int = EXAMPLE_BATCH) -> list[int]:
@@ -134,8 +142,9 @@ def describe_output(out) -> dict:
         return {"type": "tuple", "items": [describe_output(o) for o in out]}
     if isinstance(out, dict) and all(isinstance(k, str) for k in out):
         return {"type": "dict", "items": {k: describe_output(v) for k, v in out.items()}}
-    raise SignatureError(f"the model returned a {type(out).__name__}; outputs must be tensors, or tuples, "
-                         "lists or dicts of them", "file")
+    raise SignatureError(
+        f"the model returned a {type(out).__name__}; outputs must be tensors, or tuples, lists or dicts of them", "file"
+    )
 
 
 def output_structure(model, inputs: list[dict], batch: int = EXAMPLE_BATCH) -> dict:
@@ -194,8 +203,7 @@ def io_names(inputs: list[dict], outputs: dict | None, batch: int = EXAMPLE_BATC
             axes[name] = named
     if not outputs and batch_names:
         axes["output"] = {0: batch_names[0]}
-    return {"input_names": [s["name"] for s in inputs], "output_names": [n for n, _ in leaves],
-            "dynamic_axes": axes}
+    return {"input_names": [s["name"] for s in inputs], "output_names": [n for n, _ in leaves], "dynamic_axes": axes}
 
 
 def input_arrays(inputs: list[dict], arrays: dict) -> dict[str, str]:
@@ -208,8 +216,10 @@ def input_arrays(inputs: list[dict], arrays: dict) -> dict[str, str]:
             chosen[spec["name"]] = "inputs"
         else:
             have = ", ".join(sorted(arrays)) or "none"
-            raise SignatureError(f"the model's input {spec['name']!r} has no array of that name in the dataset "
-                               f"(it has: {have})", spec["name"])
+            raise SignatureError(
+                f"the model's input {spec['name']!r} has no array of that name in the dataset (it has: {have})",
+                spec["name"],
+            )
     return chosen
 
 

@@ -29,12 +29,18 @@ def _groups(fp32_path: str, x: tuple[np.ndarray, ...], input_names: list[str] | 
     model = onnx.load(fp32_path, load_external_data=False)
     by_name = dict(zip([i.name for i in model.graph.input], declared_axes(model), strict=True))
     names = input_names or [i.name for i in model.graph.input]
-    named = [by_name.get(name, {}) for name in names[:len(x)]]
+    named = [by_name.get(name, {}) for name in names[: len(x)]]
     return axis_groups(tuple(torch.from_numpy(a) for a in x), named)
 
 
-def other_sizes(onnx_files: dict[str, str], x: tuple[np.ndarray, ...], formats: dict[str, str],
-                input_names: list[str] | None, predict, agreement) -> list[dict]:
+def other_sizes(
+    onnx_files: dict[str, str],
+    x: tuple[np.ndarray, ...],
+    formats: dict[str, str],
+    input_names: list[str] | None,
+    predict,
+    agreement,
+) -> list[dict]:
     """One row per (axis, size): the rows evaluated and each non-FP32 file's agreement with the FP32 file
     on the first output. `predict(path, x, format, batch=, input_names=)` and `agreement(ref, other)` are
     the report's own."""
@@ -58,8 +64,10 @@ def other_sizes(onnx_files: dict[str, str], x: tuple[np.ndarray, ...], formats: 
                 try:
                     out = predict(path, inputs, formats[name], batch=batch, input_names=input_names)
                 except Exception as exc:
-                    raise DynamicAxisError(f"the {name} model fails at size {size} of dynamic axis "
-                                           f"'{group.name}' in the report's evaluation: {exc}") from exc
+                    raise DynamicAxisError(
+                        f"the {name} model fails at size {size} of dynamic axis "
+                        f"'{group.name}' in the report's evaluation: {exc}"
+                    ) from exc
                 row[name] = agreement(reference[0], out[0])
             rows.append(row)
     return rows

@@ -212,7 +212,6 @@ def train_epochs(
     return losses
 
 
-
 @torch.no_grad()
 def predict_logits(model: nn.Module, x: Inputs, batch_size: int = 1000) -> torch.Tensor:
     """Concatenated (first) model outputs over ``x`` in chunks of ``batch_size`` (no grad, mode untouched)."""

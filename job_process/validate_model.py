@@ -40,8 +40,13 @@ def validate(path: str, inputs: list[dict], batch: int) -> dict:
         "quantizable": [{"name": i.name, "type": i.type_name} for i in quantizable_layers(cm, RETRAIN_TYPES)],
         "distillable": [i.name for i in quantizable_layers(cm, DISTILL_TYPES)],
     }
-    return {"ok": True, "parameters": sum(p.numel() for p in model.parameters()), "outputs": outputs,
-            "output_shapes": [leaf["shape"] for _, leaf in output_leaves(outputs)], "layers": layers}
+    return {
+        "ok": True,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "outputs": outputs,
+        "output_shapes": [leaf["shape"] for _, leaf in output_leaves(outputs)],
+        "layers": layers,
+    }
 
 
 def _check_dynamic_axes(model, captured, x: tuple, inputs: list[dict]) -> None:
@@ -52,8 +57,9 @@ def _check_dynamic_axes(model, captured, x: tuple, inputs: list[dict]) -> None:
     named = [{axis: d for axis, d in enumerate(spec["shape"]) if isinstance(d, str)} for spec in inputs]
     groups = axis_groups(x, named)
     if groups:
-        probe_dynamic_axes(torch_runner(model), torch_runner(captured), x, groups, [s["name"] for s in inputs],
-                           "the signature")
+        probe_dynamic_axes(
+            torch_runner(model), torch_runner(captured), x, groups, [s["name"] for s in inputs], "the signature"
+        )
 
 
 def main(argv: list[str]) -> int:

@@ -65,8 +65,11 @@ def warm_up() -> None:
         torch.jit.script(Tiny().eval()).save(model_path)
         cfg.write_text(_CFG)
         example = (torch.zeros(2, 1, 4, 4),)
-        names = {"input_names": ["input"], "output_names": ["output"],
-                 "dynamic_axes": {"input": {0: "batch"}, "output": {0: "batch"}}}
+        names = {
+            "input_names": ["input"],
+            "output_names": ["output"],
+            "dynamic_axes": {"input": {0: "batch"}, "output": {0: "batch"}},
+        }
         export_onnx(torch.jit.load(model_path).eval(), str(folder / "fp32.onnx"), example, **names)
         config, record = str(folder / "quant.json"), str(folder / "record.txt")
         amct.create_quant_retrain_config(config, model_path, example, str(cfg))

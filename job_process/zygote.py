@@ -102,8 +102,9 @@ def _run_one(ctl: socket.socket, folder: Path, run_job: Callable[[Path], int], j
     return os.waitstatus_to_exitcode(status)
 
 
-def _become_job(ctl: socket.socket, read: int, write: int, folder: Path, run_job: Callable[[Path], int],
-                job_threads: int, news: str) -> None:
+def _become_job(
+    ctl: socket.socket, read: int, write: int, folder: Path, run_job: Callable[[Path], int], job_threads: int, news: str
+) -> None:
     code = 1
     try:
         ctl.close()  # first: nothing the job runs may speak for the server

@@ -42,8 +42,10 @@ def _fail(message: str) -> typer.Exit:
 
 
 @admin_app.command("create-project")
-def create_project(project_id: Annotated[str, typer.Argument(metavar="ID", help="e.g. vision-team")],
-                   name: Annotated[str | None, typer.Option(help="display name")] = None) -> None:
+def create_project(
+    project_id: Annotated[str, typer.Argument(metavar="ID", help="e.g. vision-team")],
+    name: Annotated[str | None, typer.Option(help="display name")] = None,
+) -> None:
     """Create a project: jobs, models, configs, datasets and keys all belong to one."""
     from service import auth
 
@@ -55,10 +57,14 @@ def create_project(project_id: Annotated[str, typer.Argument(metavar="ID", help=
 
 
 @admin_app.command("create-key")
-def create_key(project: Annotated[str, typer.Argument(help="the project the key acts for")],
-               scope: Annotated[list[Scope] | None, typer.Option(
-                   "--scope", help="read, write (implies read) or admin (implies both); repeatable")] = None,
-               name: Annotated[str | None, typer.Option(help="what the key is for")] = None) -> None:
+def create_key(
+    project: Annotated[str, typer.Argument(help="the project the key acts for")],
+    scope: Annotated[
+        list[Scope] | None,
+        typer.Option("--scope", help="read, write (implies read) or admin (implies both); repeatable"),
+    ] = None,
+    name: Annotated[str | None, typer.Option(help="what the key is for")] = None,
+) -> None:
     """Create an API key and print its secret, once."""
     from service import auth
 
@@ -67,8 +73,9 @@ def create_key(project: Annotated[str, typer.Argument(help="the project the key 
         key_id, secret = auth.create_key(_sessions(), project, scopes, name)
     except ValueError as e:
         raise _fail(str(e)) from None
-    err_console.print(f"key {key_id} for project {project}, scopes {', '.join(sorted(scopes))}. "
-                      "The secret below is shown only now:")
+    err_console.print(
+        f"key {key_id} for project {project}, scopes {', '.join(sorted(scopes))}. The secret below is shown only now:"
+    )
     # The secret alone on stdout, so `KEY=$(amct admin create-key ...)` works.
     print(secret)
 
@@ -80,12 +87,25 @@ def list_keys(project: Annotated[str, typer.Argument(help="the project whose key
 
     keys = auth.list_keys(_sessions(), project)
     # The id is what revoke-key takes: never wrapped, whatever the terminal's width.
-    table = Table(Column("id", no_wrap=True, min_width=36), Column("prefix", no_wrap=True), "name", "scopes",
-                  "created", "last used", "revoked")
+    table = Table(
+        Column("id", no_wrap=True, min_width=36),
+        Column("prefix", no_wrap=True),
+        "name",
+        "scopes",
+        "created",
+        "last used",
+        "revoked",
+    )
     for k in keys:
-        table.add_row(k.id, k.prefix + "…", k.name, ",".join(k.scopes), f"{k.created_at:%Y-%m-%d}",
-                      f"{k.last_used_at:%Y-%m-%d %H:%M}" if k.last_used_at else "-",
-                      f"{k.revoked_at:%Y-%m-%d %H:%M}" if k.revoked_at else "-")
+        table.add_row(
+            k.id,
+            k.prefix + "…",
+            k.name,
+            ",".join(k.scopes),
+            f"{k.created_at:%Y-%m-%d}",
+            f"{k.last_used_at:%Y-%m-%d %H:%M}" if k.last_used_at else "-",
+            f"{k.revoked_at:%Y-%m-%d %H:%M}" if k.revoked_at else "-",
+        )
     console.print(table if keys else f"project {project} has no keys")
 
 

@@ -67,9 +67,15 @@ def create_app(settings: Settings | None = None, run_migrations: bool = True) ->
             with contextlib.suppress(asyncio.CancelledError):
                 await reaper
 
-    app = FastAPI(title="AMCT compression service", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None,
-                  description="Upload a TorchScript model, a .cfg and a dataset; submit a compression job; "
-                              "watch it; download the ONNX models and the report.")
+    app = FastAPI(
+        title="AMCT compression service",
+        version="0.1.0",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        description="Upload a TorchScript model, a .cfg and a dataset; submit a compression job; "
+        "watch it; download the ONNX models and the report.",
+    )
     app.state.settings = settings
     app.state.sessions = session_factory(settings.resolved_database_url, settings.db_pool)
     app.state.read_engine = read_engine(settings.resolved_database_url, settings.db_pool)

@@ -74,6 +74,7 @@ def new_secret() -> str:
 
 # -- projects and keys, usable without HTTP (admin CLI, bootstrap, tests) -------------------------------
 
+
 def create_project(sessions, project_id: str, name: str | None = None) -> None:
     """ValueError when the id is malformed or taken."""
     if not PROJECT_ID.match(project_id):
@@ -93,8 +94,13 @@ def create_key(sessions, project_id: str, scopes: Iterable[str], name: str | Non
     with sessions() as session:
         if session.get(Project, project_id) is None:
             raise ValueError(f"no project {project_id!r}")
-        key = ApiKey(project_id=project_id, name=name or "", prefix=secret[:VISIBLE_CHARS], key_hash=hash_key(secret),
-                     scopes=scopes)
+        key = ApiKey(
+            project_id=project_id,
+            name=name or "",
+            prefix=secret[:VISIBLE_CHARS],
+            key_hash=hash_key(secret),
+            scopes=scopes,
+        )
         session.add(key)
         session.commit()
         return key.id, secret
@@ -114,13 +120,17 @@ def revoke_key(sessions, key_id: str, project_id: str | None = None) -> bool:
 
 def list_keys(sessions, project_id: str) -> list[ApiKey]:
     with sessions() as session:
-        return list(session.scalars(select(ApiKey).where(ApiKey.project_id == project_id)
-                                    .order_by(ApiKey.created_at, ApiKey.id)))
+        return list(
+            session.scalars(
+                select(ApiKey).where(ApiKey.project_id == project_id).order_by(ApiKey.created_at, ApiKey.id)
+            )
+        )
 
 
 # Built once: the same statement object each time skips building it and adapting its cached result columns.
 _KEY_BY_HASH = select(ApiKey.id, ApiKey.project_id, ApiKey.scopes, ApiKey.revoked_at, ApiKey.last_used_at).where(
-    ApiKey.key_hash == bindparam("key_hash"))
+    ApiKey.key_hash == bindparam("key_hash")
+)
 
 
 def authenticate(connection: Connection, secret: str) -> Caller | None:
@@ -138,13 +148,19 @@ def authenticate(connection: Connection, secret: str) -> Caller | None:
     # only then one conditional UPDATE, so concurrent requests do not pile up writes on the same row. Before,
     # every request ran the UPDATE and a commit (a write round trip per GET, docs/scaling.md).
     if key.last_used_at is None or key.last_used_at < now - _TOUCH_EVERY:
-        connection.execute(update(ApiKey).where(ApiKey.id == key.id, or_(
-            ApiKey.last_used_at.is_(None), and_(ApiKey.last_used_at < now - _TOUCH_EVERY))).values(last_used_at=now))
+        connection.execute(
+            update(ApiKey)
+            .where(
+                ApiKey.id == key.id, or_(ApiKey.last_used_at.is_(None), and_(ApiKey.last_used_at < now - _TOUCH_EVERY))
+            )
+            .values(last_used_at=now)
+        )
         connection.commit()
     return Caller(project=key.project_id, scopes=expand_scopes(key.scopes), key_id=key.id)
 
 
 # -- the local project of the embedded mode -------------------------------------------------------------
+
 
 def bootstrap_local_key(settings: Settings, sessions) -> str | None:
     """First start of the embedded mode: an admin key for the local project, printed once and saved 0600.
@@ -166,18 +182,24 @@ def bootstrap_local_key(settings: Settings, sessions) -> str | None:
     with os.fdopen(fd, "w") as f:
         f.write(secret + "\n")
     rule = "=" * 78
-    print(f"\n{rule}\n  AMCT service: first start. An admin API key for project {settings.project!r}:\n\n"
-          f"      {secret}\n\n  It is shown only this once. A copy is in {path} (mode 0600) for the local CLI\n"
-          f"  and dashboard. Send it as `Authorization: Bearer <key>`; make more keys with\n"
-          f"  `amct admin create-key {settings.project} --scope read`.\n{rule}\n", file=sys.stderr, flush=True)
+    print(
+        f"\n{rule}\n  AMCT service: first start. An admin API key for project {settings.project!r}:\n\n"
+        f"      {secret}\n\n  It is shown only this once. A copy is in {path} (mode 0600) for the local CLI\n"
+        f"  and dashboard. Send it as `Authorization: Bearer <key>`; make more keys with\n"
+        f"  `amct admin create-key {settings.project} --scope read`.\n{rule}\n",
+        file=sys.stderr,
+        flush=True,
+    )
     return secret
 
 
 def warn_if_open(settings: Settings) -> None:
     if settings.auth == "open":
-        log.warning("AMCT_AUTH=open: NO AUTHENTICATION. Every request from this machine acts as project %r "
-                    "with admin rights; requests from other hosts are refused. For local development only.",
-                    settings.project)
+        log.warning(
+            "AMCT_AUTH=open: NO AUTHENTICATION. Every request from this machine acts as project %r "
+            "with admin rights; requests from other hosts are refused. For local development only.",
+            settings.project,
+        )
 
 
 # -- FastAPI dependencies ----------------------------------------------------------------------------------
@@ -201,16 +223,24 @@ def caller_of(request: Request, credentials: HTTPAuthorizationCredentials | None
     settings: Settings = request.app.state.settings
     if settings.auth == "open":
         if not _is_loopback(request.client.host if request.client else None):
-            raise Problem(403, "this server runs without authentication (AMCT_AUTH=open) and serves only "
-                               "localhost", field="Authorization")
+            raise Problem(
+                403,
+                "this server runs without authentication (AMCT_AUTH=open) and serves only localhost",
+                field="Authorization",
+            )
         return Caller(project=settings.project, scopes=frozenset(SCOPES), key_id=None)
     if credentials is None:
-        raise Problem(401, "send an API key as `Authorization: Bearer <key>`", field="Authorization",
-                      headers=_UNAUTHORIZED)
+        raise Problem(
+            401, "send an API key as `Authorization: Bearer <key>`", field="Authorization", headers=_UNAUTHORIZED
+        )
     caller = authenticate(connection, credentials.credentials)
     if caller is None:
-        raise Problem(401, "the API key is unknown or revoked", field="Authorization",
-                      headers={"WWW-Authenticate": 'Bearer error="invalid_token"'})
+        raise Problem(
+            401,
+            "the API key is unknown or revoked",
+            field="Authorization",
+            headers={"WWW-Authenticate": 'Bearer error="invalid_token"'},
+        )
     return caller
 
 
@@ -221,8 +251,12 @@ def _caller(request: Request, credentials: Credentials) -> Caller:
 
 def _check_scope(caller: Caller, scope: str) -> Caller:
     if scope not in caller.scopes:
-        raise Problem(403, f"this API key lacks the {scope!r} scope (it has: "
-                           f"{', '.join(sorted(caller.scopes))})", field="Authorization", required_scope=scope)
+        raise Problem(
+            403,
+            f"this API key lacks the {scope!r} scope (it has: {', '.join(sorted(caller.scopes))})",
+            field="Authorization",
+            required_scope=scope,
+        )
     return caller
 
 
@@ -234,14 +268,16 @@ def _requires(scope: str):
     return check
 
 
-async def read_as_caller(request: Request, credentials: HTTPAuthorizationCredentials | None,
-                         read: Callable[[Connection, Caller], T]) -> T:
+async def read_as_caller(
+    request: Request, credentials: HTTPAuthorizationCredentials | None, read: Callable[[Connection, Caller], T]
+) -> T:
     """`read(connection, caller)` for a caller with the read scope, in one thread hand-off: the key lookup and
     the read share one autocommit connection.
 
     For the reads clients poll (one job, a page of jobs). As dependencies, the key check and the route each
     take a hand-off to FastAPI's thread pool and a connection of their own; here it is one of each
     (docs/scaling.md, "The API")."""
+
     def run() -> T:
         with request.app.state.read_engine.connect() as connection:
             return read(connection, _check_scope(caller_of(request, credentials, connection), "read"))

@@ -17,9 +17,14 @@ from service.settings import Settings
 _LOCK = threading.Lock()
 _SLOTS: dict[tuple[str, int], threading.BoundedSemaphore] = {}
 
-BUSY_RESPONSE = {429: {"description": "the server is checking as many uploads as it allows at once",
-                       "headers": {"Retry-After": {"description": "seconds to wait before uploading again",
-                                                   "schema": {"type": "integer"}}}}}
+BUSY_RESPONSE = {
+    429: {
+        "description": "the server is checking as many uploads as it allows at once",
+        "headers": {
+            "Retry-After": {"description": "seconds to wait before uploading again", "schema": {"type": "integer"}}
+        },
+    }
+}
 
 
 def _limit(settings: Settings, what: str) -> int:
@@ -37,9 +42,15 @@ def checks_slot(settings: Settings, what: str) -> Iterator[None]:
     limit = _limit(settings, what)
     slots = _semaphore(what, limit)
     if not slots.acquire(blocking=False):
-        raise Problem(429, f"{limit} {what} uploads are being checked already, the most this server checks at once; "
-                      "upload again shortly", type_="/problems/busy", field="file", limit=limit,
-                      headers={"Retry-After": str(settings.check_retry_after_s)})
+        raise Problem(
+            429,
+            f"{limit} {what} uploads are being checked already, the most this server checks at once; "
+            "upload again shortly",
+            type_="/problems/busy",
+            field="file",
+            limit=limit,
+            headers={"Retry-After": str(settings.check_retry_after_s)},
+        )
     try:
         yield
     finally:

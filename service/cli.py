@@ -48,8 +48,13 @@ from service.cli_jobs import jobs_app
 from service.settings import DEVICES, Settings
 
 log = logging.getLogger("amct.serve")
-app = typer.Typer(name="amct", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
-                  help="AMCT compression: the service, the engine on this machine, and a client of the service.")
+app = typer.Typer(
+    name="amct",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    help="AMCT compression: the service, the engine on this machine, and a client of the service.",
+)
 app.add_typer(jobs_app, name="jobs")
 try:  # the API-key admin commands (service/admin_cli.py)
     from service.admin_cli import admin_app
@@ -61,11 +66,27 @@ if admin_app is not None:
 
 # -- the service ---------------------------------------------------------------------------------------
 
+
 def worker_command(settings: Settings, devices: list[str], beat: bool, concurrency: int = 1) -> list[str]:
     queues = ",".join(settings.queue_for(d) for d in devices)
-    cmd = [sys.executable, "-m", "celery", "-A", "worker.main", "worker", "-Q", queues,
-           "--concurrency", str(concurrency), "--loglevel", "INFO", "-O", "fair",
-           "--without-gossip", "--without-mingle"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "worker.main",
+        "worker",
+        "-Q",
+        queues,
+        "--concurrency",
+        str(concurrency),
+        "--loglevel",
+        "INFO",
+        "-O",
+        "fair",
+        "--without-gossip",
+        "--without-mingle",
+    ]
     if beat:  # the reaper's schedule; one beat per deployment
         cmd += ["-B", "-s", str((settings.data_dir / "celerybeat-schedule").resolve())]
     return cmd
@@ -96,20 +117,32 @@ def start_worker(settings: Settings, devices: list[str], beat: bool):
     """The embedded worker, watched and restarted by a thread of this process (service/embedded_worker.py)."""
     from service.embedded_worker import EmbeddedWorker
 
-    env = dict(os.environ, AMCT_DATA_DIR=str(settings.data_dir.resolve()),
-               PYTHONPATH=os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[1]),
-                                                         os.environ.get("PYTHONPATH")])))
+    env = dict(
+        os.environ,
+        AMCT_DATA_DIR=str(settings.data_dir.resolve()),
+        PYTHONPATH=os.pathsep.join(
+            filter(None, [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH")])
+        ),
+    )
     return EmbeddedWorker(settings, worker_command(settings, devices, beat), env).start()
 
 
 @app.command()
-def serve(host: str = "127.0.0.1", port: int = 8000,
-          data_dir: Annotated[Path, typer.Option(envvar="AMCT_DATA_DIR", help="SQLite, queue, artifacts and the "
-                                                 "local api-key live here")] = DEFAULT_DATA_DIR,
-          no_worker: Annotated[bool, typer.Option("--no-worker", help="run the API only")] = False,
-          worker_devices: Annotated[str | None, typer.Option(
-              help="comma-separated devices the embedded worker claims (default: cpu, and cuda / npu when "
-                   "their device files exist)")] = None) -> None:
+def serve(
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    data_dir: Annotated[
+        Path, typer.Option(envvar="AMCT_DATA_DIR", help="SQLite, queue, artifacts and the local api-key live here")
+    ] = DEFAULT_DATA_DIR,
+    no_worker: Annotated[bool, typer.Option("--no-worker", help="run the API only")] = False,
+    worker_devices: Annotated[
+        str | None,
+        typer.Option(
+            help="comma-separated devices the embedded worker claims (default: cpu, and cuda / npu when "
+            "their device files exist)"
+        ),
+    ] = None,
+) -> None:
     """API + dashboard (/ui) + embedded worker (SQLite, no broker server) unless configured otherwise."""
     import uvicorn
 
@@ -137,9 +170,12 @@ def serve(host: str = "127.0.0.1", port: int = 8000,
 
 
 @app.command()
-def api(host: str = "127.0.0.1", port: int = 8000,
-        workers: Annotated[int, typer.Option(min=1, help="API processes on the port, about one per core")] = 2,
-        log_level: str = "info") -> None:
+def api(
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    workers: Annotated[int, typer.Option(min=1, help="API processes on the port, about one per core")] = 2,
+    log_level: str = "info",
+) -> None:
     """The API alone, as several processes (production: DATABASE_URL, BROKER_URL, ARTIFACT_STORE)."""
     from service import api_processes
 
@@ -148,10 +184,11 @@ def api(host: str = "127.0.0.1", port: int = 8000,
 
 
 @app.command()
-def worker(devices: Annotated[str, typer.Option(help="comma-separated: cpu,cuda,npu")] = "cpu",
-           concurrency: Annotated[int, typer.Option(help="one per accelerator")] = 1,
-           beat: Annotated[bool, typer.Option("--beat", help="also run the reaper schedule (one per "
-                                                             "deployment)")] = False) -> None:
+def worker(
+    devices: Annotated[str, typer.Option(help="comma-separated: cpu,cuda,npu")] = "cpu",
+    concurrency: Annotated[int, typer.Option(help="one per accelerator")] = 1,
+    beat: Annotated[bool, typer.Option("--beat", help="also run the reaper schedule (one per deployment)")] = False,
+) -> None:
     """A Celery worker for the given device queues."""
     logging.basicConfig(level=logging.INFO)
     settings = Settings()
@@ -169,29 +206,39 @@ def migrate() -> None:
 
 # -- the engine on this machine ---------------------------------------------------------------------------
 
+
 @app.command()
-def compress(model: Annotated[Path, typer.Option(exists=True, dir_okay=False, help="TorchScript file")],
-             cfg: Annotated[Path, typer.Option(exists=True, dir_okay=False, help="AMCT .cfg")],
-             data: Annotated[Path, typer.Option(exists=True, dir_okay=False, help=".npz or .safetensors with "
-                                                                                 "`inputs` (and `labels`)")],
-             out: Annotated[Path, typer.Option(help="folder for the ONNX models, record, report.json")],
-             kind: Annotated[Kind, typer.Option()] = DEFAULT_KIND,
-             input_shape: Annotated[str | None, typer.Option(help="e.g. 1,1,28,28; default: from the data")] = None,
-             inputs: InputsOpt = None,
-             epochs: int = 1, batch_size: int = 64, lr: float = 1e-3,
-             eval_fraction: Annotated[float, typer.Option(help="held-out share for the report")] = 0.1,
-             seed: int = 0, device: Annotated[Device, typer.Option()] = DEFAULT_DEVICE,
-             deploy_format: Annotated[DeployFormat, typer.Option()] = DEFAULT_DEPLOY_FORMAT,
-             deploy_target: Annotated[DeployTarget, typer.Option(help="CPU of the onnx deploy model; auto: this "
-                                                                 "machine's")] = DEFAULT_DEPLOY_TARGET,
-             objective: ObjectiveOpt = None,
-             distill_loss: DistillLossOpt = "auto",
-             temperature: TemperatureOpt = 4.0,
-             bn_recalibration_batches: BnRecalibrationOpt = 0,
-             max_accuracy_drop: MaxAccuracyDropOpt = None,
-             min_output_cosine: MinOutputCosineOpt = None,
-             accept_uint8: Annotated[bool, typer.Option("--accept-uint8", help="use uint8 inputs as they are (for "
-                                                        "a model that scales its input itself)")] = False) -> None:
+def compress(
+    model: Annotated[Path, typer.Option(exists=True, dir_okay=False, help="TorchScript file")],
+    cfg: Annotated[Path, typer.Option(exists=True, dir_okay=False, help="AMCT .cfg")],
+    data: Annotated[
+        Path, typer.Option(exists=True, dir_okay=False, help=".npz or .safetensors with `inputs` (and `labels`)")
+    ],
+    out: Annotated[Path, typer.Option(help="folder for the ONNX models, record, report.json")],
+    kind: Annotated[Kind, typer.Option()] = DEFAULT_KIND,
+    input_shape: Annotated[str | None, typer.Option(help="e.g. 1,1,28,28; default: from the data")] = None,
+    inputs: InputsOpt = None,
+    epochs: int = 1,
+    batch_size: int = 64,
+    lr: float = 1e-3,
+    eval_fraction: Annotated[float, typer.Option(help="held-out share for the report")] = 0.1,
+    seed: int = 0,
+    device: Annotated[Device, typer.Option()] = DEFAULT_DEVICE,
+    deploy_format: Annotated[DeployFormat, typer.Option()] = DEFAULT_DEPLOY_FORMAT,
+    deploy_target: Annotated[
+        DeployTarget, typer.Option(help="CPU of the onnx deploy model; auto: this machine's")
+    ] = DEFAULT_DEPLOY_TARGET,
+    objective: ObjectiveOpt = None,
+    distill_loss: DistillLossOpt = "auto",
+    temperature: TemperatureOpt = 4.0,
+    bn_recalibration_batches: BnRecalibrationOpt = 0,
+    max_accuracy_drop: MaxAccuracyDropOpt = None,
+    min_output_cosine: MinOutputCosineOpt = None,
+    accept_uint8: Annotated[
+        bool,
+        typer.Option("--accept-uint8", help="use uint8 inputs as they are (for a model that scales its input itself)"),
+    ] = False,
+) -> None:
     """Compress a model here, no server: the engine a worker runs, with a progress bar and a summary table."""
     from job_process.bubblewrap import SandboxUnavailable
     from service.local_compress import LocalJobError, check_dataset
@@ -199,11 +246,21 @@ def compress(model: Annotated[Path, typer.Option(exists=True, dir_okay=False, he
     from service.report_view import layer_tables, summary_table
 
     signature, shape = model_signature(inputs, input_shape, data)
-    params = {"epochs": epochs, "batch_size": batch_size, "lr": lr, "eval_fraction": eval_fraction, "seed": seed,
-              "deploy_format": deploy_format.value, "deploy_target": deploy_target.value,
-              "objective": objective, "distill_loss": distill_loss, "temperature": temperature,
-              "bn_recalibration_batches": bn_recalibration_batches or None,
-              "max_accuracy_drop": max_accuracy_drop, "min_output_cosine": min_output_cosine}
+    params = {
+        "epochs": epochs,
+        "batch_size": batch_size,
+        "lr": lr,
+        "eval_fraction": eval_fraction,
+        "seed": seed,
+        "deploy_format": deploy_format.value,
+        "deploy_target": deploy_target.value,
+        "objective": objective,
+        "distill_loss": distill_loss,
+        "temperature": temperature,
+        "bn_recalibration_batches": bn_recalibration_batches or None,
+        "max_accuracy_drop": max_accuracy_drop,
+        "min_output_cosine": min_output_cosine,
+    }
     params = {k: v for k, v in params.items() if v is not None}
     check_job_params({**params, "device": device.value})  # the bounds POST /v1/jobs has, before the engine starts
     check_prunes(kind.value, bn_recalibration_batches)
@@ -217,8 +274,9 @@ def compress(model: Annotated[Path, typer.Option(exists=True, dir_okay=False, he
         params["objective"] = objective
     with progress_view() as (bar, show):
         try:
-            result = run_local(model, cfg, data, kind.value, out, signature, shape, params, device.value,
-                               on_message=show)
+            result = run_local(
+                model, cfg, data, kind.value, out, signature, shape, params, device.value, on_message=show
+            )
         except LocalJobError as e:
             raise fail(f"{e.type}: {e.detail}") from None
         except SandboxUnavailable as e:  # the engine runs the model in bubblewrap here too (docs/security.md)
@@ -234,15 +292,16 @@ def compress(model: Annotated[Path, typer.Option(exists=True, dir_okay=False, he
 
 
 @app.command("distill-config")
-def distill_config(model: Annotated[Path, typer.Option(exists=True, dir_okay=False, help="TorchScript file")],
-                   out: Annotated[Path, typer.Option(help="the JSON distill config to write")],
-                   cfg: Annotated[Path | None, typer.Option(exists=True, dir_okay=False,
-                                                            help="AMCT distill .cfg (optional)")] = None,
-                   input_shape: Annotated[str | None, typer.Option(help="e.g. 1,1,28,28")] = None,
-                   inputs: InputsOpt = None,
-                   data: Annotated[Path | None, typer.Option(exists=True, dir_okay=False,
-                                                             help="read the input shape from this dataset")] = None,
-                   ) -> None:
+def distill_config(
+    model: Annotated[Path, typer.Option(exists=True, dir_okay=False, help="TorchScript file")],
+    out: Annotated[Path, typer.Option(help="the JSON distill config to write")],
+    cfg: Annotated[Path | None, typer.Option(exists=True, dir_okay=False, help="AMCT distill .cfg (optional)")] = None,
+    input_shape: Annotated[str | None, typer.Option(help="e.g. 1,1,28,28")] = None,
+    inputs: InputsOpt = None,
+    data: Annotated[
+        Path | None, typer.Option(exists=True, dir_okay=False, help="read the input shape from this dataset")
+    ] = None,
+) -> None:
     """AMCT's create_distill_config: find the distillable layers and groups, write the JSON config."""
     from amct_engine.config.errors import ConfigError
     from service.local_compress import distill_config as make_config
@@ -262,8 +321,11 @@ def distill_config(model: Annotated[Path, typer.Option(exists=True, dir_okay=Fal
     for name, spec in config.items():
         if isinstance(spec, dict) and spec.get("quant_enable"):
             data_cfg, weight_cfg = spec.get("distill_data_config", {}), spec.get("distill_weight_config", {})
-            layers.add_row(name, f"{data_cfg.get('algo', '')} {data_cfg.get('dst_type', '')}",
-                           f"{weight_cfg.get('algo', '')} {weight_cfg.get('dst_type', '')}")
+            layers.add_row(
+                name,
+                f"{data_cfg.get('algo', '')} {data_cfg.get('dst_type', '')}",
+                f"{weight_cfg.get('algo', '')} {weight_cfg.get('dst_type', '')}",
+            )
     console.print(layers)
 
 

@@ -32,27 +32,51 @@ DEFAULT_SERVER = "http://127.0.0.1:8000"
 DEFAULT_DATA_DIR = Path("var")  # `make serve`'s --data-dir, relative to the repository
 
 ServerOpt = Annotated[str, typer.Option("--server", envvar="AMCT_SERVER", help="the service's base URL")]
-ApiKeyOpt = Annotated[str | None, typer.Option(
-    "--api-key", envvar="AMCT_API_KEY", show_default=False,
-    help="API key; default: the api-key file of the local `amct serve` at --server (from any folder)")]
-DataDirOpt = Annotated[Path | None, typer.Option(
-    "--data-dir", envvar="AMCT_DATA_DIR", show_default=False,
-    help="read the key from this local server's data folder instead")]
+ApiKeyOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--api-key",
+        envvar="AMCT_API_KEY",
+        show_default=False,
+        help="API key; default: the api-key file of the local `amct serve` at --server (from any folder)",
+    ),
+]
+DataDirOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--data-dir",
+        envvar="AMCT_DATA_DIR",
+        show_default=False,
+        help="read the key from this local server's data folder instead",
+    ),
+]
 
 # The model's signature: `amct compress`, `amct distill-config` and `amct jobs submit` (the upload's `inputs`).
-InputsOpt = Annotated[str | None, typer.Option(
-    help="the signature, JSON: [{name, shape, dtype}, …] in forward's order, axis names for dynamic dimensions, "
-         "e.g. '[{\"name\":\"input_ids\",\"shape\":[\"batch\",128],\"dtype\":\"int64\"}]' (instead of "
-         "--input-shape)")]
+InputsOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="the signature, JSON: [{name, shape, dtype}, …] in forward's order, axis names for dynamic dimensions, "
+        'e.g. \'[{"name":"input_ids","shape":["batch",128],"dtype":"int64"}]\' (instead of '
+        "--input-shape)"
+    ),
+]
 
 # The training objective and quality-gate options `amct compress` and `amct jobs submit` share (JobCreate's fields).
-ObjectiveOpt = Annotated[str | None, typer.Option(help="cross_entropy | mse | l1 | distill_outputs; default: "
-                                                       "cross_entropy with labels, else distill_outputs")]
+ObjectiveOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="cross_entropy | mse | l1 | distill_outputs; default: cross_entropy with labels, else distill_outputs"
+    ),
+]
 DistillLossOpt = Annotated[str, typer.Option(help="distill_outputs per output: auto | kl | mse | cosine")]
 TemperatureOpt = Annotated[float, typer.Option(help="the kl temperature of distill_outputs")]
-BnRecalibrationOpt = Annotated[int, typer.Option(
-    help="compressed_retrain / prune_retrain: re-estimate the BatchNorms of the pruned model on this many "
-         "training batches before training (0: off)")]
+BnRecalibrationOpt = Annotated[
+    int,
+    typer.Option(
+        help="compressed_retrain / prune_retrain: re-estimate the BatchNorms of the pruned model on this many "
+        "training batches before training (0: off)"
+    ),
+]
 MaxAccuracyDropOpt = Annotated[float | None, typer.Option(help="quality gate on held-out top-1")]
 MinOutputCosineOpt = Annotated[float | None, typer.Option(help="quality gate on output cosine")]
 
@@ -60,8 +84,10 @@ MinOutputCosineOpt = Annotated[float | None, typer.Option(help="quality gate on 
 def _flags_show_no_type(display_type_rich):
     """typer 0.29's rich help prints `<bool>` for a flag, as if it took a value; its plain help prints
     nothing there (click's own rule: a flag has no metavar). Give the rich help the plain help's rule."""
+
     def display(self, ctx):
         return None if self.is_flag and not self.count else display_type_rich(self, ctx)
+
     return display
 
 
@@ -116,9 +142,11 @@ def resolve_api_key(api_key: str | None, data_dir: Path | None, server: str = DE
 
 def _explain(error, key: KeyChoice) -> str:
     if error.status == 401:
-        return (f"{error} (sent {key.source}). Give a key with --api-key, or the AMCT_API_KEY variable, or let the "
-                f"CLI read the local server's key file (<data dir>/{KEY_FILE}: found through --data-dir / "
-                f"AMCT_DATA_DIR, or {registry_path()}, which `amct serve` writes)")
+        return (
+            f"{error} (sent {key.source}). Give a key with --api-key, or the AMCT_API_KEY variable, or let the "
+            f"CLI read the local server's key file (<data dir>/{KEY_FILE}: found through --data-dir / "
+            f"AMCT_DATA_DIR, or {registry_path()}, which `amct serve` writes)"
+        )
     return str(error)
 
 
@@ -133,8 +161,10 @@ def service_client(server: str, api_key: str | None, data_dir: Path | None):
         try:
             yield client
         except ServiceUnreachable as e:
-            raise fail(f"cannot reach the service at {server} ({e.reason}): is `amct serve` running there? "
-                       "(--server or AMCT_SERVER names another)") from None
+            raise fail(
+                f"cannot reach the service at {server} ({e.reason}): is `amct serve` running there? "
+                "(--server or AMCT_SERVER names another)"
+            ) from None
         except ApiError as e:
             raise fail(_explain(e, key)) from None
 
@@ -159,8 +189,10 @@ def check_job_params(params: dict) -> None:
 def check_prunes(kind: str, bn_recalibration_batches: int) -> None:
     """POST /v1/jobs refuses bn_recalibration_batches for a kind that does not prune; so do the commands."""
     if bn_recalibration_batches and not JOB_KINDS[kind].prunes:
-        raise fail(f"--bn-recalibration-batches recalibrates a pruned model's BatchNorms; a {kind} job does not "
-                   "prune (compressed_retrain and prune_retrain do)")
+        raise fail(
+            f"--bn-recalibration-batches recalibrates a pruned model's BatchNorms; a {kind} job does not "
+            "prune (compressed_retrain and prune_retrain do)"
+        )
 
 
 def inputs_header(dataset: Path) -> tuple[list[int], str]:
@@ -186,9 +218,11 @@ def check_not_raw_images(dataset: Path, accept_uint8: bool) -> None:
     except (KeyError, ValueError, OSError, zipfile.BadZipFile):
         return  # unreadable: the upload's own check names the problem
     if dtype == "uint8":
-        raise fail(f"{dataset}: `inputs` are uint8 (raw 0..255 pixels); the job feeds them to the model as "
-                   "float32 0..255, unscaled. Store them as the model expects (e.g. inputs.astype('float32') / 255), "
-                   "or pass --accept-uint8 if the model scales its input itself")
+        raise fail(
+            f"{dataset}: `inputs` are uint8 (raw 0..255 pixels); the job feeds them to the model as "
+            "float32 0..255, unscaled. Store them as the model expects (e.g. inputs.astype('float32') / 255), "
+            "or pass --accept-uint8 if the model scales its input itself"
+        )
 
 
 def parse_shape(text: str | None, dataset: Path | None) -> str:
@@ -200,8 +234,10 @@ def parse_shape(text: str | None, dataset: Path | None) -> str:
     try:
         return ",".join(map(str, guess_input_shape(dataset)))
     except (KeyError, ValueError, OSError, zipfile.BadZipFile) as e:
-        raise fail(f"cannot read the input shape from {dataset} ({e}); pass --input-shape, or --inputs for a model "
-                   "with named inputs") from None
+        raise fail(
+            f"cannot read the input shape from {dataset} ({e}); pass --input-shape, or --inputs for a model "
+            "with named inputs"
+        ) from None
 
 
 def parse_inputs_option(text: str) -> list[dict]:
@@ -242,8 +278,14 @@ def progress_view(description: str = "starting") -> Iterator[tuple[Progress, obj
     (`phase`, `progress` with step/total_steps/loss, `log`; events add `state`), so `amct compress`
     and `amct jobs watch` draw the same bar.
     """
-    with Progress(TextColumn("{task.description:<15}"), BarColumn(), TaskProgressColumn(),
-                  TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=err_console) as bar:
+    with Progress(
+        TextColumn("{task.description:<15}"),
+        BarColumn(),
+        TaskProgressColumn(),
+        TextColumn("{task.fields[info]}"),
+        TimeElapsedColumn(),
+        console=err_console,
+    ) as bar:
         task = bar.add_task(description, total=1.0, info="")
 
         def show(m: dict) -> None:

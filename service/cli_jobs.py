@@ -96,47 +96,71 @@ def resolve_job(client, text: str) -> dict:
     if not matches:
         raise fail(f"no job of this project has an id starting with {text!r} (`amct jobs list` shows them)")
     if len(matches) > 1:
-        raise fail(f"{text!r} starts the ids of several jobs ({matches[0]['id']}, {matches[1]['id']}, …): "
-                   "give more characters")
+        raise fail(
+            f"{text!r} starts the ids of several jobs ({matches[0]['id']}, {matches[1]['id']}, …): give more characters"
+        )
     return matches[0]
 
 
 @jobs_app.command()
-def submit(model: Annotated[Path, typer.Option(exists=True, dir_okay=False, help="TorchScript file")],
-           cfg: Annotated[Path, typer.Option(exists=True, dir_okay=False, help="AMCT .cfg")],
-           data: Annotated[Path, typer.Option(exists=True, dir_okay=False, help=".npz or .safetensors")],
-           kind: Annotated[Kind, typer.Option()] = DEFAULT_KIND,
-           input_shape: Annotated[str | None, typer.Option(help="e.g. 1,1,28,28; default: from the dataset")] = None,
-           inputs: InputsOpt = None,
-           epochs: int = 1, batch_size: int = 64, lr: float = 1e-3, eval_fraction: float = 0.1, seed: int = 0,
-           device: Annotated[Device, typer.Option()] = DEFAULT_DEVICE,
-           deploy_format: Annotated[DeployFormat, typer.Option()] = DEFAULT_DEPLOY_FORMAT,
-           deploy_target: Annotated[DeployTarget, typer.Option(help="CPU of the onnx deploy model; auto: the "
-                                                               "worker's")] = DEFAULT_DEPLOY_TARGET,
-           objective: ObjectiveOpt = None,
-           distill_loss: DistillLossOpt = "auto",
-           temperature: TemperatureOpt = 4.0,
-           bn_recalibration_batches: BnRecalibrationOpt = 0,
-           max_accuracy_drop: MaxAccuracyDropOpt = None,
-           min_output_cosine: MinOutputCosineOpt = None,
-           world_size: Annotated[int, typer.Option(help="data-parallel ranks of a retrain job (docs/scaling.md)")] = 1,
-           nodes: Annotated[int, typer.Option(help="machines its ranks run on (world_size a multiple of it)")] = 1,
-           idempotency_key: Annotated[str | None, typer.Option(help="default: a fresh one per run")] = None,
-           accept_uint8: Annotated[bool, typer.Option("--accept-uint8", help="send uint8 inputs as they are (for "
-                                                      "a model that scales its input itself)")] = False,
-           watch_job: Annotated[bool, typer.Option("--watch", help="follow the job until it ends")] = False,
-           server: ServerOpt = DEFAULT_SERVER, api_key: ApiKeyOpt = None, data_dir: DataDirOpt = None) -> None:
+def submit(
+    model: Annotated[Path, typer.Option(exists=True, dir_okay=False, help="TorchScript file")],
+    cfg: Annotated[Path, typer.Option(exists=True, dir_okay=False, help="AMCT .cfg")],
+    data: Annotated[Path, typer.Option(exists=True, dir_okay=False, help=".npz or .safetensors")],
+    kind: Annotated[Kind, typer.Option()] = DEFAULT_KIND,
+    input_shape: Annotated[str | None, typer.Option(help="e.g. 1,1,28,28; default: from the dataset")] = None,
+    inputs: InputsOpt = None,
+    epochs: int = 1,
+    batch_size: int = 64,
+    lr: float = 1e-3,
+    eval_fraction: float = 0.1,
+    seed: int = 0,
+    device: Annotated[Device, typer.Option()] = DEFAULT_DEVICE,
+    deploy_format: Annotated[DeployFormat, typer.Option()] = DEFAULT_DEPLOY_FORMAT,
+    deploy_target: Annotated[
+        DeployTarget, typer.Option(help="CPU of the onnx deploy model; auto: the worker's")
+    ] = DEFAULT_DEPLOY_TARGET,
+    objective: ObjectiveOpt = None,
+    distill_loss: DistillLossOpt = "auto",
+    temperature: TemperatureOpt = 4.0,
+    bn_recalibration_batches: BnRecalibrationOpt = 0,
+    max_accuracy_drop: MaxAccuracyDropOpt = None,
+    min_output_cosine: MinOutputCosineOpt = None,
+    world_size: Annotated[int, typer.Option(help="data-parallel ranks of a retrain job (docs/scaling.md)")] = 1,
+    nodes: Annotated[int, typer.Option(help="machines its ranks run on (world_size a multiple of it)")] = 1,
+    idempotency_key: Annotated[str | None, typer.Option(help="default: a fresh one per run")] = None,
+    accept_uint8: Annotated[
+        bool,
+        typer.Option("--accept-uint8", help="send uint8 inputs as they are (for a model that scales its input itself)"),
+    ] = False,
+    watch_job: Annotated[bool, typer.Option("--watch", help="follow the job until it ends")] = False,
+    server: ServerOpt = DEFAULT_SERVER,
+    api_key: ApiKeyOpt = None,
+    data_dir: DataDirOpt = None,
+) -> None:
     """Upload the model, cfg and dataset, submit a job; prints the job id (alone on stdout)."""
     if inputs and input_shape:
         raise fail("give --inputs or --input-shape, not both")
     signature = parse_inputs_option(inputs) if inputs else None  # checked as the API checks it, before any upload
     shape = None if signature else parse_shape(input_shape, data)
-    params = {"epochs": epochs, "batch_size": batch_size, "lr": lr, "eval_fraction": eval_fraction, "seed": seed,
-              "device": device.value, "deploy_format": deploy_format.value, "deploy_target": deploy_target.value,
-              "objective": objective,
-              "distill_loss": distill_loss, "temperature": temperature, "max_accuracy_drop": max_accuracy_drop,
-              "min_output_cosine": min_output_cosine, "bn_recalibration_batches": bn_recalibration_batches or None,
-              "world_size": world_size if world_size > 1 else None, "nodes": nodes if nodes > 1 else None}
+    params = {
+        "epochs": epochs,
+        "batch_size": batch_size,
+        "lr": lr,
+        "eval_fraction": eval_fraction,
+        "seed": seed,
+        "device": device.value,
+        "deploy_format": deploy_format.value,
+        "deploy_target": deploy_target.value,
+        "objective": objective,
+        "distill_loss": distill_loss,
+        "temperature": temperature,
+        "max_accuracy_drop": max_accuracy_drop,
+        "min_output_cosine": min_output_cosine,
+        "bn_recalibration_batches": bn_recalibration_batches or None,
+        "world_size": world_size if world_size > 1 else None,
+        "nodes": nodes if nodes > 1 else None,
+    }
     check_job_params({k: v for k, v in params.items() if v is not None})
     check_prunes(kind.value, bn_recalibration_batches)
     if not inputs:
@@ -146,8 +170,14 @@ def submit(model: Annotated[Path, typer.Option(exists=True, dir_okay=False, help
             model_row = client.upload_model(model, shape, inputs=signature)
         cfg_row = client.upload_config(cfg, JOB_KINDS[kind.value].cfg_kind)
         data_row = client.upload_dataset(data)
-        job = client.submit(kind.value, model_row["id"], cfg_row["id"], data_row["id"],
-                            idempotency_key=idempotency_key or str(uuid.uuid4()), **params)
+        job = client.submit(
+            kind.value,
+            model_row["id"],
+            cfg_row["id"],
+            data_row["id"],
+            idempotency_key=idempotency_key or str(uuid.uuid4()),
+            **params,
+        )
         err_console.print(f"submitted {kind.value} job {job['id']} ({_status(job['status'])})")
         print(job["id"])
         if watch_job:
@@ -155,11 +185,15 @@ def submit(model: Annotated[Path, typer.Option(exists=True, dir_okay=False, help
 
 
 @jobs_app.command("list")
-def list_jobs(status: Annotated[list[str] | None, typer.Option(help="repeatable: queued, running, …")] = None,
-              kind: Annotated[list[str] | None, typer.Option(help="repeatable")] = None,
-              limit: int = 20,
-              as_json: Annotated[bool, typer.Option("--json", help="the API's JSON (whole ids), for scripts")] = False,
-              server: ServerOpt = DEFAULT_SERVER, api_key: ApiKeyOpt = None, data_dir: DataDirOpt = None) -> None:
+def list_jobs(
+    status: Annotated[list[str] | None, typer.Option(help="repeatable: queued, running, …")] = None,
+    kind: Annotated[list[str] | None, typer.Option(help="repeatable")] = None,
+    limit: int = 20,
+    as_json: Annotated[bool, typer.Option("--json", help="the API's JSON (whole ids), for scripts")] = False,
+    server: ServerOpt = DEFAULT_SERVER,
+    api_key: ApiKeyOpt = None,
+    data_dir: DataDirOpt = None,
+) -> None:
     """The newest jobs, as a table (or JSON)."""
     with service_client(server, api_key, data_dir) as client:
         page = client.list(status=status, kind=kind, limit=limit)
@@ -181,13 +215,29 @@ def _created(job: dict) -> str:
 def jobs_table(jobs: list[dict]) -> Table:
     """Fits 80 columns with every kind and phase whole: short ids, the time of day or date of creation."""
     short = short_ids([job["id"] for job in jobs])
-    table = Table(Column("id", no_wrap=True), Column("status", no_wrap=True), Column("kind", no_wrap=True),
-                  Column("done", justify="right", no_wrap=True), "phase", Column("elapsed", justify="right"),
-                  Column("created", no_wrap=True), box=None, pad_edge=False, header_style="bold")
+    table = Table(
+        Column("id", no_wrap=True),
+        Column("status", no_wrap=True),
+        Column("kind", no_wrap=True),
+        Column("done", justify="right", no_wrap=True),
+        "phase",
+        Column("elapsed", justify="right"),
+        Column("created", no_wrap=True),
+        box=None,
+        pad_edge=False,
+        header_style="bold",
+    )
     for job in jobs:
         phase = job["phase"] if job["status"] == "running" else (job.get("error") or {}).get("type", "")
-        table.add_row(short[job["id"]], _status(job["status"]), job["kind"], f"{job['progress']:.0%}", phase or "",
-                      _elapsed(job), _created(job))
+        table.add_row(
+            short[job["id"]],
+            _status(job["status"]),
+            job["kind"],
+            f"{job['progress']:.0%}",
+            phase or "",
+            _elapsed(job),
+            _created(job),
+        )
     return table
 
 
@@ -216,16 +266,18 @@ def _print_outcome(client, job: dict) -> None:
 
 
 @jobs_app.command()
-def watch(job_id: JobIdArg, server: ServerOpt = DEFAULT_SERVER, api_key: ApiKeyOpt = None,
-          data_dir: DataDirOpt = None) -> None:
+def watch(
+    job_id: JobIdArg, server: ServerOpt = DEFAULT_SERVER, api_key: ApiKeyOpt = None, data_dir: DataDirOpt = None
+) -> None:
     """Follow a job live until it ends; exit status 0 only if it succeeded."""
     with service_client(server, api_key, data_dir) as client:
         _follow(client, resolve_job(client, job_id))
 
 
 @jobs_app.command()
-def cancel(job_id: JobIdArg, server: ServerOpt = DEFAULT_SERVER, api_key: ApiKeyOpt = None,
-           data_dir: DataDirOpt = None) -> None:
+def cancel(
+    job_id: JobIdArg, server: ServerOpt = DEFAULT_SERVER, api_key: ApiKeyOpt = None, data_dir: DataDirOpt = None
+) -> None:
     """Cancel a queued job at once, or ask a running job's worker to stop it."""
     with service_client(server, api_key, data_dir) as client:
         job = client.cancel(resolve_job(client, job_id)["id"])
@@ -238,25 +290,36 @@ def _why_missing(job: dict, kinds: list[str], error: ApiError) -> str:
     wanted = ", ".join(kinds)
     if job["status"] in ("queued", "running"):
         phase = f", {job['phase']}" if job.get("phase") else ""
-        return (f"job {job['id']} is still {job['status']} ({job['progress']:.0%}{phase}): its {wanted} artifact "
-                f"comes when it succeeds; `amct jobs watch {job['id'][:SHORT_ID]}` follows it")
+        return (
+            f"job {job['id']} is still {job['status']} ({job['progress']:.0%}{phase}): its {wanted} artifact "
+            f"comes when it succeeds; `amct jobs watch {job['id'][:SHORT_ID]}` follows it"
+        )
     if job["status"] == "failed" and (job.get("error") or {}).get("type") == "quality_gate":
-        return (f"job {job['id']} failed its quality gate and kept its outputs, but none is {wanted}; "
-                f"`amct jobs download {job['id'][:SHORT_ID]}` fetches them all")
+        return (
+            f"job {job['id']} failed its quality gate and kept its outputs, but none is {wanted}; "
+            f"`amct jobs download {job['id'][:SHORT_ID]}` fetches them all"
+        )
     if job["status"] in ("failed", "cancelled"):
         cause = f" ({job['error']['type']})" if job.get("error") else ""
-        return (f"job {job['id']} {job['status']}{cause}, so it has no {wanted} artifact; `amct jobs watch "
-                f"{job['id'][:SHORT_ID]}` says why, `--kind log` fetches its engine log")
+        return (
+            f"job {job['id']} {job['status']}{cause}, so it has no {wanted} artifact; `amct jobs watch "
+            f"{job['id'][:SHORT_ID]}` says why, `--kind log` fetches its engine log"
+        )
     return error.problem.get("detail") or str(error)
 
 
 @jobs_app.command()
-def download(job_id: JobIdArg,
-             kind: Annotated[list[str] | None, typer.Option(help="artifact kind, repeatable: deploy, report, …; "
-                                                                 "default: all")] = None,
-             out: Annotated[Path, typer.Option(help="folder to write into")] = Path("."),
-             force: Annotated[bool, typer.Option("--force", help="replace files that exist in --out")] = False,
-             server: ServerOpt = DEFAULT_SERVER, api_key: ApiKeyOpt = None, data_dir: DataDirOpt = None) -> None:
+def download(
+    job_id: JobIdArg,
+    kind: Annotated[
+        list[str] | None, typer.Option(help="artifact kind, repeatable: deploy, report, …; default: all")
+    ] = None,
+    out: Annotated[Path, typer.Option(help="folder to write into")] = Path("."),
+    force: Annotated[bool, typer.Option("--force", help="replace files that exist in --out")] = False,
+    server: ServerOpt = DEFAULT_SERVER,
+    api_key: ApiKeyOpt = None,
+    data_dir: DataDirOpt = None,
+) -> None:
     """Download a job's artifacts (ONNX models, record, report, log) into a folder."""
     with service_client(server, api_key, data_dir) as client:
         job = resolve_job(client, job_id)

@@ -48,11 +48,15 @@ class ServiceUnreachable(ConnectionError):
 
 
 class AmctClient:
-    def __init__(self, base_url: str, api_key: str | None = None, timeout: float = 60.0,
-                 transport: httpx.BaseTransport | None = None) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None = None,
+        timeout: float = 60.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.http = httpx.Client(base_url=base_url.rstrip("/"), headers=headers, timeout=timeout,
-                                 transport=transport)
+        self.http = httpx.Client(base_url=base_url.rstrip("/"), headers=headers, timeout=timeout, transport=transport)
 
     def close(self) -> None:
         self.http.close()
@@ -79,20 +83,33 @@ class AmctClient:
     def _upload(self, path: str, file: str | Path, **fields: str | None) -> dict:
         file = Path(file)
         with file.open("rb") as f:
-            return self._json("POST", path, files={"file": (file.name, f)},
-                              data={k: v for k, v in fields.items() if v is not None})
+            return self._json(
+                "POST", path, files={"file": (file.name, f)}, data={k: v for k, v in fields.items() if v is not None}
+            )
 
     # -- resources ---------------------------------------------------------------------------------
     def me(self) -> dict:
         return self._json("GET", "/v1/me")
 
-    def upload_model(self, file: str | Path, input_shape: str | None = None, name: str | None = None,
-                     input_dtype: str | None = None, inputs: str | list | None = None) -> dict:
+    def upload_model(
+        self,
+        file: str | Path,
+        input_shape: str | None = None,
+        name: str | None = None,
+        input_dtype: str | None = None,
+        inputs: str | list | None = None,
+    ) -> dict:
         """`inputs`: the signature (a list of {name, shape, dtype}, or its JSON); else `input_shape`."""
         if inputs is not None and not isinstance(inputs, str):
             inputs = json.dumps(inputs)
-        return self._upload("/v1/models", file, input_shape=None if inputs else input_shape, name=name,
-                            input_dtype=input_dtype, inputs=inputs)
+        return self._upload(
+            "/v1/models",
+            file,
+            input_shape=None if inputs else input_shape,
+            name=name,
+            input_dtype=input_dtype,
+            inputs=inputs,
+        )
 
     def upload_config(self, file: str | Path, kind: str = "retrain", name: str | None = None) -> dict:
         return self._upload("/v1/configs", file, kind=kind, name=name)
@@ -100,16 +117,29 @@ class AmctClient:
     def upload_dataset(self, file: str | Path, name: str | None = None) -> dict:
         return self._upload("/v1/datasets", file, name=name)
 
-    def submit(self, kind: str, model_id: str, config_id: str, dataset_id: str,
-               idempotency_key: str | None = None, **params: Any) -> dict:
+    def submit(
+        self,
+        kind: str,
+        model_id: str,
+        config_id: str,
+        dataset_id: str,
+        idempotency_key: str | None = None,
+        **params: Any,
+    ) -> dict:
         """`params`: epochs, batch_size, lr, device, eval_fraction, seed, deploy_format (see /docs)."""
-        body = {"kind": kind, "model_id": model_id, "config_id": config_id, "dataset_id": dataset_id,
-                **{k: v for k, v in params.items() if v is not None}}
+        body = {
+            "kind": kind,
+            "model_id": model_id,
+            "config_id": config_id,
+            "dataset_id": dataset_id,
+            **{k: v for k, v in params.items() if v is not None},
+        }
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
         return self._json("POST", "/v1/jobs", json=body, headers=headers)
 
-    def list(self, status: list[str] | None = None, kind: list[str] | None = None, limit: int = 50,
-             cursor: str | None = None) -> dict:
+    def list(
+        self, status: list[str] | None = None, kind: list[str] | None = None, limit: int = 50, cursor: str | None = None
+    ) -> dict:
         """One page, newest first: `{items, next_cursor}`."""
         params = {"status": status or [], "kind": kind or [], "limit": limit}
         if cursor:
@@ -146,8 +176,9 @@ class AmctClient:
             raise ServiceUnreachable(str(self.http.base_url), e) from e
         return dest
 
-    def download_artifacts(self, job_id: str, dest: str | Path, kinds: list[str] | None = None,
-                           overwrite: bool = False) -> list[Path]:
+    def download_artifacts(
+        self, job_id: str, dest: str | Path, kinds: list[str] | None = None, overwrite: bool = False
+    ) -> list[Path]:
         """Every artifact of the job (or those of `kinds`) into the folder `dest`.
 
         Refuses with FileExistsError, before writing anything, when a file it would write exists,
@@ -157,12 +188,20 @@ class AmctClient:
         chosen = [a for a in artifacts if not kinds or a["kind"] in kinds]
         if kinds and not chosen:
             have = ", ".join(sorted({a["kind"] for a in artifacts})) or "none yet"
-            raise ApiError(404, {"title": "Not Found", "field": "kind",
-                                 "detail": f"job {job_id} has no artifact of kind {', '.join(kinds)} (it has: {have})"})
+            raise ApiError(
+                404,
+                {
+                    "title": "Not Found",
+                    "field": "kind",
+                    "detail": f"job {job_id} has no artifact of kind {', '.join(kinds)} (it has: {have})",
+                },
+            )
         names = [a["filename"] for a in chosen]
         # Two artifacts may share a filename: those get their kind as a prefix.
-        targets = [Path(dest) / (a["filename"] if names.count(a["filename"]) == 1 else f"{a['kind']}-{a['filename']}")
-                   for a in chosen]
+        targets = [
+            Path(dest) / (a["filename"] if names.count(a["filename"]) == 1 else f"{a['kind']}-{a['filename']}")
+            for a in chosen
+        ]
         existing = [str(t) for t in targets if t.exists()]
         if existing and not overwrite:
             raise FileExistsError(f"would overwrite {', '.join(existing)}")
@@ -181,8 +220,13 @@ class AmctClient:
         while True:
             try:
                 headers = {"Last-Event-ID": str(last)} if last else {}
-                with connect_sse(self.http, "GET", f"/v1/jobs/{job_id}/events", headers=headers,
-                                 timeout=httpx.Timeout(self.http.timeout.connect, read=None)) as source:
+                with connect_sse(
+                    self.http,
+                    "GET",
+                    f"/v1/jobs/{job_id}/events",
+                    headers=headers,
+                    timeout=httpx.Timeout(self.http.timeout.connect, read=None),
+                ) as source:
                     if source.response.status_code >= 400:
                         source.response.read()
                         raise ApiError(source.response.status_code, _problem(source.response))

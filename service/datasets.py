@@ -85,8 +85,9 @@ def _check_header(h) -> None:
     if h.dtype.kind not in NUMERIC_KINDS or h.dtype.names is not None:
         raise DatasetError(f"array {h.name!r} must be numeric, got dtype {h.dtype}", h.name)
     if len(h.shape) < 1 or h.shape[0] == 0:
-        raise DatasetError(f"array {h.name!r} must hold at least one sample (its first axis), got shape "
-                           f"{list(h.shape)}", h.name)
+        raise DatasetError(
+            f"array {h.name!r} must hold at least one sample (its first axis), got shape {list(h.shape)}", h.name
+        )
 
 
 def _check_arrays(arrays: dict[str, dict]) -> int:
@@ -97,15 +98,19 @@ def _check_arrays(arrays: dict[str, dict]) -> int:
     samples = arrays[first]["shape"][0]
     for name, a in arrays.items():
         if a["shape"][0] != samples:
-            raise DatasetError(f"array {name!r} has {a['shape'][0]} samples but {first!r} has {samples}; "
-                               "every array needs one row per sample", name)
+            raise DatasetError(
+                f"array {name!r} has {a['shape'][0]} samples but {first!r} has {samples}; "
+                "every array needs one row per sample",
+                name,
+            )
         if a.get("finite") is False:
             raise DatasetError(f"array {name!r} holds NaN or Inf values", name)
     labels = arrays.get("labels")
     if labels is not None:
         if len(labels["shape"]) != 1 or np.dtype(labels["dtype"]).kind not in INT_KINDS:
-            raise DatasetError(f"'labels' must be a 1-D integer array, got {labels['dtype']} {labels['shape']}",
-                               "labels")
+            raise DatasetError(
+                f"'labels' must be a 1-D integer array, got {labels['dtype']} {labels['shape']}", "labels"
+            )
         if labels["min"] < 0:
             raise DatasetError("'labels' must be class indices >= 0", "labels")
     return int(samples)
@@ -130,24 +135,31 @@ def check_against_model(description: dict, inputs: list[dict], outputs: dict | N
     # Datasets described before the streamed check have num_classes but no min/max.
     top = labels.get("max", description.get("num_classes", 1) - 1) if labels is not None else None
     if labels is not None and width is not None and top >= width:
-        raise DatasetError(f"'labels' holds class {top} but the model's output has {width} classes "
-                           f"(labels must be < {width})", "labels")
+        raise DatasetError(
+            f"'labels' holds class {top} but the model's output has {width} classes (labels must be < {width})",
+            "labels",
+        )
     if objective == "cross_entropy" and labels is None:
-        raise DatasetError("the cross_entropy objective trains on 'labels', which the dataset lacks; use "
-                           "objective distill_outputs (no labels needed)", "labels")
+        raise DatasetError(
+            "the cross_entropy objective trains on 'labels', which the dataset lacks; use "
+            "objective distill_outputs (no labels needed)",
+            "labels",
+        )
     if objective in ("mse", "l1"):
         targets = target_arrays(outputs, arrays)
         if not targets:
             names = [n for n, _ in output_leaves(outputs)] if outputs else ["output"]
-            raise DatasetError(f"the {objective} objective needs target arrays named after the outputs "
-                               f"({', '.join(names)}) or 'targets'", "targets")
+            raise DatasetError(
+                f"the {objective} objective needs target arrays named after the outputs "
+                f"({', '.join(names)}) or 'targets'",
+                "targets",
+            )
         leaves = dict(output_leaves(outputs)) if outputs else {}
         for output, array in targets.items():
             want = leaves.get(output, {}).get("shape", [None])[1:]
             got = arrays[array]["shape"][1:]
             if want and want != got:
-                raise DatasetError(f"array {array!r} has per-sample shape {got} but output {output!r} is {want}",
-                                   array)
+                raise DatasetError(f"array {array!r} has per-sample shape {got} but output {output!r} is {want}", array)
 
 
 def _check_input(spec: dict, array: str, a: dict, axes: dict[str, tuple[int, str]]) -> None:
@@ -156,18 +168,24 @@ def _check_input(spec: dict, array: str, a: dict, axes: dict[str, tuple[int, str
         raise DatasetError(f"array {array!r} is {a['dtype']}; input {spec['name']!r} takes {want}", array)
     if want not in FLOAT_DTYPES and kind not in INT_KINDS + "b":
         # Token ids and masks are never cast from floats: a float array here is the wrong array.
-        raise DatasetError(f"array {array!r} is {a['dtype']}; input {spec['name']!r} takes {want} "
-                           "(integer arrays only)", array)
+        raise DatasetError(
+            f"array {array!r} is {a['dtype']}; input {spec['name']!r} takes {want} (integer arrays only)", array
+        )
     got, dims = a["shape"][1:], spec["shape"][1:]
     if len(got) != len(dims):
-        raise DatasetError(f"array {array!r} has per-sample shape {got} but input {spec['name']!r} is {dims} "
-                           "(its shape without the batch axis)", array)
+        raise DatasetError(
+            f"array {array!r} has per-sample shape {got} but input {spec['name']!r} is {dims} "
+            "(its shape without the batch axis)",
+            array,
+        )
     for axis, (g, d) in enumerate(zip(got, dims, strict=True), start=1):
         if isinstance(d, int) and g != d:
-            raise DatasetError(f"array {array!r} has per-sample shape {got} but input {spec['name']!r} is {dims}",
-                               array)
+            raise DatasetError(
+                f"array {array!r} has per-sample shape {got} but input {spec['name']!r} is {dims}", array
+            )
         if isinstance(d, str):
             seen = axes.setdefault(d, (g, array))
             if seen[0] != g:
-                raise DatasetError(f"array {array!r} has {g} on axis {axis} ({d!r}) but {seen[1]!r} has {seen[0]}",
-                                   array)
+                raise DatasetError(
+                    f"array {array!r} has {g} on axis {axis} ({d!r}) but {seen[1]!r} has {seen[0]}", array
+                )

@@ -47,13 +47,25 @@ def check_dataset(data: Path, kind: str, inputs: list[dict], params: dict) -> st
     except Exception as e:  # the user's file, in their terms
         raise LocalJobError("bad_dataset", f"cannot read {data}: {e}") from None
     if params.get("max_accuracy_drop") is not None and not description["has_labels"]:
-        raise LocalJobError("bad_dataset", f"{data} has no 'labels': --max-accuracy-drop compares top-1 on them; "
-                                           "use --min-output-cosine")
+        raise LocalJobError(
+            "bad_dataset",
+            f"{data} has no 'labels': --max-accuracy-drop compares top-1 on them; use --min-output-cosine",
+        )
     return objective
 
 
-def compress(model: Path, cfg: Path, data: Path, kind: str, out: Path, inputs: list[dict], input_shape: list[int],
-             params: dict, device: str = "cpu", on_message: Callable[[dict], None] = lambda m: None) -> dict:
+def compress(
+    model: Path,
+    cfg: Path,
+    data: Path,
+    kind: str,
+    out: Path,
+    inputs: list[dict],
+    input_shape: list[int],
+    params: dict,
+    device: str = "cpu",
+    on_message: Callable[[dict], None] = lambda m: None,
+) -> dict:
     """Run one job here; returns `{metrics, report, files: {artifact kind: path in out}}`.
 
     `inputs` is the model's signature (job_process/signature.py) and `input_shape` the first input's
@@ -65,9 +77,18 @@ def compress(model: Path, cfg: Path, data: Path, kind: str, out: Path, inputs: l
     # Absolute: the child starts in the work folder, where a path relative to ours would point elsewhere.
     workdir = Path(tempfile.mkdtemp(prefix=".amct-work-", dir=out.resolve()))
     try:
-        spec = {"kind": kind, "device": device, "params": params, "input_shape": input_shape,
-                "input_dtype": inputs[0]["dtype"], "inputs": inputs, "dataset_format": fmt,
-                "model": str(model.resolve()), "cfg": str(cfg.resolve()), "dataset": str(data.resolve())}
+        spec = {
+            "kind": kind,
+            "device": device,
+            "params": params,
+            "input_shape": input_shape,
+            "input_dtype": inputs[0]["dtype"],
+            "inputs": inputs,
+            "dataset_format": fmt,
+            "model": str(model.resolve()),
+            "cfg": str(cfg.resolve()),
+            "dataset": str(data.resolve()),
+        }
         (workdir / SPEC_FILE).write_text(json.dumps(spec))
         # Leaving the block kills it if it still runs: Ctrl-C or a failing callback takes the engine down with us.
         with ChildProcess(workdir, read_only=[model, cfg, data]) as child:
@@ -78,7 +99,9 @@ def compress(model: Path, cfg: Path, data: Path, kind: str, out: Path, inputs: l
         if returncode == 0 and (result := child.result()) is not None:
             return _collect(result, out)
         error = child.error() or {
-            "type": "crashed", "detail": f"the engine process exited with code {returncode}; see {out / 'engine.log'}"}
+            "type": "crashed",
+            "detail": f"the engine process exited with code {returncode}; see {out / 'engine.log'}",
+        }
         raise LocalJobError(error["type"], error["detail"])
     finally:
         shutil.rmtree(workdir, ignore_errors=True)

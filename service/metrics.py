@@ -63,8 +63,9 @@ class JobCollector:
 
     def _jobs(self, session) -> Metric:
         counts = {(s, k): 0 for s in jobstate.STATES for k in JOB_KINDS}  # zeros too: a missing series is no 0
-        for status, kind, n in session.execute(select(Job.status, Job.kind, func.count()).group_by(Job.status,
-                                                                                                   Job.kind)):
+        for status, kind, n in session.execute(
+            select(Job.status, Job.kind, func.count()).group_by(Job.status, Job.kind)
+        ):
             counts[(status, kind)] = n
         family = GaugeMetricFamily("amct_jobs", "jobs by state and kind, all projects", labels=["state", "kind"])
         for (status, kind), n in sorted(counts.items()):
@@ -75,8 +76,7 @@ class JobCollector:
         """Queued jobs per device queue: the database's count, which a broker's own (unacked, redelivered,
         revoked messages) can disagree with."""
         depth = {self.settings.queue_for(d): 0 for d in DEVICES}
-        rows = session.execute(select(Job.queue, func.count()).where(Job.status == jobstate.QUEUED)
-                               .group_by(Job.queue))
+        rows = session.execute(select(Job.queue, func.count()).where(Job.status == jobstate.QUEUED).group_by(Job.queue))
         depth.update(dict(rows.all()))
         family = GaugeMetricFamily("amct_queue_depth", "jobs waiting for a worker, per queue", labels=["queue"])
         for queue, n in sorted(depth.items()):
@@ -86,12 +86,16 @@ class JobCollector:
     def _durations(self, session) -> Metric:
         seconds = _duration_s(session.bind.dialect.name)
         buckets = [func.sum(case((seconds <= b, 1), else_=0)) for b in DURATION_BUCKETS]
-        query = (select(Job.kind, Job.status, func.count(), func.coalesce(func.sum(seconds), 0.0), *buckets)
-                 .where(Job.status.in_(jobstate.TERMINAL), Job.started_at.is_not(None), Job.finished_at.is_not(None))
-                 .group_by(Job.kind, Job.status))
-        family = HistogramMetricFamily("amct_job_duration_seconds",
-                                       "run time of finished jobs, from start to end (queued time excluded)",
-                                       labels=["kind", "state"])
+        query = (
+            select(Job.kind, Job.status, func.count(), func.coalesce(func.sum(seconds), 0.0), *buckets)
+            .where(Job.status.in_(jobstate.TERMINAL), Job.started_at.is_not(None), Job.finished_at.is_not(None))
+            .group_by(Job.kind, Job.status)
+        )
+        family = HistogramMetricFamily(
+            "amct_job_duration_seconds",
+            "run time of finished jobs, from start to end (queued time excluded)",
+            labels=["kind", "state"],
+        )
         for kind, status, count, total, *cumulative in session.execute(query):
             edges = [(str(float(b)), int(c or 0)) for b, c in zip(DURATION_BUCKETS, cumulative, strict=True)]
             family.add_metric([kind, status], edges + [("+Inf", int(count))], sum_value=float(total))
@@ -103,9 +107,13 @@ def make_registry(sessions, settings: Settings) -> tuple[CollectorRegistry, Hist
     registry = CollectorRegistry()
     ProcessCollector(registry=registry)
     registry.register(JobCollector(sessions, settings))
-    latency = Histogram("amct_http_request_duration_seconds",
-                        "HTTP request latency until the response starts, by route template",
-                        ["method", "route", "status"], buckets=HTTP_BUCKETS, registry=registry)
+    latency = Histogram(
+        "amct_http_request_duration_seconds",
+        "HTTP request latency until the response starts, by route template",
+        ["method", "route", "status"],
+        buckets=HTTP_BUCKETS,
+        registry=registry,
+    )
     return registry, latency
 
 
@@ -131,8 +139,7 @@ class HttpMetricsMiddleware:
         def observe(status: int) -> None:
             nonlocal done
             done = True
-            self.latency.labels(scope["method"], _route(scope, root), str(status)).observe(
-                time.perf_counter() - start)
+            self.latency.labels(scope["method"], _route(scope, root), str(status)).observe(time.perf_counter() - start)
 
         async def timed_send(message) -> None:
             if message["type"] == "http.response.start" and not done:
@@ -151,5 +158,5 @@ def _route(scope, root: str) -> str:
     if route is not None and getattr(route, "path", None):
         return route.path
     # A mount (the dashboard's static files) records itself in root_path, not in "route".
-    mounted = scope.get("root_path", "")[len(root):]
+    mounted = scope.get("root_path", "")[len(root) :]
     return mounted or "unmatched"

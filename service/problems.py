@@ -14,25 +14,52 @@ from python_multipart.exceptions import ParseError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 PROBLEM_JSON = "application/problem+json"
-_TITLES = {400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found", 405: "Method Not Allowed",
-           409: "Conflict", 413: "Content Too Large", 415: "Unsupported Media Type", 422: "Unprocessable Content",
-           429: "Too Many Requests", 500: "Internal Server Error", 503: "Service Unavailable"}
+_TITLES = {
+    400: "Bad Request",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    409: "Conflict",
+    413: "Content Too Large",
+    415: "Unsupported Media Type",
+    422: "Unprocessable Content",
+    429: "Too Many Requests",
+    500: "Internal Server Error",
+    503: "Service Unavailable",
+}
 log = logging.getLogger(__name__)
 
 
 class Problem(Exception):
     """Raise from a route: becomes a problem+json response. Extra keyword fields are members."""
 
-    def __init__(self, status: int, detail: str, *, type_: str = "about:blank", title: str | None = None,
-                 field: str | None = None, headers: dict[str, str] | None = None, **extra: Any) -> None:
+    def __init__(
+        self,
+        status: int,
+        detail: str,
+        *,
+        type_: str = "about:blank",
+        title: str | None = None,
+        field: str | None = None,
+        headers: dict[str, str] | None = None,
+        **extra: Any,
+    ) -> None:
         super().__init__(detail)
         self.status, self.detail, self.type, self.headers = status, detail, type_, headers
         self.title = title or _TITLES.get(status, "Error")
         self.extra = {"field": field, **extra} if field else extra
 
 
-def problem_response(status: int, title: str, detail: str, instance: str, type_: str = "about:blank",
-                     headers: dict[str, str] | None = None, **extra: Any) -> JSONResponse:
+def problem_response(
+    status: int,
+    title: str,
+    detail: str,
+    instance: str,
+    type_: str = "about:blank",
+    headers: dict[str, str] | None = None,
+    **extra: Any,
+) -> JSONResponse:
     body = {"type": type_, "title": title, "status": status, "detail": detail, "instance": instance, **extra}
     return JSONResponse(body, status_code=status, media_type=PROBLEM_JSON, headers=headers)
 
@@ -83,18 +110,22 @@ def _document_problems(schema: dict) -> dict:
                 entry["content"] = problem
                 if status == 401:
                     entry.setdefault("headers", {})["WWW-Authenticate"] = {
-                        "description": "Bearer", "schema": {"type": "string"}}
+                        "description": "Bearer",
+                        "schema": {"type": "string"},
+                    }
     for unused in ("HTTPValidationError", "ValidationError"):
         if f'"#/components/schemas/{unused}"' not in json.dumps(schema["paths"]):
             components.pop(unused, None)
     return schema
 
 
-_ERROR_DOCS = {400: "the body could not be parsed",
-               401: "no API key, or an unknown or revoked one",
-               403: "the API key lacks the scope this needs",
-               404: "no such resource in the caller's project",
-               422: "a parameter or body field is invalid; `field` names it"}
+_ERROR_DOCS = {
+    400: "the body could not be parsed",
+    401: "no API key, or an unknown or revoked one",
+    403: "the API key lacks the scope this needs",
+    404: "no such resource in the caller's project",
+    422: "a parameter or body field is invalid; `field` names it",
+}
 
 
 def document(app: FastAPI) -> None:
@@ -119,29 +150,41 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(Problem)
     async def _problem(request: Request, exc: Problem):
-        return problem_response(exc.status, exc.title, exc.detail, request.url.path, exc.type,
-                                exc.headers, **exc.extra)
+        return problem_response(exc.status, exc.title, exc.detail, request.url.path, exc.type, exc.headers, **exc.extra)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError):
         errors = [_error(e) for e in exc.errors()]
         detail = "; ".join(f"{e['field']}: {e['message']}" for e in errors)
-        return problem_response(422, "Unprocessable Content", detail, request.url.path,
-                                field=errors[0]["field"] if errors else None, errors=errors)
+        return problem_response(
+            422,
+            "Unprocessable Content",
+            detail,
+            request.url.path,
+            field=errors[0]["field"] if errors else None,
+            errors=errors,
+        )
 
     @app.exception_handler(ParseError)
     async def _bad_multipart(request: Request, exc: ParseError):
         # The upload routes parse their multipart body as it streams in: a broken body surfaces here.
-        return problem_response(400, "Bad Request", f"the multipart/form-data body is malformed: {exc}",
-                                request.url.path, field="body")
+        return problem_response(
+            400, "Bad Request", f"the multipart/form-data body is malformed: {exc}", request.url.path, field="body"
+        )
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):
-        return problem_response(exc.status_code, _TITLES.get(exc.status_code, "Error"), str(exc.detail),
-                                request.url.path, headers=getattr(exc, "headers", None))
+        return problem_response(
+            exc.status_code,
+            _TITLES.get(exc.status_code, "Error"),
+            str(exc.detail),
+            request.url.path,
+            headers=getattr(exc, "headers", None),
+        )
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception):
         log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return problem_response(500, "Internal Server Error", "an unexpected error occurred; see the server log",
-                                request.url.path)
+        return problem_response(
+            500, "Internal Server Error", "an unexpected error occurred; see the server log", request.url.path
+        )

@@ -35,10 +35,14 @@ def _transport_options(settings: Settings) -> dict:
         (folder / "control").mkdir(parents=True, exist_ok=True)
         # The same folder in and out: producer and consumer are different processes on one machine.
         # control_folder too, or kombu writes its broadcast exchanges to ./control in the CWD.
-        return {"data_folder_in": str(folder / "queue"), "data_folder_out": str(folder / "queue"),
-                "processed_folder": str(folder / "processed"), "control_folder": str(folder / "control"),
-                "store_processed": False,
-                "polling_interval": settings.broker_poll_s}
+        return {
+            "data_folder_in": str(folder / "queue"),
+            "data_folder_out": str(folder / "queue"),
+            "processed_folder": str(folder / "processed"),
+            "control_folder": str(folder / "control"),
+            "store_processed": False,
+            "polling_interval": settings.broker_poll_s,
+        }
     # Redis re-delivers an unacked message after visibility_timeout: it must outlive any job.
     return {"visibility_timeout": settings.visibility_timeout_s}
 
@@ -74,9 +78,13 @@ def make_celery(settings: Settings | None = None, include: Sequence[str] = ()) -
         task_time_limit=settings.job_time_limit_s + 600,
         # `expires`: reap messages that waited behind a long job are dropped, not run back to back
         # (a few intervals, so that one late by less than that on a busy machine still runs).
-        beat_schedule={"reap-lost-jobs": {"task": REAP_TASK, "schedule": settings.reap_interval_s,
-                                          "options": {"queue": settings.queue_for("cpu"),
-                                                      "expires": 3 * settings.reap_interval_s}}},
+        beat_schedule={
+            "reap-lost-jobs": {
+                "task": REAP_TASK,
+                "schedule": settings.reap_interval_s,
+                "options": {"queue": settings.queue_for("cpu"), "expires": 3 * settings.reap_interval_s},
+            }
+        },
         worker_send_task_events=False,
     )
     app.amct_settings = settings  # the tasks read the same settings the app was built from
@@ -94,8 +102,14 @@ class Dispatcher:
         re-send (or a second delivery) is harmless because the worker claims the row atomically.
         """
         try:
-            self.celery.send_task(RUN_JOB_TASK, args=[job_id], queue=queue, task_id=job_id,
-                                  retry=True, retry_policy={"max_retries": 3, "interval_start": 0.2})
+            self.celery.send_task(
+                RUN_JOB_TASK,
+                args=[job_id],
+                queue=queue,
+                task_id=job_id,
+                retry=True,
+                retry_policy={"max_retries": 3, "interval_start": 0.2},
+            )
         except Exception:
             log.exception("could not enqueue job %s on %s", job_id, queue)
             return False
@@ -104,9 +118,14 @@ class Dispatcher:
     def enqueue_join(self, job_id: str, attempt: int, node_rank: int, queue: str) -> bool:
         """Ask a worker of `queue` to run node `node_rank` of the job's attempt (worker/nodes.py)."""
         try:
-            self.celery.send_task(JOIN_TASK, args=[job_id, attempt, node_rank], queue=queue,
-                                  task_id=f"{job_id}:{attempt}:{node_rank}", retry=True,
-                                  retry_policy={"max_retries": 3, "interval_start": 0.2})
+            self.celery.send_task(
+                JOIN_TASK,
+                args=[job_id, attempt, node_rank],
+                queue=queue,
+                task_id=f"{job_id}:{attempt}:{node_rank}",
+                retry=True,
+                retry_policy={"max_retries": 3, "interval_start": 0.2},
+            )
         except Exception:
             log.exception("could not enqueue node %d of job %s on %s", node_rank, job_id, queue)
             return False

@@ -44,8 +44,14 @@ def reap_once(settings: Settings, dispatcher: Dispatcher) -> dict:
         removed = _remove_dead_folders(session, settings.tmp_dir)
     for job_id, queue in requeued + resent:  # after the commit, as at submit
         dispatcher.enqueue(job_id, queue)
-    return {"requeued": [j for j, _ in requeued], "failed": failed, "cancelled": cancelled,
-            "resent": [j for j, _ in resent], "unserved": unserved, "folders_removed": removed}
+    return {
+        "requeued": [j for j, _ in requeued],
+        "failed": failed,
+        "cancelled": cancelled,
+        "resent": [j for j, _ in resent],
+        "unserved": unserved,
+        "folders_removed": removed,
+    }
 
 
 def _fail_unserved(session, settings: Settings) -> list[str]:
@@ -60,8 +66,11 @@ def _fail_unserved(session, settings: Settings) -> list[str]:
     if not queues:
         return []
     before = jobstate.utcnow() - timedelta(seconds=settings.unserved_wait_s)
-    waiting = session.execute(select(Job.id, Job.queue, Job.device).where(
-        Job.status == jobstate.QUEUED, Job.updated_at < before, Job.queue.not_in(queues))).all()
+    waiting = session.execute(
+        select(Job.id, Job.queue, Job.device).where(
+            Job.status == jobstate.QUEUED, Job.updated_at < before, Job.queue.not_in(queues)
+        )
+    ).all()
     failed = []
     for job_id, queue, device in waiting:
         prefix = workers.prefix_of(queue)
@@ -69,8 +78,13 @@ def _fail_unserved(session, settings: Settings) -> list[str]:
             continue
         served = [d for d in DEVICES if f"{prefix}.{d}" in queues]
         detail = workers.unserved_message(device, served) + f" (waited {settings.unserved_wait_s:g} s)"
-        if jobstate.transition(session, job_id, jobstate.QUEUED, jobstate.FAILED,
-                               values={"error_type": "no_worker", "error_detail": detail}):
+        if jobstate.transition(
+            session,
+            job_id,
+            jobstate.QUEUED,
+            jobstate.FAILED,
+            values={"error_type": "no_worker", "error_detail": detail},
+        ):
             failed.append(job_id)
     return failed
 
@@ -91,11 +105,12 @@ def _remove_dead_folders(session, scratch: Path) -> int:
     finished, or gone belongs to a dead one. Its checkpoints are in the store already (uploaded as
     they were announced), so nothing the next attempt needs is lost. ~6 MB each for a small CNN.
     """
-    folders = {p: p.name[len(JOB_FOLDER_PREFIX):].rsplit("-", 1)[0] for p in job_folders(scratch)}
+    folders = {p: p.name[len(JOB_FOLDER_PREFIX) :].rsplit("-", 1)[0] for p in job_folders(scratch)}
     if not folders:
         return 0
-    running = set(session.scalars(select(Job.id).where(Job.id.in_(set(folders.values())),
-                                                       Job.status == jobstate.RUNNING)))
+    running = set(
+        session.scalars(select(Job.id).where(Job.id.in_(set(folders.values())), Job.status == jobstate.RUNNING))
+    )
     dead = [p for p, job_id in folders.items() if job_id not in running]
     for folder in dead:
         shutil.rmtree(folder, ignore_errors=True)
@@ -111,22 +126,31 @@ def _stale_queued(session, after_s: float, dispatcher: Dispatcher) -> list[tuple
     cannot tell its depth. Their updated_at is bumped, so each is re-sent at most once per period.
     """
     now = jobstate.utcnow()
-    stale = session.execute(select(Job.id, Job.queue).where(
-        Job.status == jobstate.QUEUED, Job.updated_at < now - timedelta(seconds=after_s))
-        .order_by(Job.created_at)).all()
+    stale = session.execute(
+        select(Job.id, Job.queue)
+        .where(Job.status == jobstate.QUEUED, Job.updated_at < now - timedelta(seconds=after_s))
+        .order_by(Job.created_at)
+    ).all()
     chosen: list[tuple[str, str]] = []
     for queue in sorted({q for _, q in stale}):
         waiting = dispatcher.pending_messages(queue)
         candidates = [(j, q) for j, q in stale if q == queue]
         if waiting is not None:
             queued = session.scalar(select(func.count()).where(Job.status == jobstate.QUEUED, Job.queue == queue))
-            candidates = candidates[:max(0, queued - waiting)]
+            candidates = candidates[: max(0, queued - waiting)]
         chosen += candidates
     if chosen:
-        session.execute(update(Job).where(Job.id.in_([j for j, _ in chosen]), Job.status == jobstate.QUEUED)
-                        .values(updated_at=now))
+        session.execute(
+            update(Job).where(Job.id.in_([j for j, _ in chosen]), Job.status == jobstate.QUEUED).values(updated_at=now)
+        )
     for job_id, _ in chosen:
-        jobstate.add_event(session, job_id, "log",
-                           {"message": f"re-sent to the queue: not claimed for {after_s:g} s and its message "
-                                       "is missing from the broker"})
+        jobstate.add_event(
+            session,
+            job_id,
+            "log",
+            {
+                "message": f"re-sent to the queue: not claimed for {after_s:g} s and its message "
+                "is missing from the broker"
+            },
+        )
     return chosen

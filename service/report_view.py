@@ -30,8 +30,14 @@ def report_rows(report: dict) -> list[tuple[str, str, str, str]]:
     size = report["onnx_size_bytes"]
     rows.append(("ONNX size", _bytes(size["fp32"]), _bytes(size["deploy"]), _ratio(size["fp32"], size["deploy"])))
     params = report["parameters"]
-    rows.append(("parameters", f"{params['original']:,}", f"{params['deploy']['total']:,}",
-                 _ratio(params["original"], params["deploy"]["total"])))
+    rows.append(
+        (
+            "parameters",
+            f"{params['original']:,}",
+            f"{params['deploy']['total']:,}",
+            _ratio(params["original"], params["deploy"]["total"]),
+        )
+    )
     # Weight tensors only; in the deploy model the integer codes that differ from their zero point.
     before, after = params["fp32"].get("nonzero_weights"), params["deploy"].get("nonzero_weights")
     if before is not None and after is not None:
@@ -39,12 +45,24 @@ def report_rows(report: dict) -> list[tuple[str, str, str, str]]:
     samples = report["eval"]["samples"]
     if "accuracy" in report:
         acc = report["accuracy"]
-        rows.append((f"accuracy ({report['eval']['split']}, {samples} samples)", f"{acc['fp32']:.4f}",
-                     f"{acc['deploy']:.4f}", f"{(acc['deploy'] - acc['fp32']) * 100:+.2f} pts"))
+        rows.append(
+            (
+                f"accuracy ({report['eval']['split']}, {samples} samples)",
+                f"{acc['fp32']:.4f}",
+                f"{acc['deploy']:.4f}",
+                f"{(acc['deploy'] - acc['fp32']) * 100:+.2f} pts",
+            )
+        )
     rows += output_rows(report)
     latency = report["latency_ms"]
-    rows.append((f"latency, median (batch {latency['fp32']['batch']})", f"{latency['fp32']['median']:.3f} ms",
-                 f"{latency['deploy']['median']:.3f} ms", f"speed-up {latency['speedup']:.2f}×"))
+    rows.append(
+        (
+            f"latency, median (batch {latency['fp32']['batch']})",
+            f"{latency['fp32']['median']:.3f} ms",
+            f"{latency['deploy']['median']:.3f} ms",
+            f"speed-up {latency['speedup']:.2f}×",
+        )
+    )
     formats = report.get("formats", {})
     if formats:
         rows.append(("format", formats.get("fp32", "onnx"), formats.get("deploy", "onnx"), ""))
@@ -62,8 +80,9 @@ def output_rows(report: dict) -> list[tuple[str, str, str, str]]:
             rows.append((f"top-1 agreement with FP32{label}", "1.0000", f"{agreement['top1_agreement']:.4f}", ""))
         rows.append((f"output cosine with FP32{label}", "1.0000", f"{agreement['mean_cosine']:.4f}", ""))
         if "max_abs_diff" in agreement:
-            rows.append((f"max abs difference{label}", "0", f"{agreement['max_abs_diff']:.4f}",
-                         f"MSE {agreement['mse']:.6f}"))
+            rows.append(
+                (f"max abs difference{label}", "0", f"{agreement['max_abs_diff']:.4f}", f"MSE {agreement['mse']:.6f}")
+            )
     gate = report.get("quality_gate")
     if gate and not gate["passed"]:
         rows.append(("quality gate", "", "FAILED", "; ".join(gate["failures"])))
@@ -73,8 +92,12 @@ def output_rows(report: dict) -> list[tuple[str, str, str, str]]:
 def summary_table(report: dict, title: str | None = None) -> Table:
     rows = report_rows(report)
     notes = NONZERO_NOTE if any(row[0] == NONZERO_LABEL for row in rows) else None
-    table = Table(title=title or f"{report.get('kind', 'compression')}: FP32 → deploy", title_justify="left",
-                  caption=notes, caption_justify="left")
+    table = Table(
+        title=title or f"{report.get('kind', 'compression')}: FP32 → deploy",
+        title_justify="left",
+        caption=notes,
+        caption_justify="left",
+    )
     table.add_column("")
     table.add_column("before (FP32)", justify="right")
     table.add_column("after (deploy)", justify="right")
@@ -93,18 +116,30 @@ def layer_tables(report: dict) -> list[Table | Text]:
     dashboard's job page shows them."""
     tables = []
     if "sensitivity" in report:
-        table = Table("layer", "variant", "damage", "MACs", "weights", title="per-layer sensitivity, worst first",
-                      title_justify="left")
+        table = Table(
+            "layer",
+            "variant",
+            "damage",
+            "MACs",
+            "weights",
+            title="per-layer sensitivity, worst first",
+            title_justify="left",
+        )
         for row in report["sensitivity"]["rows"]:
-            table.add_row(row["layer"], row["variant"], _damage(row), f"{row['macs_share']:.1%}",
-                          f"{row['bytes_share']:.1%}")
+            table.add_row(
+                row["layer"], row["variant"], _damage(row), f"{row['macs_share']:.1%}", f"{row['bytes_share']:.1%}"
+            )
         tables.append(table)
     if "mixed_precision" in report:
         mp = report["mixed_precision"]
         budget = ", ".join(f"{k} {v}" for k, v in mp["budget"].items())
         # A line of its own: a table title wraps at the (narrow) table's width.
-        tables.append(Text(f"mixed precision ({budget}): deploy {_damage(mp['deployed'])}, weights "
-                           f"{_bytes(mp['weight_bytes'])} vs {_bytes(mp['int8_weight_bytes'])} all-INT8"))
+        tables.append(
+            Text(
+                f"mixed precision ({budget}): deploy {_damage(mp['deployed'])}, weights "
+                f"{_bytes(mp['weight_bytes'])} vs {_bytes(mp['int8_weight_bytes'])} all-INT8"
+            )
+        )
         table = Table("layer", "precision")
         for layer, precision in mp["precisions"].items():
             table.add_row(layer, precision)

@@ -73,8 +73,11 @@ def control_character(value: str) -> str | None:
 
 def _no_control_characters(value: str) -> str:
     if (char := control_character(value)) is not None:
-        raise PydanticCustomError("control_character", "contains a control character ({char}); ids, names "
-                                  "and filenames may not", {"char": char})
+        raise PydanticCustomError(
+            "control_character",
+            "contains a control character ({char}); ids, names and filenames may not",
+            {"char": char},
+        )
     return value
 
 
@@ -104,10 +107,13 @@ class ModelOut(_Out):
     input_dtype: str
     inputs: list[dict[str, Any]] = Field(
         validation_alias="signature",
-        description="the signature: [{name, shape, dtype}], a dimension an integer or an axis name (dynamic)")
+        description="the signature: [{name, shape, dtype}], a dimension an integer or an axis name (dynamic)",
+    )
     outputs: dict[str, Any] | None = Field(
-        None, description="the output structure the upload check recorded: {type: tensor, shape, dtype} | "
-                          "{type: tuple, items: [...]} | {type: dict, items: {key: ...}}")
+        None,
+        description="the output structure the upload check recorded: {type: tensor, shape, dtype} | "
+        "{type: tuple, items: [...]} | {type: dict, items: {key: ...}}",
+    )
     status: Literal["validating", "ready", "invalid"]
     status_detail: str | None = None
     layers: dict[str, Any] | None = None
@@ -151,37 +157,58 @@ class JobCreate(BaseModel):
         "onnx", description="deploy model layout (GET /v1/meta lists each format with what it is for)"
     )
     deploy_target: DeployTarget = Field(
-        "auto", description="CPU the onnx deploy model is written for: int8 weights for VNNI x86 and ARM (x86_amx: "
-                            "big convs on onnxruntime's AMX kernels), exact uint8 + 128 codes for x86 without VNNI; "
-                            "auto: the worker's CPU (the report says which)"
+        "auto",
+        description="CPU the onnx deploy model is written for: int8 weights for VNNI x86 and ARM (x86_amx: "
+        "big convs on onnxruntime's AMX kernels), exact uint8 + 128 codes for x86 without VNNI; "
+        "auto: the worker's CPU (the report says which)",
     )
     objective: Objective | None = Field(
-        None, description="what a retrain kind trains for: cross_entropy (against `labels`), mse / l1 (against "
-                          "target arrays named after the outputs, or `targets`), distill_outputs (match the "
-                          "original FP32 model's outputs on the same batch, no labels needed). Default: "
-                          "cross_entropy when the dataset has labels, else distill_outputs")
+        None,
+        description="what a retrain kind trains for: cross_entropy (against `labels`), mse / l1 (against "
+        "target arrays named after the outputs, or `targets`), distill_outputs (match the "
+        "original FP32 model's outputs on the same batch, no labels needed). Default: "
+        "cross_entropy when the dataset has labels, else distill_outputs",
+    )
     distill_loss: DistillLoss = Field(
-        "auto", description="distill_outputs per output: kl (temperature-softened class distributions), mse, "
-                            "cosine; auto: kl for a classifier's logits (a dataset with labels), mse otherwise")
+        "auto",
+        description="distill_outputs per output: kl (temperature-softened class distributions), mse, "
+        "cosine; auto: kl for a classifier's logits (a dataset with labels), mse otherwise",
+    )
     temperature: float = Field(4.0, gt=0, le=100, description="the kl temperature of distill_outputs")
     bn_recalibration_batches: int = Field(
-        0, ge=0, le=1000, description="the kinds that prune (compressed_retrain, prune_retrain): re-estimate every "
-                                      "BatchNorm's statistics on this many training batches right after the channels "
-                                      "go, before training (no labels needed; the engine's calibration_data). These "
-                                      "batches also feed a data-driven importance criterion (importance: \"taylor\" "
-                                      "in the cfg). Default 0: off")
+        0,
+        ge=0,
+        le=1000,
+        description="the kinds that prune (compressed_retrain, prune_retrain): re-estimate every "
+        "BatchNorm's statistics on this many training batches right after the channels "
+        "go, before training (no labels needed; the engine's calibration_data). These "
+        'batches also feed a data-driven importance criterion (importance: "taylor" '
+        "in the cfg). Default 0: off",
+    )
     max_accuracy_drop: float | None = Field(
-        None, ge=0, le=1, description="quality gate: fail the job (error.type quality_gate, artifacts kept) when "
-                                      "the deploy model's held-out top-1 is more than this below the FP32 model's "
-                                      "(needs labels). Default: off")
+        None,
+        ge=0,
+        le=1,
+        description="quality gate: fail the job (error.type quality_gate, artifacts kept) when "
+        "the deploy model's held-out top-1 is more than this below the FP32 model's "
+        "(needs labels). Default: off",
+    )
     min_output_cosine: float | None = Field(
-        None, ge=-1, le=1, description="quality gate: fail the job when the mean cosine of the deploy model's "
-                                       "outputs to the FP32 model's, on the held-out split, is below this (the "
-                                       "lowest output). Default: off")
+        None,
+        ge=-1,
+        le=1,
+        description="quality gate: fail the job when the mean cosine of the deploy model's "
+        "outputs to the FP32 model's, on the held-out split, is below this (the "
+        "lowest output). Default: off",
+    )
     world_size: int = Field(
-        1, ge=1, le=64, description="data-parallel ranks (torch.distributed: gloo on cpu, nccl on cuda, hccl on "
-                                    "npu), each training on its slice of every `batch_size` batch; the retrain "
-                                    "kinds only. 1: one process")
+        1,
+        ge=1,
+        le=64,
+        description="data-parallel ranks (torch.distributed: gloo on cpu, nccl on cuda, hccl on "
+        "npu), each training on its slice of every `batch_size` batch; the retrain "
+        "kinds only. 1: one process",
+    )
     nodes: int = Field(1, ge=1, le=16, description="machines the ranks run on; world_size must be a multiple of it")
 
 
@@ -270,8 +297,10 @@ class Me(BaseModel):
 class JobKindInfo(BaseModel):
     name: str
     cfg_kind: CfgKind = Field(description="the cfg a job of this kind takes (POST /v1/configs `kind`)")
-    needs_labels: bool = Field(description="a retraining kind: trains with an `objective` (cross_entropy on the "
-                                           "dataset's `labels`, or distill_outputs without them)")
+    needs_labels: bool = Field(
+        description="a retraining kind: trains with an `objective` (cross_entropy on the "
+        "dataset's `labels`, or distill_outputs without them)"
+    )
     description: str
 
 
@@ -282,7 +311,8 @@ class DeployFormatInfo(BaseModel):
 
 class SandboxInfo(BaseModel):
     mode: Literal["bubblewrap", "unsafe-no-sandbox", "unavailable"] = Field(
-        description="how user models run: in bubblewrap, without isolation (the operator's opt-out), or refused")
+        description="how user models run: in bubblewrap, without isolation (the operator's opt-out), or refused"
+    )
     detail: str
     seccomp: bool
 
@@ -295,10 +325,10 @@ class Meta(BaseModel):
     deploy_targets: list[str] = Field(description="the `deploy_target` values, `auto` first")
     devices: list[Device]
     objectives: list[Objective] = Field(description="the `objective` values of a retraining job (JobCreate)")
-    distill_losses: list[DistillLoss] = Field(description="the `distill_loss` values of distill_outputs, `auto` "
-                                                          "first")
+    distill_losses: list[DistillLoss] = Field(description="the `distill_loss` values of distill_outputs, `auto` first")
     job_states: list[JobStatus]
     terminal_states: list[JobStatus]
-    defaults: dict[str, str] = Field(description="what a form offers first: `kind`, `device`, `deploy_format`, "
-                                                 "`deploy_target`, `distill_loss`")
+    defaults: dict[str, str] = Field(
+        description="what a form offers first: `kind`, `device`, `deploy_format`, `deploy_target`, `distill_loss`"
+    )
     sandbox: SandboxInfo = Field(description="the isolation user models run in (docs/security.md)")

@@ -110,8 +110,10 @@ class Settings(BaseSettings):
         # Celery's hard limit (job_time_limit_s + 600). A lease shorter than two heartbeats expires
         # under a live worker.
         if self.visibility_timeout_s <= self.job_time_limit_s + 600:
-            raise ValueError(f"visibility_timeout_s ({self.visibility_timeout_s}) must exceed job_time_limit_s + 600 "
-                             f"({self.job_time_limit_s + 600}), or Redis re-delivers jobs that are still running")
+            raise ValueError(
+                f"visibility_timeout_s ({self.visibility_timeout_s}) must exceed job_time_limit_s + 600 "
+                f"({self.job_time_limit_s + 600}), or Redis re-delivers jobs that are still running"
+            )
         if self.lease_s < 2 * self.heartbeat_s:
             raise ValueError(f"lease_s ({self.lease_s}) must be at least 2 x heartbeat_s ({self.heartbeat_s})")
         return self

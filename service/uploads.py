@@ -50,9 +50,15 @@ class _Receiver:
         self._in_file = False
 
     def callbacks(self) -> dict:
-        return {"on_part_begin": self.part_begin, "on_part_data": self.part_data, "on_part_end": self.part_end,
-                "on_header_field": self.header_field, "on_header_value": self.header_value,
-                "on_header_end": self.header_end, "on_headers_finished": self.headers_finished}
+        return {
+            "on_part_begin": self.part_begin,
+            "on_part_data": self.part_data,
+            "on_part_end": self.part_end,
+            "on_header_field": self.header_field,
+            "on_header_value": self.header_value,
+            "on_header_end": self.header_end,
+            "on_headers_finished": self.headers_finished,
+        }
 
     def part_begin(self) -> None:
         self._headers, self._name, self._text = {}, None, bytearray()
@@ -73,8 +79,11 @@ class _Receiver:
         if b"filename" not in options:
             return
         if self._name != self.file_field or self._writer is not None:
-            raise Problem(422, f"unexpected file part {self._name!r}; send one file as {self.file_field!r}",
-                          field=self._name or self.file_field)
+            raise Problem(
+                422,
+                f"unexpected file part {self._name!r}; send one file as {self.file_field!r}",
+                field=self._name or self.file_field,
+            )
         self.upload.filename = os.path.basename(options[b"filename"].decode("utf-8", "replace"))[:255]
         fd, name = tempfile.mkstemp(dir=self.tmp_dir, prefix="upload-")
         self.upload.path = Path(name)
@@ -110,8 +119,9 @@ async def receive_upload(request: Request, file_field: str, limit: int, tmp_dir:
         raise Problem(415, "send the upload as multipart/form-data", field="Content-Type")
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit + ENVELOPE_BYTES:
-        raise Problem(413, f"{file_field} is larger than the limit of {limit} bytes", field=file_field,
-                      limit_bytes=limit)
+        raise Problem(
+            413, f"{file_field} is larger than the limit of {limit} bytes", field=file_field, limit_bytes=limit
+        )
     tmp_dir.mkdir(parents=True, exist_ok=True)
     upload = Upload()
     receiver = _Receiver(upload, file_field, limit, tmp_dir)
@@ -123,8 +133,9 @@ async def receive_upload(request: Request, file_field: str, limit: int, tmp_dir:
     except LimitExceeded:
         receiver.close()
         upload.discard()
-        raise Problem(413, f"{file_field} is larger than the limit of {limit} bytes", field=file_field,
-                      limit_bytes=limit) from None
+        raise Problem(
+            413, f"{file_field} is larger than the limit of {limit} bytes", field=file_field, limit_bytes=limit
+        ) from None
     except BaseException:
         receiver.close()
         upload.discard()

@@ -71,5 +71,7 @@ def unserved(session: Session, device: str, settings: Settings) -> list[str] | N
 
 
 def unserved_message(device: str, served: list[str]) -> str:
-    return (f"no live worker serves device {device!r}; the devices served now: {', '.join(served) or 'none'}. "
-            f"Start a worker for it (amct worker --devices {device}) or choose a served device")
+    return (
+        f"no live worker serves device {device!r}; the devices served now: {', '.join(served) or 'none'}. "
+        f"Start a worker for it (amct worker --devices {device}) or choose a served device"
+    )

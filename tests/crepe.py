@@ -88,5 +88,10 @@ def pitch_errors(predicted_hz: np.ndarray, true_hz: np.ndarray) -> dict[str, flo
     """Median / mean absolute error in Hz and cents, and raw pitch accuracy (the share within 50 cents)."""
     cents = np.abs(1200 * np.log2(predicted_hz / true_hz))
     hz = np.abs(predicted_hz - true_hz)
-    return {"median_hz": float(np.median(hz)), "mean_hz": float(hz.mean()), "median_cents": float(np.median(cents)),
-            "mean_cents": float(cents.mean()), "rpa_50c": float((cents <= 50).mean())}
+    return {
+        "median_hz": float(np.median(hz)),
+        "mean_hz": float(hz.mean()),
+        "median_cents": float(np.median(cents)),
+        "mean_cents": float(cents.mean()),
+        "rpa_50c": float((cents <= 50).mean()),
+    }

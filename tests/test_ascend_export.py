@@ -125,8 +125,9 @@ def test_identical_quant_nodes_on_one_tensor_are_merged(tmp_path):
     qmodel = amct.create_quant_retrain_model(str(config), BranchesNet(), str(record), x).eval()
     with torch.no_grad():
         qmodel(x)
-    paths = amct.save_quant_retrain_model(str(config), qmodel, str(record), str(tmp_path / "b"), x,
-                                          deploy_format="ascend")
+    paths = amct.save_quant_retrain_model(
+        str(config), qmodel, str(record), str(tmp_path / "b"), x, deploy_format="ascend"
+    )
     quants = _nodes(onnx.load(paths["deploy"]), "AscendQuant")
     assert len(quants) == 2  # stem, and one shared by both branches
 
@@ -143,5 +144,11 @@ def test_bias_overflow_names_the_layer():
 def test_unknown_deploy_format_is_rejected(ascend, tmp_path):
     qmodel, _, _, _, _ = ascend
     with pytest.raises(ValueError, match="deploy_format"):
-        amct.save_quant_retrain_model(str(tmp_path / "c.json"), qmodel, str(tmp_path / "r.txt"),
-                                      str(tmp_path / "x"), INPUT, deploy_format="tensorrt")
+        amct.save_quant_retrain_model(
+            str(tmp_path / "c.json"),
+            qmodel,
+            str(tmp_path / "r.txt"),
+            str(tmp_path / "x"),
+            INPUT,
+            deploy_format="tensorrt",
+        )

@@ -9,9 +9,11 @@ from bench.prune_compare import paired
 
 def _rows(peer: float, ours: float, ratio: float = 0.5) -> list[dict]:
     pct = f"{round(ratio * 100)} %"
-    return [{"name": f"Torch-Pruning {pct}", "family": "peer", "ratio": ratio, "accuracy": peer + 0.01},
-            {"name": f"Torch-Pruning {pct} + ORT PTQ", "family": "peer", "ratio": ratio, "accuracy": peer},
-            {"name": f"amct group-L2 {pct} + INT8", "family": "ours", "ratio": ratio, "accuracy": ours}]
+    return [
+        {"name": f"Torch-Pruning {pct}", "family": "peer", "ratio": ratio, "accuracy": peer + 0.01},
+        {"name": f"Torch-Pruning {pct} + ORT PTQ", "family": "peer", "ratio": ratio, "accuracy": peer},
+        {"name": f"amct group-L2 {pct} + INT8", "family": "ours", "ratio": ratio, "accuracy": ours},
+    ]
 
 
 def test_paired_differences_are_taken_seed_by_seed_against_the_ptq_peer():
@@ -22,7 +24,7 @@ def test_paired_differences_are_taken_seed_by_seed_against_the_ptq_peer():
     assert summary["mean_pt"] == pytest.approx((0.10 + 0.05 - 0.10) / 3)
     assert summary["sd_pt"] == pytest.approx(0.1040833, rel=1e-5)
     # t(0.975, 2 degrees of freedom) = 4.3027
-    half = 4.302653 * 0.1040833 / 3 ** 0.5
+    half = 4.302653 * 0.1040833 / 3**0.5
     assert summary["ci95_pt"] == pytest.approx([summary["mean_pt"] - half, summary["mean_pt"] + half], rel=1e-5)
     assert (summary["won"], summary["tied"], summary["lost"]) == (2, 0, 1)
 

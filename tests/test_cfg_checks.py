@@ -101,12 +101,8 @@ def test_prune_ratio_one_is_excluded_and_half_is_fine():
 
 def test_empty_prune_blocks_are_rejected():
     assert_error(check_error("prune_config { }"), 1, 1, "prune_config", "prune_config is empty")
-    err = check_error(
-        'override_layer_types {\n  layer_type: "Conv2d"\n  prune_config { filter_pruner { } }\n}\n'
-    )
-    assert_error(
-        err, 3, 18, "override_layer_types[0].prune_config.filter_pruner", "balanced_l2_norm_filter_prune"
-    )
+    err = check_error('override_layer_types {\n  layer_type: "Conv2d"\n  prune_config { filter_pruner { } }\n}\n')
+    assert_error(err, 3, 18, "override_layer_types[0].prune_config.filter_pruner", "balanced_l2_norm_filter_prune")
 
 
 def test_overrides_may_mix_prune_kinds():
@@ -230,9 +226,7 @@ def test_int16_weights_with_default_int8_activations():
         'override_layer_configs {\n  layer_name: "fc"\n'
         "  retrain_weight_quant_config { arq_retrain { dst_type: INT16 } }\n}\n"
     )
-    assert_error(
-        err, 3, 47, "override_layer_configs[0].retrain_weight_quant_config.arq_retrain.dst_type", "A8W16"
-    )
+    assert_error(err, 3, 47, "override_layer_configs[0].retrain_weight_quant_config.arq_retrain.dst_type", "A8W16")
 
 
 @pytest.mark.parametrize(("act", "wts"), [("INT8", "INT8"), ("INT16", "INT8"), ("INT8", "INT4")])
@@ -359,9 +353,7 @@ def test_empty_distill_group_names():
         """,
         "distill",
     )
-    assert_error(
-        err, 4, 3, "distill_group[1].end_layer_name", "end_layer_name of distill_group[1] must not be empty"
-    )
+    assert_error(err, 4, 3, "distill_group[1].end_layer_name", "end_layer_name of distill_group[1] must not be empty")
 
 
 def test_first_problem_in_the_file_is_reported():
@@ -439,9 +431,7 @@ def test_prune_api_rejects_quant_configs():
     with pytest.raises(ConfigError) as info:
         check_cfg_for_api(doc, "prune")
     # quant_skip_layers (line 12) is the first quantization setting in the file.
-    assert_error(
-        info.value, 12, 1, "quant_skip_layers", "is a quantization setting, not allowed in a prune config"
-    )
+    assert_error(info.value, 12, 1, "quant_skip_layers", "is a quantization setting, not allowed in a prune config")
     assert str(info.value).startswith(f"{EXAMPLES / 'compressed_m4n2_int8.cfg'}:12:1: ")
 
 
@@ -462,9 +452,7 @@ def test_compressed_api_needs_quant_or_prune():
     assert_error(info.value, None, None, None, "enables neither quantization nor pruning")
     assert str(info.value).startswith("t.cfg: ")
     # An override alone switches a mode on (AMCT's parse_proto_enable).
-    check_cfg_for_api(
-        doc_of('override_layer_configs { layer_name: "fc" retrain_data_quant_config { } }'), "compressed"
-    )
+    check_cfg_for_api(doc_of('override_layer_configs { layer_name: "fc" retrain_data_quant_config { } }'), "compressed")
 
 
 def test_examples_suit_the_compressed_api():
@@ -475,8 +463,7 @@ def test_examples_suit_the_compressed_api():
 def test_api_check_on_a_bare_message_reads_positions_from_the_file(tmp_path):
     path = tmp_path / "qat.cfg"
     path.write_text(
-        "batch_num: 2\n\n"
-        "prune_config { filter_pruner { balanced_l2_norm_filter_prune { prune_ratio: 0.3 } } }\n"
+        "batch_num: 2\n\nprune_config { filter_pruner { balanced_l2_norm_filter_prune { prune_ratio: 0.3 } } }\n"
     )
     msg = load_cfg_document(path, "retrain").message
     with pytest.raises(ConfigError) as info:
@@ -509,15 +496,25 @@ def ref_error(text: str, kind: str = "retrain", supported=None) -> ConfigError:
 def test_unknown_layer_names_and_types_are_errors_with_suggestions():
     # AMCT raises for each of these (docs/spec/engine.md §1.1); the first in the file is reported
     cases = [
-        ('skip_layers: "layer1.0.conv"\n', 't.cfg:1:1: layer "layer1.0.conv" in skip_layers is not in the model '
-         '(did you mean "layer1.0.conv2", "layer1.0.conv1" or "layer1.0.bn1"?)'),
-        ('batch_num: 1\nquant_skip_types: "Conv2D"\n', 't.cfg:2:1: layer type "Conv2D" in quant_skip_types is not '
-         'a supported layer type (did you mean "Conv2d"?)'),
-        ('override_layer_configs {\n  layer_name: "fc1"\n}\n', 't.cfg:2:3: layer "fc1" in '
-         'override_layer_configs[0].layer_name is not in the model (did you mean "fc"?)'),
-        ('override_layer_types {\n  layer_type: "LSTM"\n}\n', 't.cfg:2:3: layer type "LSTM" in '
-         'override_layer_types[0].layer_type is not a supported layer type (supported layer types: '
-         'BatchNorm2d, Conv2d, Linear, ReLU, ResNet)'),
+        (
+            'skip_layers: "layer1.0.conv"\n',
+            't.cfg:1:1: layer "layer1.0.conv" in skip_layers is not in the model '
+            '(did you mean "layer1.0.conv2", "layer1.0.conv1" or "layer1.0.bn1"?)',
+        ),
+        (
+            'batch_num: 1\nquant_skip_types: "Conv2D"\n',
+            't.cfg:2:1: layer type "Conv2D" in quant_skip_types is not a supported layer type (did you mean "Conv2d"?)',
+        ),
+        (
+            'override_layer_configs {\n  layer_name: "fc1"\n}\n',
+            't.cfg:2:3: layer "fc1" in override_layer_configs[0].layer_name is not in the model (did you mean "fc"?)',
+        ),
+        (
+            'override_layer_types {\n  layer_type: "LSTM"\n}\n',
+            't.cfg:2:3: layer type "LSTM" in '
+            "override_layer_types[0].layer_type is not a supported layer type (supported layer types: "
+            "BatchNorm2d, Conv2d, Linear, ReLU, ResNet)",
+        ),
     ]
     for text, message in cases:
         assert str(ref_error(text)) == message
@@ -554,14 +551,13 @@ def test_distill_group_names_are_checked():
         """,
         "distill",
     )
-    assert str(err) == ('t.cfg:3:3: layer "rleu" in distill_group[0].end_layer_name is not in the model '
-                        '(did you mean "relu"?)')
+    assert str(err) == (
+        't.cfg:3:3: layer "rleu" in distill_group[0].end_layer_name is not in the model (did you mean "relu"?)'
+    )
 
 
 def test_known_references_give_no_warning():
-    doc = doc_of(
-        'skip_layers: "conv1"\nskip_layer_types: "Linear"\noverride_layer_configs { layer_name: "fc" }\n'
-    )
+    doc = doc_of('skip_layers: "conv1"\nskip_layer_types: "Linear"\noverride_layer_configs { layer_name: "fc" }\n')
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert check_layer_references(doc, MODEL) is None

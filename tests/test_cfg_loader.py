@@ -126,9 +126,7 @@ def test_text_format_variants_are_accepted():
             """
         )
     )
-    assert (
-        msg.batch_num == 4 and list(msg.skip_layers) == ["a", "b"] and list(msg.quant_skip_layers) == ["cd"]
-    )
+    assert msg.batch_num == 4 and list(msg.skip_layers) == ["a", "b"] and list(msg.quant_skip_layers) == ["cd"]
     assert msg.retrain_data_quant_config.ulq_quantize.clip_max_min.clip_max == 6.0
     assert msg.fakequant_precision_mode == retrain_config_pytorch_pb2.AMCTRetrainConfig.FORCE_FP16_QUANT
 
@@ -171,10 +169,7 @@ def test_unknown_field_from_a_file_names_the_path_as_given(tmp_path, monkeypatch
     with pytest.raises(ConfigError) as info:
         load_retrain_cfg("retrain.cfg")
     err = info.value
-    assert (
-        str(err)
-        == 'retrain.cfg:7:5: unknown field "prune_rato" in AMCTRetrainConfig (did you mean "prune_config"?)'
-    )
+    assert str(err) == 'retrain.cfg:7:5: unknown field "prune_rato" in AMCTRetrainConfig (did you mean "prune_config"?)'
     assert (err.path, err.line, err.column, err.field) == ("retrain.cfg", 7, 5, "prune_rato")
     assert isinstance(err, ValueError)
 
@@ -219,9 +214,7 @@ def test_wrong_enum_name():
 
 def test_enum_number_out_of_range():
     err = parse_error("prune_config { n_out_of_m_pruner { l1_selective_prune { n_out_of_m_type: 3 } } }")
-    assert_error(
-        err, 1, 74, "prune_config.n_out_of_m_pruner.l1_selective_prune.n_out_of_m_type", "one of M4N2"
-    )
+    assert_error(err, 1, 74, "prune_config.n_out_of_m_pruner.l1_selective_prune.n_out_of_m_type", "one of M4N2")
 
 
 def test_int16_does_not_exist_for_distillation():
@@ -333,8 +326,7 @@ def test_unclosed_brace_before_a_later_field():
         1,
         "prune_config.batch_num",
         'unknown field "batch_num" in PruneConfig',
-        '"batch_num" is a field of AMCTRetrainConfig: '
-        'is a "}" missing to close "prune_config" opened at 1:1?',
+        '"batch_num" is a field of AMCTRetrainConfig: is a "}" missing to close "prune_config" opened at 1:1?',
     )
 
 

@@ -227,8 +227,11 @@ def test_quant_json_and_prune_settings_agree_with_the_resolver_on_the_same_layer
     assert list(quant) == list(resolved) == list(WEIGHT_LAYERS)
     assert {n: s.enabled for n, s in quant.items()} == {n: r.quantized for n, r in resolved.items()}
     assert prune.specs == {n: r.prune_spec for n, r in resolved.items() if r.prune_spec is not None}
-    assert prune.skipped == {n: r.prune_skip.text for n, r in resolved.items()
-                             if r.prune_skip and r.prune_skip.cause in ("skip_layer", "skip_type")}
+    assert prune.skipped == {
+        n: r.prune_skip.text
+        for n, r in resolved.items()
+        if r.prune_skip and r.prune_skip.cause in ("skip_layer", "skip_type")
+    }
     assert "bn1" not in prune.specs and "bn1" not in prune.skipped
 
 

@@ -34,7 +34,7 @@ retrain_weight_quant_config { arq_retrain { channel_wise: true dst_type: INT8 } 
 
 def _ort_accuracy(path: str, x: torch.Tensor, y: torch.Tensor) -> float:
     session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
-    logits = np.concatenate([session.run(None, {"x": x[i:i + 1000].numpy()})[0] for i in range(0, len(x), 1000)])
+    logits = np.concatenate([session.run(None, {"x": x[i : i + 1000].numpy()})[0] for i in range(0, len(x), 1000)])
     return float((logits.argmax(1) == y.numpy()).mean())
 
 
@@ -59,16 +59,23 @@ def test_30_percent_filter_prune_plus_int8_keeps_accuracy_in_a_fifth_of_the_byte
     train_epochs(compressed, make_loader(x_train, y_train, BATCH, seed=SEED + 1), EPOCHS, LR / 4)
     accuracy = evaluate_accuracy(compressed, x_test, y_test)  # the eval forward fills the record
     paths = amct.save_compressed_retrain_model(
-        compressed, str(record), str(tmp_path / "fmnist"), example,
-        input_names=["x"], output_names=["logits"], dynamic_axes={"x": {0: "n"}, "logits": {0: "n"}},
+        compressed,
+        str(record),
+        str(tmp_path / "fmnist"),
+        example,
+        input_names=["x"],
+        output_names=["logits"],
+        dynamic_axes={"x": {0: "n"}, "logits": {0: "n"}},
     )
     fp32_onnx = str(tmp_path / "fp32.onnx")
     export_onnx(model, fp32_onnx, (example,))
     ratio = os.path.getsize(paths["deploy"]) / os.path.getsize(fp32_onnx)
     deploy_accuracy = _ort_accuracy(paths["deploy"], x_test, y_test)
-    print(f"FP32 control {control_accuracy:.4f}  pruned+INT8 {accuracy:.4f}  ORT deploy {deploy_accuracy:.4f}  "
-          f"deploy/FP32 bytes {ratio:.3f}  params {compressed.amct_prune_report.params_after}/"
-          f"{compressed.amct_prune_report.params_before}")
+    print(
+        f"FP32 control {control_accuracy:.4f}  pruned+INT8 {accuracy:.4f}  ORT deploy {deploy_accuracy:.4f}  "
+        f"deploy/FP32 bytes {ratio:.3f}  params {compressed.amct_prune_report.params_after}/"
+        f"{compressed.amct_prune_report.params_before}"
+    )
     assert accuracy >= control_accuracy - 0.010
     assert abs(deploy_accuracy - accuracy) <= 0.002
     assert ratio <= 0.2

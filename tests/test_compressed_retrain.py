@@ -138,8 +138,7 @@ def test_m4n2_keeps_two_zeros_of_four_after_training_and_in_the_deploy_model(tmp
         groups = effective.reshape(effective.shape[0], -1, 4, *effective.shape[2:])
         assert torch.all((groups == 0).sum(dim=2) >= 2), name
     assert all(int(m.prune_cur_batch) == 4 for m in masks.values())
-    paths = amct.save_compressed_retrain_model(model, str(record), str(tmp_path / "m4n2"),
-                                               example_input(PruneResNet))
+    paths = amct.save_compressed_retrain_model(model, str(record), str(tmp_path / "m4n2"), example_input(PruneResNet))
     checked = 0
     for scope, weight in _deploy_weights(paths["deploy"]).items():
         if weight.ndim == 2 and weight.shape != tuple(model.fc.layer.weight.shape):
@@ -168,29 +167,34 @@ def test_seed_cfgs_refuse_their_placeholders_and_run_once_they_name_real_layers(
     cfg = tmp_path / seed_cfg
     shutil.copy(FIXTURES / seed_cfg, cfg)
     with pytest.raises(ConfigError, match=r':11:1: layer type "Optype" in skip_layer_types is not a supported'):
-        amct.create_compressed_retrain_model(PruneResNet(), example_input(PruneResNet), str(cfg),
-                                             str(tmp_path / "r.txt"))
+        amct.create_compressed_retrain_model(
+            PruneResNet(), example_input(PruneResNet), str(cfg), str(tmp_path / "r.txt")
+        )
     # AMCT raises for the placeholders too (docs/spec/engine.md §1.1); with the model's names the cfg runs
     text = (FIXTURES / seed_cfg).read_text().replace('"Optype"', '"ConvTranspose2d"')
     cfg.write_text(text.replace('"Opname"', '"fc"').replace('"quant_skip_layers_name_0"', '"fc"'))
     with warnings.catch_warnings():
         warnings.simplefilter("error", ConfigWarning)
-        model = amct.create_compressed_retrain_model(PruneResNet(), example_input(PruneResNet), str(cfg),
-                                                     str(tmp_path / "r.txt"))
+        model = amct.create_compressed_retrain_model(
+            PruneResNet(), example_input(PruneResNet), str(cfg), str(tmp_path / "r.txt")
+        )
     assert isinstance(model.layer2.conv2, QuantRetrainLayer)
     assert model.amct_prune_report.pruned_groups or model.amct_prune_report.selective
     _train_then_eval(model, steps=0)
-    paths = amct.save_compressed_retrain_model(model, str(tmp_path / "r.txt"), str(tmp_path / "seed"),
-                                               example_input(PruneResNet))
+    paths = amct.save_compressed_retrain_model(
+        model, str(tmp_path / "r.txt"), str(tmp_path / "seed"), example_input(PruneResNet)
+    )
     assert all(Path(p).is_file() for p in paths.values())
 
 
 def test_prune_only_cfg_through_the_compressed_api_writes_the_float_model_twice(tmp_path):
-    model, _, record = _create(tmp_path, "prune_config { filter_pruner { balanced_l2_norm_filter_prune "
-                                         "{ prune_ratio: 0.5 } } }")
+    model, _, record = _create(
+        tmp_path, "prune_config { filter_pruner { balanced_l2_norm_filter_prune { prune_ratio: 0.5 } } }"
+    )
     assert not any(isinstance(m, QuantRetrainLayer) for m in model.modules())
-    paths = amct.save_compressed_retrain_model(model.eval(), str(record), str(tmp_path / "p"),
-                                               example_input(PruneResNet))
+    paths = amct.save_compressed_retrain_model(
+        model.eval(), str(record), str(tmp_path / "p"), example_input(PruneResNet)
+    )
     assert Path(paths["deploy"]).read_bytes() == Path(paths["fake_quant"]).read_bytes()
 
 
@@ -201,10 +205,13 @@ def test_a_cfg_with_neither_prune_nor_quant_is_refused(tmp_path):
 
 
 def test_two_prune_kinds_in_one_scope_are_refused(tmp_path):
-    cfg = _cfg(tmp_path, """prune_config {
+    cfg = _cfg(
+        tmp_path,
+        """prune_config {
         filter_pruner { balanced_l2_norm_filter_prune { prune_ratio: 0.5 } }
         n_out_of_m_pruner { l1_selective_prune { } }
-    }""")
+    }""",
+    )
     with pytest.raises(ConfigError, match="n_out_of_m_pruner"):
         amct.create_compressed_retrain_model(PruneResNet(), example_input(PruneResNet), cfg, str(tmp_path / "r"))
 

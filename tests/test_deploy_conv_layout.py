@@ -109,8 +109,9 @@ def test_convs_on_three_channels_get_a_fourth_zero_channel_on_vnni_only(tmp_path
     if padded:
         assert not weights["conv1.weight"][:, 3].any()
     # report.json counts the model's weights: the zero channel is the kernel's layout, not a weight.
-    assert onnx_parameters(paths["deploy"])["weights"] == sum(p.numel() for n, p in RgbNet().named_parameters()
-                                                               if n.endswith("weight"))
+    assert onnx_parameters(paths["deploy"])["weights"] == sum(
+        p.numel() for n, p in RgbNet().named_parameters() if n.endswith("weight")
+    )
     ops = [n.op_type for n in optimized_ops(model).graph.node]
     assert ops.count("QLinearConv") == 2 and "Conv" not in ops and ops.count("Pad") == int(padded)
     if not signed_weights(detect_deploy_target()):
@@ -169,8 +170,9 @@ def test_a_one_channel_stem_runs_float_on_its_codes_and_stays_exact(tmp_path, mo
     assert weights["conv1.weight"].dtype == np.int8 and weights["conv1.bias"].dtype == np.int32  # the file's bytes
     ops = [n.op_type for n in optimized_ops(model).graph.node]
     assert ops.count("QLinearConv") == 1 and "ConvInteger" not in ops and "QGemm" in ops
-    assert onnx_parameters(paths["deploy"])["weights"] == sum(p.numel() for n, p in GreyStemNet().named_parameters()
-                                                               if n.endswith("weight"))
+    assert onnx_parameters(paths["deploy"])["weights"] == sum(
+        p.numel() for n, p in GreyStemNet().named_parameters() if n.endswith("weight")
+    )
     if not signed_weights(detect_deploy_target()):
         return  # the int8-weight kernels saturate on this CPU: nothing exact to compare (export.deploy_target)
     np.testing.assert_array_equal(_run(paths["deploy"], x), expected)

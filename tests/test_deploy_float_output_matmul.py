@@ -40,8 +40,15 @@ def _save(tmp_path, name: str, cfg: str = "") -> tuple[np.ndarray, dict, torch.T
     with torch.no_grad():
         qmodel(x)  # calibration: the record
         expected = qmodel(x).numpy()
-    paths = amct.save_quant_retrain_model(str(config), qmodel, str(record), str(tmp_path / name), x,
-                                          input_names=["x"], dynamic_axes={"x": {0: "n", 1: "tokens"}})
+    paths = amct.save_quant_retrain_model(
+        str(config),
+        qmodel,
+        str(record),
+        str(tmp_path / name),
+        x,
+        input_names=["x"],
+        dynamic_axes={"x": {0: "n", 1: "tokens"}},
+    )
     return expected, paths, x
 
 

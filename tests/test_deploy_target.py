@@ -15,13 +15,16 @@ from amct_engine.export.qdq_graph import deploy_report
 from tests.test_quant_retrain import INPUT, trained_qat_model
 
 
-@pytest.mark.parametrize("machine, flags, target", [
-    ("x86_64", {"avx2", "avx512f", "avx512_vnni", "amx_tile", "amx_int8"}, "x86_amx"),
-    ("x86_64", {"avx2", "avx512f", "avx512_vnni"}, "x86_vnni"),
-    ("x86_64", {"avx2", "avx_vnni"}, "x86_vnni"),
-    ("x86_64", {"avx2", "fma"}, "x86_avx2"),
-    ("aarch64", set(), "arm"),
-])
+@pytest.mark.parametrize(
+    "machine, flags, target",
+    [
+        ("x86_64", {"avx2", "avx512f", "avx512_vnni", "amx_tile", "amx_int8"}, "x86_amx"),
+        ("x86_64", {"avx2", "avx512f", "avx512_vnni"}, "x86_vnni"),
+        ("x86_64", {"avx2", "avx_vnni"}, "x86_vnni"),
+        ("x86_64", {"avx2", "fma"}, "x86_avx2"),
+        ("aarch64", set(), "arm"),
+    ],
+)
 def test_auto_detects_the_kind_of_cpu(machine, flags, target):
     assert detect_deploy_target(machine, flags) == target
 
@@ -34,9 +37,10 @@ def test_an_unknown_target_names_the_option_and_the_choices():
 def _weight_codes(path: str) -> dict[str, tuple[np.dtype, set[int]]]:
     inits = {t.name: numpy_helper.to_array(t) for t in onnx.load(path).graph.initializer}
     zero = np.zeros(1, np.int8)  # an absent zero point is 0
-    return {layer: (inits[f"{layer}.weight"].dtype,
-                    set(inits.get(f"{layer}.weight_zero_point", zero).reshape(-1).tolist()))
-            for layer in ("conv1", "conv2", "fc")}
+    return {
+        layer: (inits[f"{layer}.weight"].dtype, set(inits.get(f"{layer}.weight_zero_point", zero).reshape(-1).tolist()))
+        for layer in ("conv1", "conv2", "fc")
+    }
 
 
 @pytest.fixture(scope="module")
@@ -45,12 +49,15 @@ def qat(tmp_path_factory):
     return tmp_path, *trained_qat_model(tmp_path)
 
 
-@pytest.mark.parametrize("target, dtype, zero", [("x86_amx", np.int8, 0), ("x86_vnni", np.int8, 0),
-                                                 ("arm", np.int8, 0), ("x86_avx2", np.uint8, 128)])
+@pytest.mark.parametrize(
+    "target, dtype, zero",
+    [("x86_amx", np.int8, 0), ("x86_vnni", np.int8, 0), ("arm", np.int8, 0), ("x86_avx2", np.uint8, 128)],
+)
 def test_weight_codes_follow_the_target_and_the_report_says_which(qat, target, dtype, zero):
     tmp_path, config, qmodel, record, expected = qat
-    paths = amct.save_quant_retrain_model(str(config), qmodel, str(record), str(tmp_path / target), INPUT,
-                                          deploy_target=target)
+    paths = amct.save_quant_retrain_model(
+        str(config), qmodel, str(record), str(tmp_path / target), INPUT, deploy_target=target
+    )
     assert _weight_codes(paths["deploy"]) == {layer: (np.dtype(dtype), {zero}) for layer in ("conv1", "conv2", "fc")}
     # One input channel under a 3x3 kernel: on x86_vnni conv1 runs float on its int8 codes (conv_layout.float_stems).
     x86_signed = target in ("x86_vnni", "x86_amx")
@@ -67,4 +74,3 @@ def test_auto_is_the_exporting_machine(qat):
     tmp_path, config, qmodel, record, _ = qat
     paths = amct.save_quant_retrain_model(str(config), qmodel, str(record), str(tmp_path / "auto"), INPUT)
     assert deploy_report(paths["deploy"])["deploy_target"] == detect_deploy_target()
-

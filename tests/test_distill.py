@@ -112,24 +112,32 @@ def test_distill_full_cfg_overrides_reach_the_json(tmp_path):
     assert data["data_dump"] is True
     assert data["distill_group"][0] == ["layer1", "layer2"]
     assert data["layer1"]["distill_data_config"] == {
-        "algo": "ulq_quantize", "clip_max": 6.0, "clip_min": -6.0, "fixed_min": True, "dst_type": "INT8"}
+        "algo": "ulq_quantize",
+        "clip_max": 6.0,
+        "clip_min": -6.0,
+        "fixed_min": True,
+        "dst_type": "INT8",
+    }
     assert data["layer3"] == {"quant_enable": False}
     assert data["layer4"]["distill_data_config"]["clip_max"] == 3.0
-    assert data["layer4"]["distill_weight_config"] == {"algo": "arq_distill", "channel_wise": False,
-                                                       "dst_type": "INT8"}
+    assert data["layer4"]["distill_weight_config"] == {"algo": "arq_distill", "channel_wise": False, "dst_type": "INT8"}
 
 
 def test_linear_layers_get_per_channel_weights_only_when_asked_by_an_override(tmp_path):
     global_cw = "distill_weight_quant_config: { arq_distill: { channel_wise: true } }\n"
-    linear_cw = 'distill_override_layer_types: { layer_type: "Linear" ' \
-                "distill_weight_quant_config: { arq_distill: { channel_wise: true } } }\n"
+    linear_cw = (
+        'distill_override_layer_types: { layer_type: "Linear" '
+        "distill_weight_quant_config: { arq_distill: { channel_wise: true } } }\n"
+    )
     found = {}
     for name, text in (("global", global_cw), ("linear", linear_cw)):
         cfg = tmp_path / f"{name}.cfg"
         cfg.write_text(text)
         data = json.loads(_config(tmp_path, ConvBnReluNet(), str(cfg)).read_text())
-        found[name] = (data["conv1"]["distill_weight_config"]["channel_wise"],
-                       data["fc"]["distill_weight_config"]["channel_wise"])
+        found[name] = (
+            data["conv1"]["distill_weight_config"]["channel_wise"],
+            data["fc"]["distill_weight_config"]["channel_wise"],
+        )
     # A global setting is meant for convs (AMCT keeps Linear per-tensor); a Linear override is honoured.
     assert found == {"global": (True, False), "linear": (True, True)}
     student = amct.create_distill_model(str(tmp_path / "distill.json"), ConvBnReluNet(), INPUT)
@@ -215,6 +223,7 @@ def test_data_dump_gives_the_same_student_and_leaves_no_files(tmp_path):
     data["data_dump"] = True
     dumped_config.write_text(json.dumps(data))
     live, dumped = copy.deepcopy(student), copy.deepcopy(student)
+
     def dump_dirs():
         return {n for n in os.listdir(tempfile.gettempdir()) if n.startswith("amct_distill_dump_")}
 

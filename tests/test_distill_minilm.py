@@ -30,8 +30,10 @@ DYNAMIC = {"input_ids": {0: "n", 1: "tokens"}, "attention_mask": {0: "n", 1: "to
 
 def _ort_embed(path: str, ids: torch.Tensor, mask: torch.Tensor, batch: int = 16) -> torch.Tensor:
     session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
-    parts = [session.run(None, {"input_ids": ids[i:i + batch].numpy(), "attention_mask": mask[i:i + batch].numpy()})[0]
-             for i in range(0, len(ids), batch)]
+    parts = [
+        session.run(None, {"input_ids": ids[i : i + batch].numpy(), "attention_mask": mask[i : i + batch].numpy()})[0]
+        for i in range(0, len(ids), batch)
+    ]
     return torch.from_numpy(np.concatenate(parts))
 
 
@@ -47,8 +49,12 @@ def test_minilm_int8_distillation_keeps_sentence_embeddings(tmp_path):
     config = json.loads(Path(run["config"]).read_text())
     linears = [name for name, module in teacher.named_modules() if isinstance(module, torch.nn.Linear)]
     assert len(linears) == 37
-    assert all(config[name]["quant_enable"] and config[name]["distill_weight_config"]["channel_wise"]
-               and config[name]["distill_weight_config"]["dst_type"] == "INT8" for name in linears)
+    assert all(
+        config[name]["quant_enable"]
+        and config[name]["distill_weight_config"]["channel_wise"]
+        and config[name]["distill_weight_config"]["dst_type"] == "INT8"
+        for name in linears
+    )
     assert {n for n, m in student.named_modules() if isinstance(m, QuantRetrainLayer)} == set(linears)
     assert len(events) == 37 * len(range(0, len(run["train"][0]), 16))
 
@@ -56,13 +62,22 @@ def test_minilm_int8_distillation_keeps_sentence_embeddings(tmp_path):
     fp32, int8 = embed(teacher, ids, mask), embed(student, ids, mask)
     cos_fp32 = F.cosine_similarity(int8, fp32, dim=-1)
 
-    paths = amct.save_distill_model(student, str(tmp_path / "minilm"), run["example"], input_names=NAMES,
-                                    output_names=["embedding"], dynamic_axes=DYNAMIC)
-    cos_onnx = {kind: F.cosine_similarity(_ort_embed(paths[kind], ids, mask), int8, dim=-1)
-                for kind in ("fake_quant", "deploy")}
-    print(f"\nMiniLM INT8 ({len(linears)} Linear, {len(run['train'][0])} sentences, {distill_s:.0f} s): "
-          f"cosine to FP32 mean {cos_fp32.mean():.4f} min {cos_fp32.min():.4f}; "
-          + "; ".join(f"{kind} ONNX to PyTorch mean {c.mean():.5f} min {c.min():.5f}" for kind, c in cos_onnx.items()))
+    paths = amct.save_distill_model(
+        student,
+        str(tmp_path / "minilm"),
+        run["example"],
+        input_names=NAMES,
+        output_names=["embedding"],
+        dynamic_axes=DYNAMIC,
+    )
+    cos_onnx = {
+        kind: F.cosine_similarity(_ort_embed(paths[kind], ids, mask), int8, dim=-1) for kind in ("fake_quant", "deploy")
+    }
+    print(
+        f"\nMiniLM INT8 ({len(linears)} Linear, {len(run['train'][0])} sentences, {distill_s:.0f} s): "
+        f"cosine to FP32 mean {cos_fp32.mean():.4f} min {cos_fp32.min():.4f}; "
+        + "; ".join(f"{kind} ONNX to PyTorch mean {c.mean():.5f} min {c.min():.5f}" for kind, c in cos_onnx.items())
+    )
     assert cos_fp32.mean() >= 0.99
     for kind, cos in cos_onnx.items():
         assert cos.mean() >= 0.999, kind

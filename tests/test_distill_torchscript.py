@@ -48,18 +48,26 @@ def test_torchscript_file_gives_the_same_config_and_a_working_int8_student(tmp_p
     teacher = torch.jit.load(ts_path)
     teacher_accuracy = evaluate_accuracy(teacher, x_test, y_test)
 
-    loader = DataLoader(x_train[:DISTILL_IMAGES], batch_size=128, shuffle=True,
-                        generator=torch.Generator().manual_seed(1))  # images only, no labels
+    loader = DataLoader(
+        x_train[:DISTILL_IMAGES], batch_size=128, shuffle=True, generator=torch.Generator().manual_seed(1)
+    )  # images only, no labels
     events = []
     amct.distill(ts_path, student, str(from_file), loader, epochs=1, progress=events.append)
     assert len(events) == 3 * len(loader) and events[-1]["step"] == events[-1]["total_steps"]
     student_accuracy = evaluate_accuracy(student, x_test, y_test)
 
-    paths = amct.save_distill_model(student, str(tmp_path / "student"), example, input_names=["x"],
-                                    output_names=["logits"], dynamic_axes={"x": {0: "n"}, "logits": {0: "n"}})
+    paths = amct.save_distill_model(
+        student,
+        str(tmp_path / "student"),
+        example,
+        input_names=["x"],
+        output_names=["logits"],
+        dynamic_axes={"x": {0: "n"}, "logits": {0: "n"}},
+    )
     session = ort.InferenceSession(paths["deploy"], providers=["CPUExecutionProvider"])
-    logits = np.concatenate([session.run(None, {"x": x_test[i:i + 1000].numpy()})[0]
-                             for i in range(0, len(x_test), 1000)])
+    logits = np.concatenate(
+        [session.run(None, {"x": x_test[i : i + 1000].numpy()})[0] for i in range(0, len(x_test), 1000)]
+    )
     deploy_accuracy = float((logits.argmax(1) == y_test.numpy()).mean())
     print(f"teacher {teacher_accuracy:.4f}  INT8 student {student_accuracy:.4f}  ORT deploy {deploy_accuracy:.4f}")
     assert student_accuracy >= teacher_accuracy - 0.01

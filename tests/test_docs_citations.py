@@ -57,17 +57,25 @@ FORBIDDEN = [
     (re.compile(r"DESIGN\.md"), "DESIGN.md is not in the repository: cite docs/architecture.md"),
     (re.compile(r"shared/spec"), "shared/spec is not in the repository: cite docs/spec/"),
     # (a Markdown link target "](spec/engine.md)" inside docs/ is relative, and checked by the first test)
-    (re.compile(rf"{NOT_IN_A_PATH}(?<!\]\()spec/[\w.-]+\.md"),
-     "spec/<file>.md is not in the repository: cite docs/spec/"),
+    (
+        re.compile(rf"{NOT_IN_A_PATH}(?<!\]\()spec/[\w.-]+\.md"),
+        "spec/<file>.md is not in the repository: cite docs/spec/",
+    ),
 ]
 
 
 def scanned_files() -> list[str]:
-    out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"],
-                         cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     names = sorted(set(out.split()))
-    return [n for n in names if n != SELF and (n.endswith(SUFFIXES) or Path(n).name == "Makefile")
-            and (ROOT / n).is_file()]
+    return [
+        n for n in names if n != SELF and (n.endswith(SUFFIXES) or Path(n).name == "Makefile") and (ROOT / n).is_file()
+    ]
 
 
 def lines_of(name: str) -> list[str]:
@@ -183,8 +191,7 @@ def test_every_cited_section_and_linked_doc_exists():
 def test_the_grammar_reads_the_forms_the_code_uses():
     line = "x (docs/spec/engine.md §1.2-§1.4, §4.9's table; docs/spec/service.md §2d, §7c)."
     cited = [(m.group(1), expand(m.group(2))) for m in CITATION.finditer(line)]
-    assert cited == [("docs/spec/engine.md", ["1.2", "1.3", "1.4", "4.9"]),
-                     ("docs/spec/service.md", ["2d", "7c"])]
+    assert cited == [("docs/spec/engine.md", ["1.2", "1.3", "1.4", "4.9"]), ("docs/spec/service.md", ["2d", "7c"])]
     assert expand("§2a–§2d") == ["2a", "2b", "2c", "2d"]
     assert expand("§2.1/§2.2") == ["2.1", "2.2"]
     assert not CITATION.search("see /work/docs/spec/engine.md §4.1")  # not repo-root relative

@@ -26,8 +26,11 @@ from tests.minilm import SentenceEncoder, load_minilm, minilm_available, train_a
 
 transformers = pytest.importorskip("transformers")
 
-BERT_AXES = {"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"},
-             "output": {0: "batch", 1: "seq"}}
+BERT_AXES = {
+    "input_ids": {0: "batch", 1: "seq"},
+    "attention_mask": {0: "batch", 1: "seq"},
+    "output": {0: "batch", 1: "seq"},
+}
 CNN_AXES = {"input": {0: "batch"}, "output": {0: "batch"}}
 # (batch, seq) the BERT files are run at: the lengths, and batches 1 and 3
 BERT_SIZES = [(1, 7), (3, 26), (2, 128), (1, 32), (3, 32)]
@@ -38,8 +41,14 @@ class TinyBert(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        config = transformers.BertConfig(vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                         intermediate_size=64, max_position_embeddings=256)
+        config = transformers.BertConfig(
+            vocab_size=120,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=64,
+            max_position_embeddings=256,
+        )
         self.bert = transformers.BertModel(config)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -79,7 +88,7 @@ def _tokens(batch: int, seq: int, seed: int) -> tuple[torch.Tensor, torch.Tensor
     generator = torch.Generator().manual_seed(seed)
     ids = torch.randint(1, 120, (batch, seq), generator=generator)
     mask = torch.ones_like(ids)
-    mask[0, seq - seq // 4:] = 0  # one padded row: the mask's broadcast follows the length too
+    mask[0, seq - seq // 4 :] = 0  # one padded row: the mask's broadcast follows the length too
     return ids, mask
 
 
@@ -148,8 +157,14 @@ def test_bert_ptq_files_run_at_every_length_and_batch(tmp_path, source, batch):
     source_model = _model_source(model, example, source, tmp_path)
     with warnings.catch_warnings():  # the module falls back to torch.export, and says so
         warnings.simplefilter("ignore")
-        paths = _ptq(source_model, example, tmp_path, ["input_ids", "attention_mask"], BERT_AXES,
-                     [_tokens(8, 32, seed=2), _tokens(8, 20, seed=3)])
+        paths = _ptq(
+            source_model,
+            example,
+            tmp_path,
+            ["input_ids", "attention_mask"],
+            BERT_AXES,
+            [_tokens(8, 32, seed=2), _tokens(8, 20, seed=3)],
+        )
     _assert_bert_files_run_everywhere(paths, model, limit=0.05)
 
 
@@ -158,8 +173,14 @@ def test_bert_qat_trained_at_other_sizes_exports_files_that_run_everywhere(tmp_p
     model = TinyBert().eval()
     example = _tokens(1, 32, seed=1)
     path = _model_source(model, example, "torchscript", tmp_path)
-    paths = _qat(path, example, tmp_path, ["input_ids", "attention_mask"], BERT_AXES,
-                 [_tokens(8, 32, seed=4), _tokens(4, 48, seed=5)])
+    paths = _qat(
+        path,
+        example,
+        tmp_path,
+        ["input_ids", "attention_mask"],
+        BERT_AXES,
+        [_tokens(8, 32, seed=4), _tokens(4, 48, seed=5)],
+    )
     _assert_bert_files_run_everywhere(paths, model, limit=0.05)
 
 
@@ -201,8 +222,7 @@ def test_a_branch_on_the_batch_size_is_refused_with_the_axis_and_the_line(tmp_pa
     with torch.no_grad():
         qat(x)
     with pytest.raises(DynamicAxisError, match=r"dynamic axis 'batch' \(axis 0 of 'input'\).*" + line):
-        amct.save_quant_retrain_model(config, qat, record, str(tmp_path / "dyn"), x, ["input"], ["output"],
-                                      CNN_AXES)
+        amct.save_quant_retrain_model(config, qat, record, str(tmp_path / "dyn"), x, ["input"], ["output"], CNN_AXES)
     assert not (tmp_path / "dyn_deploy_model.onnx").exists()
     # Declared static, the same model saves: the file does not claim what it cannot do.
     paths = amct.save_quant_retrain_model(config, qat, record, str(tmp_path / "static"), x, ["input"], ["output"])
@@ -229,9 +249,13 @@ def test_the_sizes_checked_are_in_the_file_and_named_axes_change_together(tmp_pa
     export_onnx(model, str(path), example, ["input_ids", "attention_mask"], ["output"], BERT_AXES)
     entry = next(p.value for p in onnx.load(str(path)).metadata_props if p.key == SIZE_CHECKS_KEY)
     assert read_size_checks(str(path)) == {
-        "inputs": [{"name": "input_ids", "dynamic_axes": {"0": "batch", "1": "seq"}},
-                   {"name": "attention_mask", "dynamic_axes": {"0": "batch", "1": "seq"}}],
-        "example_sizes": {"batch": 4, "seq": 10}, "checked_sizes": {"batch": [1, 3], "seq": [5, 20]}}
+        "inputs": [
+            {"name": "input_ids", "dynamic_axes": {"0": "batch", "1": "seq"}},
+            {"name": "attention_mask", "dynamic_axes": {"0": "batch", "1": "seq"}},
+        ],
+        "example_sizes": {"batch": 4, "seq": 10},
+        "checked_sizes": {"batch": [1, 3], "seq": [5, 20]},
+    }
     assert "seq" in entry
 
 
@@ -259,17 +283,27 @@ def test_minilm_ptq_from_torchscript_runs_at_every_length(tmp_path):
     ids, mask = encoded["input_ids"], encoded["attention_mask"]
     path = _model_source(encoder, (ids[:4], mask[:4]), "torchscript", tmp_path)
     axes = {"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"}, "output": {0: "batch"}}
-    paths = _ptq(path, (ids[:4], mask[:4]), tmp_path, ["input_ids", "attention_mask"], axes,
-                 [(ids[:16], mask[:16]), (ids[16:], mask[16:])])
-    long_text = [" ".join(evaluation[i:i + 8]) for i in range(0, 24, 8)]  # three rows of ~128 tokens
+    paths = _ptq(
+        path,
+        (ids[:4], mask[:4]),
+        tmp_path,
+        ["input_ids", "attention_mask"],
+        axes,
+        [(ids[:16], mask[:16]), (ids[16:], mask[16:])],
+    )
+    long_text = [" ".join(evaluation[i : i + 8]) for i in range(0, 24, 8)]  # three rows of ~128 tokens
     for kind, file in paths.items():
         session = ort.InferenceSession(file, providers=["CPUExecutionProvider"])
         for length, batch in ((7, 1), (26, 3), (128, 3)):
             text = long_text if length == 128 else evaluation[:batch]
-            rows = tokenizer(text[:batch], padding="max_length", max_length=length, truncation=True,
-                             return_tensors="pt")
-            got = torch.from_numpy(session.run(None, {"input_ids": rows["input_ids"].numpy(),
-                                                      "attention_mask": rows["attention_mask"].numpy()})[0])
+            rows = tokenizer(
+                text[:batch], padding="max_length", max_length=length, truncation=True, return_tensors="pt"
+            )
+            got = torch.from_numpy(
+                session.run(
+                    None, {"input_ids": rows["input_ids"].numpy(), "attention_mask": rows["attention_mask"].numpy()}
+                )[0]
+            )
             with torch.no_grad():
                 want = encoder(rows["input_ids"], rows["attention_mask"])
             cosine = float(torch.nn.functional.cosine_similarity(got, want, dim=-1).min())

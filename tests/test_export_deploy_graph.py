@@ -24,8 +24,16 @@ from examples.fashion_mnist import fashion_mnist_available, load_fashion_mnist
 from examples.models import SmallFashionCnn
 from tests.models import TinyResNet
 
-INTEGER_OR_GLUE = {"DequantizeLinear", "QuantizeLinear", "Transpose", "Flatten", "Reshape", "MaxPool", "NhwcMaxPool",
-                   "Clip"}
+INTEGER_OR_GLUE = {
+    "DequantizeLinear",
+    "QuantizeLinear",
+    "Transpose",
+    "Flatten",
+    "Reshape",
+    "MaxPool",
+    "NhwcMaxPool",
+    "Clip",
+}
 
 
 class ReluBnPoolNet(nn.Module):
@@ -35,8 +43,13 @@ class ReluBnPoolNet(nn.Module):
         super().__init__()
         layers = []
         for cin, cout in ((1, 8), (8, 16)):
-            layers += [nn.ZeroPad2d((0, 0, 4, 3)), nn.Conv2d(cin, cout, (8, 1)), nn.ReLU(), nn.BatchNorm2d(cout),
-                       nn.MaxPool2d((2, 1))]
+            layers += [
+                nn.ZeroPad2d((0, 0, 4, 3)),
+                nn.Conv2d(cin, cout, (8, 1)),
+                nn.ReLU(),
+                nn.BatchNorm2d(cout),
+                nn.MaxPool2d((2, 1)),
+            ]
         self.features = nn.Sequential(*layers)
         self.fc = nn.Linear(16 * 16, 10)
 
@@ -73,8 +86,9 @@ def _float_ops_between_quantised_layers(model: onnx.ModelProto) -> list[str]:
     return [op for op in ops[:last] if op not in FUSED_OPS | INTEGER_OR_GLUE]
 
 
-@pytest.mark.parametrize("net, shape", [(TinyResNet, (8, 3, 16, 16)), (ReluBnPoolNet, (8, 1, 64, 1))],
-                         ids=["residual", "relu-bn-pool"])
+@pytest.mark.parametrize(
+    "net, shape", [(TinyResNet, (8, 3, 16, 16)), (ReluBnPoolNet, (8, 1, 64, 1))], ids=["residual", "relu-bn-pool"]
+)
 def test_ort_runs_the_deploy_graph_in_int8_kernels_end_to_end(net, shape, tmp_path):
     x = torch.randn(shape, generator=torch.Generator().manual_seed(1))
     qmodel, paths = _quantised(net(), x, tmp_path)
@@ -108,8 +122,14 @@ def test_deploy_graph_is_named_after_its_layers_and_passes_the_full_check(tmp_pa
     assert model.producer_name == "amct_engine"
     assert {o.domain: o.version for o in model.opset_import}[""] >= 17
     initializers = {t.name for t in model.graph.initializer}
-    assert {"layer1.0.conv1.weight", "layer1.0.conv1.weight_scale", "layer1.0.conv1.input_scale",
-            "layer2.0.downsample.0.weight", "fc.weight", "fc.bias"} <= initializers
+    assert {
+        "layer1.0.conv1.weight",
+        "layer1.0.conv1.weight_scale",
+        "layer1.0.conv1.input_scale",
+        "layer2.0.downsample.0.weight",
+        "fc.weight",
+        "fc.bias",
+    } <= initializers
     nodes = {n.name: n.op_type for n in model.graph.node}
     assert nodes["layer1.0.conv1/Conv"] == "Conv" and nodes["fc/Gemm"] == "Gemm"
     fused = {n.name.split("/")[0]: n.op_type for n in optimized_ops(model).graph.node if n.op_type == "QLinearConv"}

@@ -46,8 +46,14 @@ def test_a_torch_export_capture_exports_with_dynamic_batch_and_length(tmp_path):
         captured = capture_model(model, torch.randn(2, 6, 8))
     assert any(n.target is torch.ops.aten.sym_size.int for n in captured.graph.nodes)
     path = str(tmp_path / "mixer.onnx")
-    export_onnx(captured.module, path, (torch.randn(2, 6, 8),), ["x"], ["y"],
-                {"x": {0: "batch", 1: "tokens"}, "y": {0: "batch", 1: "features"}})
+    export_onnx(
+        captured.module,
+        path,
+        (torch.randn(2, 6, 8),),
+        ["x"],
+        ["y"],
+        {"x": {0: "batch", 1: "tokens"}, "y": {0: "batch", 1: "features"}},
+    )
     for shape in ((2, 6, 8), (5, 3, 8), (1, 11, 8)):
         x = torch.randn(shape)
         np.testing.assert_allclose(_run(path, x), model(x).detach().numpy(), rtol=1e-5, atol=1e-5)
@@ -62,8 +68,10 @@ class WideLinear(nn.Module):
         return self.fc(x)
 
 
-PER_CHANNEL = 'distill_override_layer_types: { layer_type: "Linear" ' \
-              'distill_weight_quant_config: { arq_distill: { channel_wise: true } } }\n'
+PER_CHANNEL = (
+    'distill_override_layer_types: { layer_type: "Linear" '
+    "distill_weight_quant_config: { arq_distill: { channel_wise: true } } }\n"
+)
 
 
 def test_per_channel_linear_deploys_exactly_on_integer_kernels(tmp_path):
@@ -79,8 +87,9 @@ def test_per_channel_linear_deploys_exactly_on_integer_kernels(tmp_path):
     with torch.no_grad():
         student.eval()(x)  # calibration
         expected = student(x).numpy()
-    paths = amct.save_distill_model(student, str(tmp_path / "wide"), x[:2], input_names=["x"],
-                                    dynamic_axes={"x": {0: "n"}})
+    paths = amct.save_distill_model(
+        student, str(tmp_path / "wide"), x[:2], input_names=["x"], dynamic_axes={"x": {0: "n"}}
+    )
     for kind in ("fake_quant", "deploy"):
         # Integer sums are exact; only the final float rescale may differ in its last bit.
         np.testing.assert_allclose(_run(paths[kind], x), expected, rtol=1e-6, atol=1e-6 * np.abs(expected).max())

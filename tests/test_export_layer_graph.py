@@ -52,8 +52,16 @@ def test_ptq_traces_the_model_once_for_its_three_files_and_each_runs_at_another_
     monkeypatch.setattr(torch.onnx, "export", lambda *a, **k: exports.append(1) or real_export(*a, **k))
     config, fused, record = tmp_path / "ptq.json", tmp_path / "fused.onnx", tmp_path / "record.txt"
     amct.create_quant_config(str(config), model, example)
-    calibration = amct.quantize_model(str(config), str(fused), str(record), model, example, input_names=["x"],
-                                      output_names=["y"], dynamic_axes=DYNAMIC)
+    calibration = amct.quantize_model(
+        str(config),
+        str(fused),
+        str(record),
+        model,
+        example,
+        input_names=["x"],
+        output_names=["y"],
+        dynamic_axes=DYNAMIC,
+    )
     torch.manual_seed(1)
     with torch.no_grad():
         calibration(torch.randn(16, 3, 6, 6))

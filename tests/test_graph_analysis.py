@@ -61,7 +61,10 @@ def test_quantizable_layers_in_topological_order():
     layers = quantizable_layers(cm)
 
     assert [(layer.name, layer.type_name) for layer in layers] == [
-        ("conv1", "Conv2d"), ("conv2", "Conv2d"), ("fc", "Linear")]
+        ("conv1", "Conv2d"),
+        ("conv2", "Conv2d"),
+        ("fc", "Linear"),
+    ]
     assert layers[0].module is cm.module.conv1
 
 
@@ -76,8 +79,9 @@ def test_reused_module_is_excluded_with_its_call_count():
     cm = _capture(ReusedModuleNet)
 
     assert [layer.name for layer in quantizable_layers(cm)] == ["head"]
-    assert excluded_layers(cm) == {"conv": "the module is called 2 times in forward; reused modules are "
-                                           "not supported (docs/spec/engine.md §4.9)"}
+    assert excluded_layers(cm) == {
+        "conv": "the module is called 2 times in forward; reused modules are not supported (docs/spec/engine.md §4.9)"
+    }
 
 
 def test_shared_weight_excludes_both_holders():
@@ -106,7 +110,10 @@ def test_distill_types_keep_only_conv2d_and_linear():
 
 def test_conv_bn_relu_chains():
     assert conv_bn_act_chains(_capture(ConvBnReluNet)) == [
-        Chain("conv1", "bn", "relu", "ReLU"), Chain("conv2", "bn2", "relu2", "ReLU"), Chain("fc")]
+        Chain("conv1", "bn", "relu", "ReLU"),
+        Chain("conv2", "bn2", "relu2", "ReLU"),
+        Chain("fc"),
+    ]
 
 
 def test_chains_record_functional_activations_without_a_module():
@@ -201,10 +208,18 @@ def test_group_size_two_cascades_through_single_consumers():
 def test_activation_units_and_cascade():
     cm = _capture(ActivationsNet)
 
-    assert distill_groups(cm) == [["conv1", "act1"], ["conv2", "bn2", "act2"], ["conv3"], ["fc1", "act3"],
-                                  ["fc2", "softmax"]]
-    assert distill_groups(cm, group_size=2) == [["conv1", "act1", "conv2", "bn2", "act2"], ["conv3"],
-                                                ["fc1", "act3", "fc2", "softmax"]]
+    assert distill_groups(cm) == [
+        ["conv1", "act1"],
+        ["conv2", "bn2", "act2"],
+        ["conv3"],
+        ["fc1", "act3"],
+        ["fc2", "softmax"],
+    ]
+    assert distill_groups(cm, group_size=2) == [
+        ["conv1", "act1", "conv2", "bn2", "act2"],
+        ["conv3"],
+        ["fc1", "act3", "fc2", "softmax"],
+    ]
 
 
 def test_resnet_blocks_cascade_conv1_into_conv2_but_not_across_the_add():
@@ -218,7 +233,9 @@ def test_user_group_is_expanded_along_its_only_route():
     cm = _capture(ConvBnReluNet)
 
     assert distill_groups(cm, user_groups=[("conv1", "relu2")]) == [
-        ["conv1", "bn", "relu", "conv2", "bn2", "relu2"], ["fc"]]
+        ["conv1", "bn", "relu", "conv2", "bn2", "relu2"],
+        ["fc"],
+    ]
 
 
 def test_user_groups_accept_cfg_objects_and_sort_by_position():
@@ -235,8 +252,9 @@ def test_user_group_with_two_routes_is_refused():
 
 
 def test_user_group_with_no_route_is_refused():
-    with pytest.raises(ValueError, match="Can not find an only route from conv2 to conv1: 'conv1' cannot be "
-                                         "reached from 'conv2'"):
+    with pytest.raises(
+        ValueError, match="Can not find an only route from conv2 to conv1: 'conv1' cannot be reached from 'conv2'"
+    ):
         distill_groups(_capture(ConvBnReluNet), user_groups=[("conv2", "conv1")])
 
 

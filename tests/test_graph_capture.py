@@ -24,8 +24,13 @@ from tests.models import (
 )
 
 CONV_BN_RELU_TYPES = {
-    "conv1": "Conv2d", "bn": "BatchNorm2d", "relu": "ReLU",
-    "conv2": "Conv2d", "bn2": "BatchNorm2d", "relu2": "ReLU", "fc": "Linear",
+    "conv1": "Conv2d",
+    "bn": "BatchNorm2d",
+    "relu": "ReLU",
+    "conv2": "Conv2d",
+    "bn2": "BatchNorm2d",
+    "relu2": "ReLU",
+    "fc": "Linear",
 }
 
 LIFTED_TYPES = {"Conv2d", "BatchNorm2d", "ReLU", "Linear"}

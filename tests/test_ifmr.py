@@ -177,12 +177,14 @@ def test_the_percentile_selection_over_rows_finds_topks_value(k):
     topk's value, also when the extremes repeat, share a row, fill whole rows (a ReLU's zeros) or sit in the tail."""
     gen = torch.Generator().manual_seed(k)
     shared_row = torch.rand(100_000, generator=gen)
-    shared_row[:k + 3] = 7.0
-    for x in (torch.randn(200_000, generator=gen),
-              torch.relu(torch.randn(200_000, generator=gen)),
-              shared_row,
-              torch.cat([torch.rand(100_000, generator=gen), torch.full((2 * k,), 5.0), torch.full((k,), -5.0)]),
-              torch.cat([torch.rand(100_000, generator=gen), torch.tensor([9.0, -9.0, 8.0])])):
+    shared_row[: k + 3] = 7.0
+    for x in (
+        torch.randn(200_000, generator=gen),
+        torch.relu(torch.randn(200_000, generator=gen)),
+        shared_row,
+        torch.cat([torch.rand(100_000, generator=gen), torch.full((2 * k,), 5.0), torch.full((k,), -5.0)]),
+        torch.cat([torch.rand(100_000, generator=gen), torch.tensor([9.0, -9.0, 8.0])]),
+    ):
         for largest in (True, False):
             expected = torch.topk(x, k, largest=largest).values[-1]
             assert ifmr._kth_from_end(x, k, largest) == expected
@@ -192,9 +194,14 @@ def test_the_percentile_selection_over_rows_finds_topks_value(k):
 def test_the_histogram_counts_every_bin_as_histc_does(bins):
     """ifmr._histogram replaces torch.histc for speed: the same bin for every value, edges and maximum included."""
     g = torch.Generator().manual_seed(3)
-    for x in (torch.relu(torch.randn(200_003, generator=g)), torch.randn(50_000, generator=g) * 3 + 1,
-              torch.rand(30_000, generator=g) ** 3 * 7 - 2, torch.randn(5_000, generator=g) * 1e-3,
-              torch.tensor([0.0, 1.0, 1.0, 2.0])):
+    for x in (
+        torch.relu(torch.randn(200_003, generator=g)),
+        torch.randn(50_000, generator=g) * 3 + 1,
+        torch.rand(30_000, generator=g) ** 3 * 7 - 2,
+        torch.randn(5_000, generator=g) * 1e-3,
+        torch.tensor([0.0, 1.0, 1.0, 2.0]),
+    ):
         lo, hi = torch.aminmax(x)
-        torch.testing.assert_close(ifmr._histogram(x, bins, lo, hi), torch.histc(x, bins, float(lo), float(hi)),
-                                   rtol=0, atol=0)
+        torch.testing.assert_close(
+            ifmr._histogram(x, bins, lo, hi), torch.histc(x, bins, float(lo), float(hi)), rtol=0, atol=0
+        )

@@ -36,8 +36,12 @@ def _module_name(path: Path) -> str:
 
 
 def _modules() -> dict[str, Path]:
-    return {_module_name(p): p for package in PACKAGES for p in (REPO / package).rglob("*.py")
-            if not p.name.endswith("_pb2.py")}
+    return {
+        _module_name(p): p
+        for package in PACKAGES
+        for p in (REPO / package).rglob("*.py")
+        if not p.name.endswith("_pb2.py")
+    }
 
 
 def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
@@ -75,8 +79,11 @@ def _within(module: str, package: str) -> bool:
 
 @pytest.mark.parametrize("importer", sorted(FORBIDDEN))
 def test_imports_point_down(graph, importer):
-    crossings = {module: sorted(t for t in targets if any(_within(t, f) for f in FORBIDDEN[importer]))
-                 for module, targets in graph.items() if _within(module, importer)}
+    crossings = {
+        module: sorted(t for t in targets if any(_within(t, f) for f in FORBIDDEN[importer]))
+        for module, targets in graph.items()
+        if _within(module, importer)
+    }
     assert {module: bad for module, bad in crossings.items() if bad} == {}
 
 
@@ -84,7 +91,7 @@ def test_no_module_imports_itself_back(graph):
     done: set[str] = set()
 
     def visit(module: str, stack: list[str]) -> None:
-        assert module not in stack, "import circle: " + " -> ".join([*stack[stack.index(module):], module])
+        assert module not in stack, "import circle: " + " -> ".join([*stack[stack.index(module) :], module])
         if module in done:
             return
         for target in sorted(graph[module]):
@@ -98,11 +105,14 @@ def test_no_module_imports_itself_back(graph):
         visit(module, [])
 
 
-@pytest.mark.parametrize("modules", [
-    "amct_engine.config.cfg_loader, amct_engine.config.cfg_checks, amct_engine.config.quant_json, "
-    "amct_engine.config.resolve, amct_engine.config.layer_refs",  # the API parses cfgs without torch
-    "service.app, service.cli, job_process.kinds, amct_engine.export.formats, amct_engine.quant.registry",
-])
+@pytest.mark.parametrize(
+    "modules",
+    [
+        "amct_engine.config.cfg_loader, amct_engine.config.cfg_checks, amct_engine.config.quant_json, "
+        "amct_engine.config.resolve, amct_engine.config.layer_refs",  # the API parses cfgs without torch
+        "service.app, service.cli, job_process.kinds, amct_engine.export.formats, amct_engine.quant.registry",
+    ],
+)
 def test_these_modules_load_without_torch(modules):
     code = f"import sys, {modules}; assert 'torch' not in sys.modules, 'torch was imported'"
     env = {**os.environ, "PYTHONPATH": str(REPO)}

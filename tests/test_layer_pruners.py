@@ -26,8 +26,9 @@ from amct_engine.prune.layer_pruners import PRODUCER, keep_indices, layer_pruner
 from amct_engine.prune.records import read_prune_records
 from amct_engine.prune.report import DISABLED, PRUNED
 
-FILTER_50 = ("prune_config { filter_pruner { balanced_l2_norm_filter_prune { prune_ratio: 0.5 "
-             "ascend_optimized: false } } }\n")
+FILTER_50 = (
+    "prune_config { filter_pruner { balanced_l2_norm_filter_prune { prune_ratio: 0.5 ascend_optimized: false } } }\n"
+)
 
 
 class ScaledConv2d(nn.Module):
@@ -120,9 +121,7 @@ def test_registering_a_pruner_makes_the_layer_one_leaf_of_the_captured_graph(sca
     assert not group.disabled
 
 
-def test_the_user_layer_loses_channels_and_its_consumer_reads_fewer(
-    tmp_path, scaled_conv_pruner
-):
+def test_the_user_layer_loses_channels_and_its_consumer_reads_fewer(tmp_path, scaled_conv_pruner):
     torch.manual_seed(0)
     model = ScaledNet()
     record = tmp_path / "record.txt"
@@ -143,8 +142,9 @@ def test_restore_replays_the_user_layer_from_the_record(tmp_path, scaled_conv_pr
     record = tmp_path / "record.txt"
     pruned = amct.create_prune_retrain_model(ScaledNet(), _input(), _cfg(tmp_path), str(record)).eval()
     torch.save(pruned.state_dict(), tmp_path / "pruned.pth")
-    restored = amct.restore_prune_retrain_model(ScaledNet(), _input(), str(record), _cfg(tmp_path),
-                                                str(tmp_path / "pruned.pth")).eval()
+    restored = amct.restore_prune_retrain_model(
+        ScaledNet(), _input(), str(record), _cfg(tmp_path), str(tmp_path / "pruned.pth")
+    ).eval()
     assert restored.stem.scale.shape == (8,) and restored.conv.in_channels == 8
     with torch.no_grad():
         assert torch.equal(restored(_input(seed=2)), pruned(_input(seed=2)))
@@ -173,5 +173,6 @@ def test_an_unregistered_user_leaf_disables_the_group_it_reads_naming_its_type()
     finally:
         unregister_leaf_module_type(ScaledConv2d)
     (group,) = [g for g in deps.groups if g.producer_names == ["conv"]]
-    assert group.disabled == ["'scaled' (ScaledConv2d) is a ScaledConv2d; the pruner does not know how it uses "
-                              "channels"]
+    assert group.disabled == [
+        "'scaled' (ScaledConv2d) is a ScaledConv2d; the pruner does not know how it uses channels"
+    ]

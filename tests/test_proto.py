@@ -18,8 +18,11 @@ def test_committed_pb2_modules_match_their_proto_files(tmp_path):
     protos = sorted(glob.glob(os.path.join(ROOT, PROTO_DIR, "*.proto")))
     assert len(protos) == 5
     # Generate from a copy so the import paths ("amct_engine/proto/x.proto") are the same as `make proto`.
-    shutil.copytree(os.path.join(ROOT, PROTO_DIR), tmp_path / PROTO_DIR,
-                    ignore=shutil.ignore_patterns("*_pb2.py", "*_pb2.pyi", "__pycache__"))
+    shutil.copytree(
+        os.path.join(ROOT, PROTO_DIR),
+        tmp_path / PROTO_DIR,
+        ignore=shutil.ignore_patterns("*_pb2.py", "*_pb2.pyi", "__pycache__"),
+    )
     args = ["protoc", f"-I{tmp_path}", f"--python_out={tmp_path}", f"--pyi_out={tmp_path}"]
     args += [os.path.join(tmp_path, PROTO_DIR, os.path.basename(p)) for p in protos]
     assert grpc_tools.main(args) == 0

@@ -37,7 +37,7 @@ def _oracle(weights: list[np.ndarray], ratio: float, ascend: bool, group: int) -
     per_group, length = (num - remain) // group, num // group
     pruned = []
     for g in range(group):
-        order = np.argsort(score[g * length:(g + 1) * length], kind="stable") + g * length
+        order = np.argsort(score[g * length : (g + 1) * length], kind="stable") + g * length
         pruned.extend(order[:per_group].tolist())
     return sorted(pruned)
 

@@ -32,8 +32,9 @@ def _images(seed: int, n: int = 16) -> torch.Tensor:
 
 
 def _batches(count: int = 3):
-    return [(_images(10 + i), torch.randint(0, 10, (16,), generator=torch.Generator().manual_seed(i)))
-            for i in range(count)]
+    return [
+        (_images(10 + i), torch.randint(0, 10, (16,), generator=torch.Generator().manual_seed(i))) for i in range(count)
+    ]
 
 
 def _groups(model):
@@ -44,8 +45,11 @@ def _groups(model):
 def test_group_l2_sums_the_squares_of_every_weight_a_channel_touches():
     model = _model()
     conv1 = _groups(model)["conv1"]
-    expected = (model.conv1.weight.detach().square().sum(dim=(1, 2, 3)) + model.bn1.weight.detach().square()
-                + model.conv2.weight.detach().square().sum(dim=(0, 2, 3)))
+    expected = (
+        model.conv1.weight.detach().square().sum(dim=(1, 2, 3))
+        + model.bn1.weight.detach().square()
+        + model.conv2.weight.detach().square().sum(dim=(0, 2, 3))
+    )
     assert torch.allclose(IMPORTANCE_CRITERIA["group_l2"](conv1, model), expected.double())
     # conv2's channels reach fc as blocks of 7x7 features after the flatten
     conv2 = _groups(model)["conv2"]
@@ -71,18 +75,21 @@ def test_taylor_scores_weight_times_gradient_over_the_calibration_batches():
 
 def test_taylor_without_calibration_data_says_what_it_needs(tmp_path):
     cfg = tmp_path / "p.cfg"
-    cfg.write_text('prune_config { filter_pruner { balanced_l2_norm_filter_prune { prune_ratio: 0.5 '
-                   'importance: "taylor" } } }')
+    cfg.write_text(
+        'prune_config { filter_pruner { balanced_l2_norm_filter_prune { prune_ratio: 0.5 importance: "taylor" } } }'
+    )
     with pytest.raises(ValueError, match="taylor importance criterion needs calibration batches"):
         amct.create_prune_retrain_model(_model(), _images(0)[:2], str(cfg), str(tmp_path / "r.txt"))
 
 
 def test_the_cfg_names_the_criterion_and_the_report_says_which_ranked_each_group(tmp_path):
     cfg = tmp_path / "p.cfg"
-    cfg.write_text('prune_config { filter_pruner { balanced_l2_norm_filter_prune { prune_ratio: 0.5 '
-                   'ascend_optimized: false importance: "group_l2" } } }\n'
-                   'override_layer_configs { layer_name: "conv2" prune_config { filter_pruner { '
-                   'balanced_l2_norm_filter_prune { prune_ratio: 0.5 ascend_optimized: false } } } }\n')
+    cfg.write_text(
+        "prune_config { filter_pruner { balanced_l2_norm_filter_prune { prune_ratio: 0.5 "
+        'ascend_optimized: false importance: "group_l2" } } }\n'
+        'override_layer_configs { layer_name: "conv2" prune_config { filter_pruner { '
+        "balanced_l2_norm_filter_prune { prune_ratio: 0.5 ascend_optimized: false } } } }\n"
+    )
     model = amct.create_prune_retrain_model(_model(), _images(0)[:2], str(cfg), str(tmp_path / "r.txt"))
     decisions = {g.producers[0]: g for g in model.amct_prune_report.pruned_groups}
     assert decisions["conv1"].importance == "group_l2" and decisions["conv2"].importance == "bcp"
@@ -96,19 +103,26 @@ def test_the_cfg_names_the_criterion_and_the_report_says_which_ranked_each_group
 
 def test_an_unknown_criterion_is_a_config_error_at_its_field(tmp_path):
     cfg = tmp_path / "p.cfg"
-    cfg.write_text('prune_config {\n  filter_pruner {\n    balanced_l2_norm_filter_prune {\n      prune_ratio: 0.5\n'
-                   '      importance: "taylr"\n    }\n  }\n}\n')
-    with pytest.raises(ConfigError, match=r'p.cfg:5:7: importance "taylr" is not a pruning importance criterion; '
-                                          r"known: bcp, group_l2, taylor"):
+    cfg.write_text(
+        "prune_config {\n  filter_pruner {\n    balanced_l2_norm_filter_prune {\n      prune_ratio: 0.5\n"
+        '      importance: "taylr"\n    }\n  }\n}\n'
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r'p.cfg:5:7: importance "taylr" is not a pruning importance criterion; '
+        r"known: bcp, group_l2, taylor",
+    ):
         amct.create_prune_retrain_model(_model(), _images(0)[:2], str(cfg), str(tmp_path / "r.txt"))
 
 
 def test_an_amct_cfg_without_the_extension_prunes_as_before(tmp_path):
     cfg = tmp_path / "p.cfg"
-    cfg.write_text("prune_config { filter_pruner { balanced_l2_norm_filter_prune { prune_ratio: 0.5 "
-                   "ascend_optimized: false } } }")
-    model = amct.create_prune_retrain_model(_model(), _images(0)[:2], str(cfg), str(tmp_path / "r.txt"),
-                                            calibration_data=_batches(), recalibrate_bn=False)
+    cfg.write_text(
+        "prune_config { filter_pruner { balanced_l2_norm_filter_prune { prune_ratio: 0.5 ascend_optimized: false } } }"
+    )
+    model = amct.create_prune_retrain_model(
+        _model(), _images(0)[:2], str(cfg), str(tmp_path / "r.txt"), calibration_data=_batches(), recalibrate_bn=False
+    )
     from amct_engine.prune.bcp import bcp_importance
 
     reference = _model()
@@ -119,11 +133,13 @@ def test_an_amct_cfg_without_the_extension_prunes_as_before(tmp_path):
 
 def test_batch_norms_are_recalibrated_on_the_pruned_model(tmp_path):
     cfg = tmp_path / "p.cfg"
-    cfg.write_text("prune_config { filter_pruner { balanced_l2_norm_filter_prune { prune_ratio: 0.5 "
-                   "ascend_optimized: false } } }")
+    cfg.write_text(
+        "prune_config { filter_pruner { balanced_l2_norm_filter_prune { prune_ratio: 0.5 ascend_optimized: false } } }"
+    )
     batches = _batches()
-    model = amct.create_prune_retrain_model(_model(), _images(0)[:2], str(cfg), str(tmp_path / "r.txt"),
-                                            calibration_data=batches)
+    model = amct.create_prune_retrain_model(
+        _model(), _images(0)[:2], str(cfg), str(tmp_path / "r.txt"), calibration_data=batches
+    )
     assert model.amct_prune_report.bn_recalibrated == 2
     # bn2 holds the statistics of its pruned input over the three batches (cumulative average)
     with torch.no_grad():

@@ -16,13 +16,19 @@ from amct_engine.prune import progressive
 from examples.models import SmallFashionCnn
 
 # SmallFashionCnn: conv1 16 → conv2 32 channels (the output Linear is never pruned)
-SCHEDULE_CFG = ('prune_config {{\n  filter_pruner {{\n    balanced_l2_norm_filter_prune {{\n'
-                '      prune_ratio: 0.5\n      ascend_optimized: false\n      importance: "group_l2"\n'
-                '      prune_schedule {{ {schedule} }}\n    }}\n  }}\n}}\n')
-ONE_SHOT_CFG = ('prune_config { filter_pruner { balanced_l2_norm_filter_prune { prune_ratio: 0.5 '
-                'ascend_optimized: false importance: "group_l2" } } }')
-QUANT_CFG = ("retrain_data_quant_config { ulq_quantize { } }\n"
-             "retrain_weight_quant_config { arq_retrain { channel_wise: true dst_type: INT8 } }\n")
+SCHEDULE_CFG = (
+    "prune_config {{\n  filter_pruner {{\n    balanced_l2_norm_filter_prune {{\n"
+    '      prune_ratio: 0.5\n      ascend_optimized: false\n      importance: "group_l2"\n'
+    "      prune_schedule {{ {schedule} }}\n    }}\n  }}\n}}\n"
+)
+ONE_SHOT_CFG = (
+    "prune_config { filter_pruner { balanced_l2_norm_filter_prune { prune_ratio: 0.5 "
+    'ascend_optimized: false importance: "group_l2" } } }'
+)
+QUANT_CFG = (
+    "retrain_data_quant_config { ulq_quantize { } }\n"
+    "retrain_weight_quant_config { arq_retrain { channel_wise: true dst_type: INT8 } }\n"
+)
 
 
 def _model() -> nn.Module:
@@ -53,8 +59,10 @@ def _train(model, batches: int, start: int = 0) -> None:
 
 def _masked(model) -> dict[str, int]:
     """Zeroed output channels of conv1 and conv2 (a masked channel has its filter zeroed)."""
-    return {name: int((getattr(model, name).weight.detach().flatten(1).abs().sum(1) == 0).sum())
-            for name in ("conv1", "conv2")}
+    return {
+        name: int((getattr(model, name).weight.detach().flatten(1).abs().sum(1) == 0).sum())
+        for name in ("conv1", "conv2")
+    }
 
 
 def _onnx_channels(path: str) -> dict[str, int]:
@@ -79,8 +87,16 @@ def test_the_mask_grows_to_the_scheduled_counts_at_each_step(tmp_path):
         with torch.no_grad():
             model(_batch(100)[0])
         seen.append(tuple(_masked(model).values()))
-    assert seen == [expected[0], expected[1], expected[1], expected[2], expected[2], expected[3], expected[3],
-                    expected[3]]
+    assert seen == [
+        expected[0],
+        expected[1],
+        expected[1],
+        expected[2],
+        expected[2],
+        expected[3],
+        expected[3],
+        expected[3],
+    ]
     state = json.loads((tmp_path / "r.txt.prune_schedule.json").read_text())
     assert state["batches"] == 8 and [g["step"] for g in state["groups"]] == [3, 3]
     assert [len(g["masked"]) for g in state["groups"]] == [8, 16]
@@ -106,8 +122,7 @@ def test_masked_forward_equals_the_saved_model_with_the_channels_removed(tmp_pat
 def test_save_removes_as_many_channels_as_one_shot_pruning_even_before_the_last_step(tmp_path):
     one_shot_cfg = tmp_path / "one_shot.cfg"
     one_shot_cfg.write_text(ONE_SHOT_CFG)
-    one_shot = amct.create_prune_retrain_model(_model(), _batch(0)[0][:2], str(one_shot_cfg),
-                                               str(tmp_path / "o.txt"))
+    one_shot = amct.create_prune_retrain_model(_model(), _batch(0)[0][:2], str(one_shot_cfg), str(tmp_path / "o.txt"))
     expected = _onnx_channels(amct.save_prune_retrain_model(one_shot, str(tmp_path / "o"), _batch(0)[0][:2])["deploy"])
     model = amct.create_prune_retrain_model(_model(), _batch(0)[0][:2], _cfg(tmp_path), str(tmp_path / "r.txt"))
     _train(model, 2)  # step 1 of 3 only
@@ -168,21 +183,27 @@ def test_compressed_retrain_with_a_schedule_saves_an_int8_model_with_the_one_sho
     assert sorted(_onnx_channels(paths["fake_quant"]).values()) == [8, 16]
 
 
-@pytest.mark.parametrize(("schedule", "where", "message"), [
-    ("steps: 0 start_ratio: 0.1", "7:24", "prune_schedule needs steps >= 1, got 0"),
-    ("steps: 2 start_ratio: 0.5", "7:33", "prune_schedule start_ratio must be >= 0 and below prune_ratio 0.5, got 0.5"),
-    ("steps: 2 interval: 0", "7:33", "prune_schedule needs interval >= 1"),
-])
+@pytest.mark.parametrize(
+    ("schedule", "where", "message"),
+    [
+        ("steps: 0 start_ratio: 0.1", "7:24", "prune_schedule needs steps >= 1, got 0"),
+        (
+            "steps: 2 start_ratio: 0.5",
+            "7:33",
+            "prune_schedule start_ratio must be >= 0 and below prune_ratio 0.5, got 0.5",
+        ),
+        ("steps: 2 interval: 0", "7:33", "prune_schedule needs interval >= 1"),
+    ],
+)
 def test_a_bad_schedule_is_a_config_error_at_its_field(tmp_path, schedule, where, message):
     with pytest.raises(ConfigError, match=rf"progressive.cfg:{where}: {message}"):
-        amct.create_prune_retrain_model(_model(), _batch(0)[0][:2], _cfg(tmp_path, schedule),
-                                        str(tmp_path / "r.txt"))
+        amct.create_prune_retrain_model(_model(), _batch(0)[0][:2], _cfg(tmp_path, schedule), str(tmp_path / "r.txt"))
 
 
 def test_a_schedule_with_the_taylor_criterion_is_refused(tmp_path):
     cfg = tmp_path / "t.cfg"
     cfg.write_text(SCHEDULE_CFG.format(schedule="steps: 2").replace("group_l2", "taylor"))
-    with pytest.raises(ConfigError, match=r't.cfg:7:7: prune_schedule needs a weight-based importance'):
+    with pytest.raises(ConfigError, match=r"t.cfg:7:7: prune_schedule needs a weight-based importance"):
         amct.create_prune_retrain_model(_model(), _batch(0)[0][:2], str(cfg), str(tmp_path / "r.txt"))
 
 
@@ -193,15 +214,24 @@ def test_batch_norms_can_be_recalibrated_again_after_the_qat_layers_go_in(tmp_pa
     cfg.write_text(ONE_SHOT_CFG + "\n" + QUANT_CFG)
     batches = [_batch(200 + i) for i in range(3)]
     kwargs = dict(calibration_data=batches, recalibrate_bn=True)
-    float_only = amct.create_compressed_retrain_model(_model(), _batch(0)[0][:2], str(cfg), str(tmp_path / "a.txt"),
-                                                      **kwargs)
-    model = amct.create_compressed_retrain_model(_model(), _batch(0)[0][:2], str(cfg), str(tmp_path / "b.txt"),
-                                                 recalibrate_quantized_bn=True, **kwargs)
+    float_only = amct.create_compressed_retrain_model(
+        _model(), _batch(0)[0][:2], str(cfg), str(tmp_path / "a.txt"), **kwargs
+    )
+    model = amct.create_compressed_retrain_model(
+        _model(), _batch(0)[0][:2], str(cfg), str(tmp_path / "b.txt"), recalibrate_quantized_bn=True, **kwargs
+    )
     layer = model.conv1
     assert layer.act_quant.calibrated  # IFMR took its start from the first calibration batch
     with torch.no_grad():
-        outputs = [F.conv2d(layer.act_quant(x), layer.weight_quant(layer.layer.weight), layer.layer.bias,
-                            padding=layer.layer.padding) for x, _ in batches]
+        outputs = [
+            F.conv2d(
+                layer.act_quant(x),
+                layer.weight_quant(layer.layer.weight),
+                layer.layer.bias,
+                padding=layer.layer.padding,
+            )
+            for x, _ in batches
+        ]
     expected = torch.stack([y.mean(dim=(0, 2, 3)) for y in outputs]).mean(0)
     error = (layer.bn.running_mean - expected).abs().max()
     float_error = (float_only.conv1.bn.running_mean - expected).abs().max()  # the statistics of the float output

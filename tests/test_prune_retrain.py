@@ -46,8 +46,7 @@ def pruned_resnet(tmp_path):
     torch.manual_seed(0)
     model = PruneResNet()
     record = tmp_path / "record.txt"
-    pruned = amct.create_prune_retrain_model(model, example_input(PruneResNet), _cfg(tmp_path, FILTER_50),
-                                             str(record))
+    pruned = amct.create_prune_retrain_model(model, example_input(PruneResNet), _cfg(tmp_path, FILTER_50), str(record))
     return model, pruned, record
 
 
@@ -62,8 +61,11 @@ def test_half_pruning_keeps_the_forward_and_removes_over_40_percent(pruned_resne
 def test_ascend_optimized_leaves_multiples_of_16_channels(pruned_resnet):
     model, pruned, _ = pruned_resnet
     originals = dict(model.named_modules())
-    changed = [(n, m) for n, m in pruned.named_modules()
-               if isinstance(m, nn.Conv2d) and m.out_channels != originals[n].out_channels]
+    changed = [
+        (n, m)
+        for n, m in pruned.named_modules()
+        if isinstance(m, nn.Conv2d) and m.out_channels != originals[n].out_channels
+    ]
     assert len(changed) >= 8
     assert all(m.out_channels % 16 == 0 for _, m in changed)
 
@@ -100,8 +102,12 @@ def test_restore_replays_the_record_bit_exactly(tmp_path, pruned_resnet):
         expected = pruned(x)
     torch.save({"net": pruned.state_dict()}, tmp_path / "pruned.pth")
     restored = amct.restore_prune_retrain_model(
-        PruneResNet(), example_input(PruneResNet), str(record), _cfg(tmp_path, FILTER_50),
-        str(tmp_path / "pruned.pth"), state_dict_name="net",
+        PruneResNet(),
+        example_input(PruneResNet),
+        str(record),
+        _cfg(tmp_path, FILTER_50),
+        str(tmp_path / "pruned.pth"),
+        state_dict_name="net",
     ).eval()
     with torch.no_grad():
         assert torch.equal(restored(x), expected)
@@ -112,8 +118,9 @@ def test_save_writes_the_pruned_float_model_twice(tmp_path, pruned_resnet):
     _, pruned, _ = pruned_resnet
     pruned.eval()
     x = example_input(PruneResNet)
-    paths = amct.save_prune_retrain_model(pruned, str(tmp_path / "out"), x, input_names=["x"],
-                                          dynamic_axes={"x": {0: "n"}})
+    paths = amct.save_prune_retrain_model(
+        pruned, str(tmp_path / "out"), x, input_names=["x"], dynamic_axes={"x": {0: "n"}}
+    )
     assert Path(paths["deploy"]).read_bytes() == Path(paths["fake_quant"]).read_bytes()
     session = ort.InferenceSession(paths["deploy"], providers=["CPUExecutionProvider"])
     x4 = example_input(PruneResNet, seed=3).repeat(2, 1, 1, 1)
@@ -122,10 +129,12 @@ def test_save_writes_the_pruned_float_model_twice(tmp_path, pruned_resnet):
 
 
 def test_add_merged_grouped_convs_keep_120_of_160(tmp_path):
-    cfg = _cfg(tmp_path, "prune_config { filter_pruner { balanced_l2_norm_filter_prune "
-                         "{ prune_ratio: 0.25 ascend_optimized: false } } }")
-    pruned = amct.create_prune_retrain_model(EltwiseConv(), example_input(EltwiseConv), cfg,
-                                             str(tmp_path / "r.txt"))
+    cfg = _cfg(
+        tmp_path,
+        "prune_config { filter_pruner { balanced_l2_norm_filter_prune "
+        "{ prune_ratio: 0.25 ascend_optimized: false } } }",
+    )
+    pruned = amct.create_prune_retrain_model(EltwiseConv(), example_input(EltwiseConv), cfg, str(tmp_path / "r.txt"))
     assert [pruned.get_submodule(f"layer{i}.0").out_channels for i in range(1, 5)] == [120] * 4
     assert pruned.layer5[0].in_channels == 120 and pruned.layer5[0].groups == 2
     assert pruned.layer5[0].out_channels == 80  # feeds the output
@@ -134,11 +143,14 @@ def test_add_merged_grouped_convs_keep_120_of_160(tmp_path):
 
 
 def test_a_group_that_breaks_the_forward_is_restored_with_a_warning(tmp_path, caplog):
-    cfg = _cfg(tmp_path, "prune_config { filter_pruner { balanced_l2_norm_filter_prune "
-                         "{ prune_ratio: 0.5 ascend_optimized: false } } }")
+    cfg = _cfg(
+        tmp_path,
+        "prune_config { filter_pruner { balanced_l2_norm_filter_prune { prune_ratio: 0.5 ascend_optimized: false } } }",
+    )
     with caplog.at_level(logging.WARNING, logger="amct_engine.prune"):
-        pruned = amct.create_prune_retrain_model(HardcodedViewNet(), example_input(HardcodedViewNet), cfg,
-                                                 str(tmp_path / "r.txt"))
+        pruned = amct.create_prune_retrain_model(
+            HardcodedViewNet(), example_input(HardcodedViewNet), cfg, str(tmp_path / "r.txt")
+        )
     assert pruned.conv1.out_channels == 8 and pruned.conv2.out_channels == 16
     restored = [g for g in pruned.amct_prune_report.groups if g.status == RESTORED]
     assert [g.producers for g in restored] == [["conv2"]]
@@ -147,15 +159,18 @@ def test_a_group_that_breaks_the_forward_is_restored_with_a_warning(tmp_path, ca
 
 
 def test_skip_lists_and_overrides_pick_each_layers_prune(tmp_path):
-    cfg = _cfg(tmp_path, FILTER_50 + """
+    cfg = _cfg(
+        tmp_path,
+        FILTER_50
+        + """
         skip_layers: "pw"
         regular_prune_skip_layers: "layer2.conv1"
         override_layer_configs { layer_name: "layer1.conv1" prune_config { filter_pruner {
             balanced_l2_norm_filter_prune { prune_ratio: 0.25 ascend_optimized: false } } } }
         override_layer_types { layer_type: "Linear" prune_config { n_out_of_m_pruner { l1_selective_prune {} } } }
-    """)
-    pruned = amct.create_prune_retrain_model(PruneResNet(), example_input(PruneResNet), cfg,
-                                             str(tmp_path / "r.txt"))
+    """,
+    )
+    pruned = amct.create_prune_retrain_model(PruneResNet(), example_input(PruneResNet), cfg, str(tmp_path / "r.txt"))
     assert (pruned.pw.out_channels, pruned.layer2.conv1.out_channels) == (32, 64)
     assert pruned.layer1.conv1.out_channels == 24
     report = {tuple(g.producers): g for g in pruned.amct_prune_report.groups}
@@ -167,13 +182,15 @@ def test_skip_lists_and_overrides_pick_each_layers_prune(tmp_path):
 
 def test_global_selective_with_a_filter_override_mixes_both_kinds(tmp_path):
     # docs/spec/engine.md §7.3 "Mixed test": 4:2 everywhere, BCP 0.5 on one layer
-    cfg = _cfg(tmp_path, """
+    cfg = _cfg(
+        tmp_path,
+        """
         prune_config { n_out_of_m_pruner { l1_selective_prune { n_out_of_m_type: M4N2 } } }
         override_layer_configs { layer_name: "layer1.conv1" prune_config { filter_pruner {
             balanced_l2_norm_filter_prune { prune_ratio: 0.5 ascend_optimized: false } } } }
-    """)
-    pruned = amct.create_prune_retrain_model(PruneResNet(), example_input(PruneResNet), cfg,
-                                             str(tmp_path / "r.txt"))
+    """,
+    )
+    pruned = amct.create_prune_retrain_model(PruneResNet(), example_input(PruneResNet), cfg, str(tmp_path / "r.txt"))
     assert pruned.layer1.conv1.out_channels == 16 and pruned.layer1.conv2.in_channels == 16
     masked = {s.layer for s in pruned.amct_prune_report.selective if s.status == "masked"}
     assert "layer1.conv2" in masked and "layer1.conv1" not in masked
@@ -182,8 +199,9 @@ def test_global_selective_with_a_filter_override_mixes_both_kinds(tmp_path):
     with torch.no_grad():
         expected = pruned(example_input(PruneResNet))
     torch.save(pruned.state_dict(), tmp_path / "mixed.pth")
-    restored = amct.restore_prune_retrain_model(PruneResNet(), example_input(PruneResNet), str(tmp_path / "r.txt"),
-                                                cfg, str(tmp_path / "mixed.pth")).eval()
+    restored = amct.restore_prune_retrain_model(
+        PruneResNet(), example_input(PruneResNet), str(tmp_path / "r.txt"), cfg, str(tmp_path / "mixed.pth")
+    ).eval()
     with torch.no_grad():
         assert torch.equal(restored(example_input(PruneResNet)), expected)
     paths = amct.save_prune_retrain_model(pruned, str(tmp_path / "mixed"), example_input(PruneResNet))
@@ -196,8 +214,9 @@ def test_a_torchscript_file_is_pruned_like_the_python_module(tmp_path, pruned_re
     model, pruned, _ = pruned_resnet
     path = tmp_path / "resnet.pt"
     torch.jit.trace(model.eval(), example_input(PruneResNet)).save(str(path))
-    from_file = amct.create_prune_retrain_model(str(path), example_input(PruneResNet), _cfg(tmp_path, FILTER_50),
-                                                str(tmp_path / "ts_record.txt"))
+    from_file = amct.create_prune_retrain_model(
+        str(path), example_input(PruneResNet), _cfg(tmp_path, FILTER_50), str(tmp_path / "ts_record.txt")
+    )
     kept = [(g.producers, g.kept) for g in pruned.amct_prune_report.groups]
     assert [(g.producers, g.kept) for g in from_file.amct_prune_report.groups] == kept
     with torch.no_grad():
@@ -221,5 +240,10 @@ def test_the_prune_api_refuses_quantization_settings(tmp_path):
 def test_restore_without_the_record_says_so(tmp_path):
     torch.save(PruneResNet().state_dict(), tmp_path / "m.pth")
     with pytest.raises(FileNotFoundError, match="record_file"):
-        amct.restore_prune_retrain_model(PruneResNet(), example_input(PruneResNet), str(tmp_path / "none.txt"),
-                                         _cfg(tmp_path, FILTER_50), str(tmp_path / "m.pth"))
+        amct.restore_prune_retrain_model(
+            PruneResNet(),
+            example_input(PruneResNet),
+            str(tmp_path / "none.txt"),
+            _cfg(tmp_path, FILTER_50),
+            str(tmp_path / "m.pth"),
+        )

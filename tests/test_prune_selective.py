@@ -20,18 +20,25 @@ def _oracle(weight: torch.Tensor, dim: int) -> torch.Tensor:
     if cin < 4:
         return torch.ones_like(weight)
     groups = math.ceil(cin / 4)
-    pad_shape = weight.shape[:dim] + (groups * 4 - cin,) + weight.shape[dim + 1:]
+    pad_shape = weight.shape[:dim] + (groups * 4 - cin,) + weight.shape[dim + 1 :]
     padded = torch.cat((weight.abs(), torch.zeros(pad_shape)), dim=dim)
-    grouped = padded.reshape(weight.shape[:dim] + (groups, 4) + weight.shape[dim + 1:])
+    grouped = padded.reshape(weight.shape[:dim] + (groups, 4) + weight.shape[dim + 1 :])
     idx = grouped.topk(k=2, dim=dim + 1, largest=False)[1]
     mask = torch.ones_like(grouped).scatter_(dim + 1, idx, 0.0)
-    return mask.reshape(weight.shape[:dim] + (-1,) + weight.shape[dim + 1:]).split(cin, dim=dim)[0]
+    return mask.reshape(weight.shape[:dim] + (-1,) + weight.shape[dim + 1 :]).split(cin, dim=dim)[0]
 
 
 @pytest.mark.parametrize(
     ("shape", "axis"),
-    [([2, 4, 3, 3], 0), ([160, 4, 3, 3], 1), ([160, 7, 3, 3], 1), ([160, 3, 3, 3], 0), ([1, 4, 3, 3], 1),
-     ([16, 6, 3, 3], 1), ([1, 5, 3, 3], 1)],
+    [
+        ([2, 4, 3, 3], 0),
+        ([160, 4, 3, 3], 1),
+        ([160, 7, 3, 3], 1),
+        ([160, 3, 3, 3], 0),
+        ([1, 4, 3, 3], 1),
+        ([16, 6, 3, 3], 1),
+        ([1, 5, 3, 3], 1),
+    ],
 )
 def test_mask_matches_the_oracle(shape, axis):
     weight = torch.randn(shape, generator=torch.Generator().manual_seed(sum(shape)))

@@ -25,25 +25,39 @@ def test_cfg_resolves_layer_over_type_over_common_and_skips():
     msg = parse_calibration_cfg(CFG).message
     assert (msg.batch_num, msg.activation_offset) == (2, False)
     specs = resolve_ptq_layers(msg, TYPES)
-    assert (specs["conv1"].act_algo, specs["conv1"].act_bits, specs["conv1"].search_step) == ("ifmr", 16,
-                                                                                             pytest.approx(0.02))
+    assert (specs["conv1"].act_algo, specs["conv1"].act_bits, specs["conv1"].search_step) == (
+        "ifmr",
+        16,
+        pytest.approx(0.02),
+    )
     assert (specs["conv2"].act_algo, specs["conv2"].num_of_bins, specs["conv2"].wts_bits) == ("hfmg", 2048, 8)
     assert (specs["fc"].act_algo, specs["fc"].wts_bits, specs["fc"].enabled) == ("hfmg", 4, True)
     assert not specs["fc2"].enabled
 
 
-@pytest.mark.parametrize(("text", "where", "words"), [
-    ("batch_num: 1\ncommon_config { hfmg_quantize { num_of_bins: 1000 } }\n", (2, 33), "num_of_bins must be one of"),
-    ("common_config {\n  arq_quantize { quant_bits: 3 }\n}\n", (2, 18), "quant_bits must be 4 or 8"),
-    ("common_config { ifmr_quantize { dst_type: INT16 } arq_quantize { quant_bits: 4 } }\n", (1, 33), "A16W4"),
-    ("override_layer_configs { layer_name: \"a\" }\n", (1, 1), 'missing required field "calibration_config"'),
-    ("common_config { ifmr_quantize { serch_step: 0.1 } }\n", (1, 33), "search_step"),
-    ("override_layer_types { layer_type: \"Linear\" calibration_config {} }\n"
-     "override_layer_types { layer_type: \"Linear\" calibration_config {} }\n", (2, 24), "more than one"),
-    ("search_config {\n  target_macs_ratio: 1.5\n}\n", (2, 3), "target_macs_ratio must lie in (0, 1)"),
-    ("search_config { prune_ratios: 0.5 prune_ratios: 1.0 }\n", (1, 35), "a prune ratio must lie in (0, 1), got 1"),
-    ("search_config { max_top1_drop: -1 }\n", (1, 17), "max_top1_drop must be >= 0"),
-])
+@pytest.mark.parametrize(
+    ("text", "where", "words"),
+    [
+        (
+            "batch_num: 1\ncommon_config { hfmg_quantize { num_of_bins: 1000 } }\n",
+            (2, 33),
+            "num_of_bins must be one of",
+        ),
+        ("common_config {\n  arq_quantize { quant_bits: 3 }\n}\n", (2, 18), "quant_bits must be 4 or 8"),
+        ("common_config { ifmr_quantize { dst_type: INT16 } arq_quantize { quant_bits: 4 } }\n", (1, 33), "A16W4"),
+        ('override_layer_configs { layer_name: "a" }\n', (1, 1), 'missing required field "calibration_config"'),
+        ("common_config { ifmr_quantize { serch_step: 0.1 } }\n", (1, 33), "search_step"),
+        (
+            'override_layer_types { layer_type: "Linear" calibration_config {} }\n'
+            'override_layer_types { layer_type: "Linear" calibration_config {} }\n',
+            (2, 24),
+            "more than one",
+        ),
+        ("search_config {\n  target_macs_ratio: 1.5\n}\n", (2, 3), "target_macs_ratio must lie in (0, 1)"),
+        ("search_config { prune_ratios: 0.5 prune_ratios: 1.0 }\n", (1, 35), "a prune ratio must lie in (0, 1), got 1"),
+        ("search_config { max_top1_drop: -1 }\n", (1, 17), "max_top1_drop must be >= 0"),
+    ],
+)
 def test_cfg_errors_name_the_field_at_its_position(text, where, words):
     with pytest.raises(ConfigError) as err:
         parse_calibration_cfg(text, "ptq.cfg")

@@ -25,7 +25,7 @@ CALIBRATION, BATCH = 512, 256
 def _ort_logits(path, x: torch.Tensor) -> np.ndarray:
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     name = session.get_inputs()[0].name
-    return np.concatenate([session.run(None, {name: x[i:i + 2000].numpy()})[0] for i in range(0, len(x), 2000)])
+    return np.concatenate([session.run(None, {name: x[i : i + 2000].numpy()})[0] for i in range(0, len(x), 2000)])
 
 
 def ptq(tmp_path, model, x_calibration, example, cfg_text=None, batch=BATCH):
@@ -36,13 +36,22 @@ def ptq(tmp_path, model, x_calibration, example, cfg_text=None, batch=BATCH):
         cfg.write_text(cfg_text)
     batch_num = len(x_calibration) // batch
     config, onnx_file, record = tmp_path / "ptq.json", tmp_path / "fused.onnx", tmp_path / "record.txt"
-    amct.create_quant_config(str(config), model, example, batch_num=batch_num,
-                             config_defination=str(cfg) if cfg else None)
-    calibration = amct.quantize_model(str(config), str(onnx_file), str(record), model, example, input_names=["x"],
-                                      output_names=["logits"], dynamic_axes={"x": {0: "n"}, "logits": {0: "n"}})
+    amct.create_quant_config(
+        str(config), model, example, batch_num=batch_num, config_defination=str(cfg) if cfg else None
+    )
+    calibration = amct.quantize_model(
+        str(config),
+        str(onnx_file),
+        str(record),
+        model,
+        example,
+        input_names=["x"],
+        output_names=["logits"],
+        dynamic_axes={"x": {0: "n"}, "logits": {0: "n"}},
+    )
     with torch.no_grad():
         for i in range(batch_num):
-            calibration(x_calibration[i * batch:(i + 1) * batch])
+            calibration(x_calibration[i * batch : (i + 1) * batch])
     return calibration, amct.save_model(str(onnx_file), str(record), str(tmp_path / "ptq"))
 
 
@@ -62,8 +71,9 @@ def test_hfmg_clips_heavy_tails_better_than_ifmr_and_min_max(bits, vs_ifmr, insi
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("cfg_text", [None, "common_config { hfmg_quantize { num_of_bins: 4096 } }\n"],
-                         ids=["ifmr", "hfmg"])
+@pytest.mark.parametrize(
+    "cfg_text", [None, "common_config { hfmg_quantize { num_of_bins: 4096 } }\n"], ids=["ifmr", "hfmg"]
+)
 def test_ptq_int8_deploy_matches_fp32_and_ort_static(tmp_path, fashion_fp32, fashion_data, cfg_text):
     from bench.ptq import quantize
     from examples.fashion_mnist import fashion_mnist_available  # noqa: F401  (fixture skips without data)
@@ -80,11 +90,12 @@ def test_ptq_int8_deploy_matches_fp32_and_ort_static(tmp_path, fashion_fp32, fas
     assert np.abs(deploy_logits - torch_logits).max() < 0.05
     assert np.abs(_ort_logits(paths["fake_quant"], x_test[:500]) - torch_logits[:500]).max() < 0.05
     fp32_onnx = tmp_path / "fp32.onnx"
-    torch.onnx.export(fashion_fp32, (x_test[:8],), str(fp32_onnx), input_names=["x"], dynamo=False,
-                      dynamic_axes={"x": {0: "n"}})
+    torch.onnx.export(
+        fashion_fp32, (x_test[:8],), str(fp32_onnx), input_names=["x"], dynamo=False, dynamic_axes={"x": {0: "n"}}
+    )
     ort_static = quantize(fp32_onnx, x_train[:CALIBRATION].numpy(), tmp_path / "ort.onnx")
     ort_accuracy = float((_ort_logits(ort_static["onnx"], x_test).argmax(1) == y_test.numpy()).mean())
-    algo = 'HFMG' if cfg_text else 'IFMR'
+    algo = "HFMG" if cfg_text else "IFMR"
     print(f"\nPTQ {algo}: FP32 {fp32:.4f} ours deploy {deploy:.4f} ORT static {ort_accuracy:.4f}")
     assert deploy >= fp32 - 0.002
     # Level with ORT's quantize_static: within 5 of 10,000 images. Both sides move by a few images with the
@@ -99,8 +110,9 @@ def test_save_before_calibration_says_what_to_run(tmp_path):
     model = SmallFashionCnn().eval()
     example = torch.randn(4, 1, 28, 28)
     amct.create_quant_config(str(tmp_path / "c.json"), model, example, batch_num=2)
-    calibration = amct.quantize_model(str(tmp_path / "c.json"), str(tmp_path / "m.onnx"), str(tmp_path / "r.txt"),
-                                      model, example)
+    calibration = amct.quantize_model(
+        str(tmp_path / "c.json"), str(tmp_path / "m.onnx"), str(tmp_path / "r.txt"), model, example
+    )
     calibration(example)  # one batch of two
     with pytest.raises(RuntimeError, match="run batch_num=2 calibration batches"):
         amct.save_model(str(tmp_path / "m.onnx"), str(tmp_path / "r.txt"), str(tmp_path / "out"))
@@ -115,8 +127,9 @@ def test_cfg_naming_a_missing_layer_is_a_positioned_error(tmp_path):
     cfg = tmp_path / "bad.cfg"
     cfg.write_text('batch_num: 1\nskip_layers: "conv9"\n')
     with pytest.raises(amct.ConfigError, match=r"bad.cfg:2:1: \"conv9\" is not a quantizable layer"):
-        amct.create_quant_config(str(tmp_path / "c.json"), SmallFashionCnn(), torch.randn(2, 1, 28, 28),
-                                 config_defination=str(cfg))
+        amct.create_quant_config(
+            str(tmp_path / "c.json"), SmallFashionCnn(), torch.randn(2, 1, 28, 28), config_defination=str(cfg)
+        )
 
 
 def test_calibration_writes_the_record_once_per_forward_and_the_model_still_copies(tmp_path, monkeypatch):
@@ -128,12 +141,14 @@ def test_calibration_writes_the_record_once_per_forward_and_the_model_still_copi
 
     model, example = SmallFashionCnn().eval(), torch.randn(4, 1, 28, 28)
     amct.create_quant_config(str(tmp_path / "c.json"), model, example, batch_num=2)
-    calibration = amct.quantize_model(str(tmp_path / "c.json"), str(tmp_path / "m.onnx"), str(tmp_path / "r.txt"),
-                                      model, example)
+    calibration = amct.quantize_model(
+        str(tmp_path / "c.json"), str(tmp_path / "m.onnx"), str(tmp_path / "r.txt"), model, example
+    )
     writes = []
     original = RecordFile._write
-    monkeypatch.setattr(RecordFile, "_write", lambda self, record: (writes.append(len(record.record)),
-                                                                     original(self, record)))
+    monkeypatch.setattr(
+        RecordFile, "_write", lambda self, record: (writes.append(len(record.record)), original(self, record))
+    )
     calibration(example)
     assert writes == []  # still collecting: nothing to write
     calibration(example)
@@ -149,8 +164,11 @@ def test_calibration_writes_the_record_once_per_forward_and_the_model_still_copi
 def test_histogram_ifmr_picks_the_exact_searchs_clip(bits, with_offset):
     """PTQ's IFMR evaluates the candidates on a 65,536-bin histogram; it must choose what the exact search does."""
     torch.manual_seed(bits + with_offset)
-    for x in (torch.randn(1_500_000), torch.relu(torch.randn(1_500_000)) * 3,
-              torch.distributions.Laplace(0.0, 1.0).sample((1_500_000,))):
+    for x in (
+        torch.randn(1_500_000),
+        torch.relu(torch.randn(1_500_000)) * 3,
+        torch.distributions.Laplace(0.0, 1.0).sample((1_500_000,)),
+    ):
         exact = ifmr_search(x, bits, with_offset)
         fast = ifmr_search(x, bits, with_offset, histogram_bins=1 << 16)
         assert float(fast.scale) == float(exact.scale) and int(fast.offset) == int(exact.offset)
@@ -171,8 +189,9 @@ class _ViewAfterConv(torch.nn.Module):
 
 def _calibrate(tmp_path, model, batches):
     amct.create_quant_config(str(tmp_path / "c.json"), model, batches[0][:4], batch_num=len(batches))
-    calibration = amct.quantize_model(str(tmp_path / "c.json"), str(tmp_path / "m.onnx"), str(tmp_path / "r.txt"),
-                                      model, batches[0][:4])
+    calibration = amct.quantize_model(
+        str(tmp_path / "c.json"), str(tmp_path / "m.onnx"), str(tmp_path / "r.txt"), model, batches[0][:4]
+    )
     with torch.no_grad():
         for batch in batches:
             calibration(batch)
@@ -190,8 +209,11 @@ def test_channels_last_calibration_records_the_default_layouts_factors(tmp_path,
     batches = [torch.rand(64, 1, 28, 28) for _ in range(3)]
     model = SmallFashionCnn().eval()
     calibration, fast = _calibrate(tmp_path / "fast", model, batches)
-    assert {n: w.channels_last_output for n, w in quant_layers(calibration).items()} == \
-        {"conv1": True, "conv2": True, "fc": False}
+    assert {n: w.channels_last_output for n, w in quant_layers(calibration).items()} == {
+        "conv1": True,
+        "conv2": True,
+        "fc": False,
+    }
     monkeypatch.setattr(ptq_module, "_channels_last_runs_the_same", lambda *args: False)
     _, default = _calibrate(tmp_path / "default", model, batches)
     monkeypatch.undo()

@@ -22,11 +22,12 @@ def test_minilm_ptq_keeps_sentence_embeddings(tmp_path):
     ids, mask = encoded["input_ids"], encoded["attention_mask"]
     example = (ids[:2], mask[:2])
     amct.create_quant_config(str(tmp_path / "q.json"), model, example, batch_num=2)
-    calibration = amct.quantize_model(str(tmp_path / "q.json"), str(tmp_path / "m.onnx"), str(tmp_path / "r.txt"),
-                                      model, example)
+    calibration = amct.quantize_model(
+        str(tmp_path / "q.json"), str(tmp_path / "m.onnx"), str(tmp_path / "r.txt"), model, example
+    )
     with torch.no_grad():
         for i in range(2):
-            calibration(ids[i * 32:(i + 1) * 32], mask[i * 32:(i + 1) * 32])
+            calibration(ids[i * 32 : (i + 1) * 32], mask[i * 32 : (i + 1) * 32])
     cos = F.cosine_similarity(embed(calibration, ids[64:], mask[64:]), embed(model, ids[64:], mask[64:]), dim=-1)
     print(f"\nMiniLM PTQ INT8: cosine to FP32 mean {cos.mean():.4f} min {cos.min():.4f}")
     assert cos.mean() >= 0.99

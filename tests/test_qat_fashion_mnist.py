@@ -60,8 +60,14 @@ def _qat(tmp_path, fp32_model, data, cfg_text=None):
     train_epochs(qmodel, make_loader(x_train, y_train, BATCH, seed=SEED + 1), 1, LR / 4)
     accuracy = evaluate_accuracy(qmodel, x_test, y_test)  # the eval forward fills the record
     paths = amct.save_quant_retrain_model(
-        str(config), qmodel, str(record), str(tmp_path / "fmnist"), example,
-        input_names=["x"], output_names=["logits"], dynamic_axes={"x": {0: "n"}, "logits": {0: "n"}},
+        str(config),
+        qmodel,
+        str(record),
+        str(tmp_path / "fmnist"),
+        example,
+        input_names=["x"],
+        output_names=["logits"],
+        dynamic_axes={"x": {0: "n"}, "logits": {0: "n"}},
     )
     return qmodel, accuracy, paths
 
@@ -70,7 +76,7 @@ def _ort_logits(model, x) -> np.ndarray:
     """Logits of an ONNX file or ModelProto over `x`, in chunks of 1000."""
     source = model if isinstance(model, str) else model.SerializeToString()
     session = ort.InferenceSession(source, providers=["CPUExecutionProvider"])
-    return np.concatenate([session.run(None, {"x": x[i:i + 1000].numpy()})[0] for i in range(0, len(x), 1000)])
+    return np.concatenate([session.run(None, {"x": x[i : i + 1000].numpy()})[0] for i in range(0, len(x), 1000)])
 
 
 def _ort_accuracy(model, x, y) -> float:
@@ -111,9 +117,17 @@ def test_ascend_deploy_model_agrees_with_the_fake_quant_model(int8, data):
     qmodel, _, paths, tmp_path = int8
     x_test, y_test = data[2], data[3]
     config, record = tmp_path / "retrain.json", tmp_path / "record.txt"
-    ascend = amct.save_quant_retrain_model(str(config), qmodel, str(record), str(tmp_path / "ascend"), x_test[:8],
-                                           input_names=["x"], output_names=["logits"],
-                                           dynamic_axes={"x": {0: "n"}, "logits": {0: "n"}}, deploy_format="ascend")
+    ascend = amct.save_quant_retrain_model(
+        str(config),
+        qmodel,
+        str(record),
+        str(tmp_path / "ascend"),
+        x_test[:8],
+        input_names=["x"],
+        output_names=["logits"],
+        dynamic_axes={"x": {0: "n"}, "logits": {0: "n"}},
+        deploy_format="ascend",
+    )
     deploy = onnx.load(ascend["deploy"])
     onnx.checker.check_model(deploy)
     reference = _ort_logits(ascend_to_standard_onnx(deploy), x_test)

@@ -161,8 +161,9 @@ def qat(tmp_path):
 
 def test_a_registered_deploy_format_is_written_finalised_and_checked(mine_format, qat, tmp_path):
     config, qmodel, record, expected = qat
-    paths = amct.save_quant_retrain_model(str(config), qmodel, str(record), str(tmp_path / "net"), INPUT,
-                                          deploy_format="mine")
+    paths = amct.save_quant_retrain_model(
+        str(config), qmodel, str(record), str(tmp_path / "net"), INPUT, deploy_format="mine"
+    )
     deploy = onnx.load(paths["deploy"])
     metadata = {p.key: p.value for p in deploy.metadata_props}
     assert metadata["deploy_format"] == "mine" and "amct_deploy_report" in metadata
@@ -176,5 +177,4 @@ def test_a_registered_deploy_format_is_written_finalised_and_checked(mine_format
 def test_an_unknown_deploy_format_lists_the_registered_ones(mine_format, qat, tmp_path):
     config, qmodel, record, _ = qat
     with pytest.raises(ValueError, match="deploy_format: unknown deploy format 'trt'; known: onnx, ascend, mine"):
-        amct.save_quant_retrain_model(str(config), qmodel, str(record), str(tmp_path / "x"), INPUT,
-                                      deploy_format="trt")
+        amct.save_quant_retrain_model(str(config), qmodel, str(record), str(tmp_path / "x"), INPUT, deploy_format="trt")

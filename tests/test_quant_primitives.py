@@ -148,9 +148,7 @@ def test_check_quantizable_rejects_non_finite_values(bad):
         check_quantizable(torch.tensor([1.0, bad], dtype=torch.float16))
 
 
-@pytest.mark.parametrize(
-    ("conv", "kernel"), [(torch.nn.ConvTranspose2d, (2, 2)), (torch.nn.ConvTranspose1d, (3,))]
-)
+@pytest.mark.parametrize(("conv", "kernel"), [(torch.nn.ConvTranspose2d, (2, 2)), (torch.nn.ConvTranspose1d, (3,))])
 def test_cout_major_row_is_what_feeds_that_output_channel(conv, kernel):
     layer = conv(4, 6, kernel[0], groups=2, bias=False)
     weight = layer.weight.detach()

@@ -75,8 +75,7 @@ def test_default_config_json_lists_every_layer_with_linear_per_tensor(tmp_path):
     data = json.loads(config.read_text())
     assert data["version"] == 1 and data["batch_num"] == 1
     assert [k for k in data if k not in ("version", "batch_num")] == ["conv1", "conv2", "fc"]
-    assert data["conv1"]["retrain_weight_config"] == {"algo": "arq_retrain", "channel_wise": True,
-                                                      "dst_type": "INT8"}
+    assert data["conv1"]["retrain_weight_config"] == {"algo": "arq_retrain", "channel_wise": True, "dst_type": "INT8"}
     assert data["fc"]["retrain_weight_config"]["channel_wise"] is False
     assert data["conv2"]["retrain_data_config"] == {"algo": "ulq_quantize", "dst_type": "INT8"}
 
@@ -101,12 +100,15 @@ override_layer_types { layer_type: "Linear" retrain_data_quant_config { ulq_quan
     assert data["batch_num"] == 3
     assert data["conv1"] == {"retrain_enable": False}
     assert data["conv2"]["retrain_data_config"] == {
-        "algo": "ulq_quantize", "clip_max": 6.0, "clip_min": -6.0, "fixed_min": True, "dst_type": "INT8"}
-    assert data["conv2"]["retrain_weight_config"] == {"algo": "arq_retrain", "channel_wise": False,
-                                                      "dst_type": "INT4"}
+        "algo": "ulq_quantize",
+        "clip_max": 6.0,
+        "clip_min": -6.0,
+        "fixed_min": True,
+        "dst_type": "INT8",
+    }
+    assert data["conv2"]["retrain_weight_config"] == {"algo": "arq_retrain", "channel_wise": False, "dst_type": "INT4"}
     assert data["fc"]["retrain_data_config"]["dst_type"] == "INT16"
-    assert data["fc"]["retrain_weight_config"] == {"algo": "ulq_retrain", "channel_wise": False,
-                                                   "dst_type": "INT8"}
+    assert data["fc"]["retrain_weight_config"] == {"algo": "ulq_retrain", "channel_wise": False, "dst_type": "INT8"}
 
 
 def test_missing_cfg_file_raises_file_not_found(tmp_path):
@@ -184,14 +186,21 @@ def test_fake_quant_onnx_matches_pytorch_and_deploy_runs_integer_kernels(qat):
 def test_dynamic_axes_let_the_exported_models_take_any_batch(qat):
     _, qmodel, config, record, tmp_path = qat
     paths = amct.save_quant_retrain_model(
-        str(config), qmodel, str(record), str(tmp_path / "dyn"), INPUT,
-        input_names=["x"], output_names=["logits"], dynamic_axes={"x": {0: "n"}, "logits": {0: "n"}},
+        str(config),
+        qmodel,
+        str(record),
+        str(tmp_path / "dyn"),
+        INPUT,
+        input_names=["x"],
+        output_names=["logits"],
+        dynamic_axes={"x": {0: "n"}, "logits": {0: "n"}},
     )
     x = torch.randn(9, 1, 28, 28)
     assert _ort_run(paths["deploy"], x).shape == (9, 10)
     with pytest.raises(RuntimeError, match="axes"):
-        amct.save_quant_retrain_model(str(config), qmodel, str(record), str(tmp_path / "bad"), INPUT,
-                                      dynamic_axes={"x": [-1]})
+        amct.save_quant_retrain_model(
+            str(config), qmodel, str(record), str(tmp_path / "bad"), INPUT, dynamic_axes={"x": [-1]}
+        )
 
 
 def test_save_rejects_a_config_changed_since_create(qat):

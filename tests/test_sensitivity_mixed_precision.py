@@ -41,8 +41,15 @@ def test_planted_fragile_layer_is_ranked_first(fashion_fp32, fashion_data):
     clean = analyse_sensitivity(fashion_fp32, example, calibration, x_eval, y_eval)
     planted_model = plant_outliers(fashion_fp32, calibration[0])
     events = []
-    planted = analyse_sensitivity(planted_model, example, calibration, x_eval, y_eval, prune_ratios=(0.5,),
-                                  progress=lambda done, total: events.append((done, total)))
+    planted = analyse_sensitivity(
+        planted_model,
+        example,
+        calibration,
+        x_eval,
+        y_eval,
+        prune_ratios=(0.5,),
+        progress=lambda done, total: events.append((done, total)),
+    )
     print("\nclean:", [(r.layer, r.variant, r.damage) for r in clean.rows])
     print("planted:", [(r.layer, r.variant, r.damage) for r in planted.rows])
     # The outlier, not the layer, makes fc fragile: over a point more damage than the clean fc at both precisions.
@@ -58,12 +65,12 @@ def test_planted_fragile_layer_is_ranked_first(fashion_fp32, fashion_data):
     assert planted.rows == sorted(planted.rows, key=lambda r: -r.damage)
 
 
-def test_mixed_precision_keeps_fragile_layer_and_meets_budget_smaller_than_int8(tmp_path, fashion_fp32,
-                                                                               fashion_data):
+def test_mixed_precision_keeps_fragile_layer_and_meets_budget_smaller_than_int8(tmp_path, fashion_fp32, fashion_data):
     example, calibration, x_eval, y_eval = _data(fashion_data)
     model = plant_outliers(fashion_fp32, calibration[0])
-    result = auto_mixed_precision(model, example, calibration, x_eval, y_eval, Budget(max_top1_drop=0.5),
-                                  tmp_path / "planted")
+    result = auto_mixed_precision(
+        model, example, calibration, x_eval, y_eval, Budget(max_top1_drop=0.5), tmp_path / "planted"
+    )
     print("\nplanted:", result.precisions, result.deployed, result.file_bytes)
     assert result.precisions["fc"] in ("INT16", "FP32")
     assert result.deployed.top1_drop <= 0.5
@@ -72,8 +79,9 @@ def test_mixed_precision_keeps_fragile_layer_and_meets_budget_smaller_than_int8(
 
 def test_mixed_precision_cfg_reproduces_its_deploy_result(tmp_path, fashion_fp32, fashion_data):
     example, calibration, x_eval, y_eval = _data(fashion_data)
-    result = auto_mixed_precision(fashion_fp32, example, calibration, x_eval, y_eval, Budget(max_top1_drop=0.5),
-                                  tmp_path / "clean")
+    result = auto_mixed_precision(
+        fashion_fp32, example, calibration, x_eval, y_eval, Budget(max_top1_drop=0.5), tmp_path / "clean"
+    )
     print("\nclean:", result.precisions, result.deployed, result.int8_deployed, result.file_bytes)
     assert result.deployed.top1_drop <= 0.5
     assert "INT4" in result.precisions.values()

@@ -18,8 +18,10 @@ from job_process.quality_gate import QualityGateFailed, check_step_loss, failure
 from job_process.signature import describe_output, example_inputs, io_names, output_leaves, parse_inputs
 from tests.signature_models import TwoHeadCnn
 
-TOKENS = [{"name": "input_ids", "shape": ["batch", "seq"], "dtype": "int64"},
-          {"name": "attention_mask", "shape": ["batch", "seq"], "dtype": "int64"}]
+TOKENS = [
+    {"name": "input_ids", "shape": ["batch", "seq"], "dtype": "int64"},
+    {"name": "attention_mask", "shape": ["batch", "seq"], "dtype": "int64"},
+]
 
 
 def test_examples_follow_the_signature_and_int_inputs_stay_small_integers():
@@ -36,8 +38,12 @@ def test_onnx_names_and_dynamic_axes_come_from_the_signature_and_the_output_stru
     io = io_names(TOKENS, structure)
     assert io["input_names"] == ["input_ids", "attention_mask"]
     assert io["output_names"] == ["output_0", "output_1.box"]
-    assert io["dynamic_axes"] == {"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"},
-                                  "output_0": {0: "batch"}, "output_1.box": {0: "batch", 1: "seq"}}
+    assert io["dynamic_axes"] == {
+        "input_ids": {0: "batch", 1: "seq"},
+        "attention_mask": {0: "batch", 1: "seq"},
+        "output_0": {0: "batch"},
+        "output_1.box": {0: "batch", 1: "seq"},
+    }
 
 
 def test_dataset_headers_and_values_are_streamed_from_npz_and_safetensors(tmp_path):
@@ -76,8 +82,11 @@ def test_distill_outputs_is_zero_against_itself_and_trains_every_output(tmp_path
 def test_the_quality_gate_names_the_figure_it_missed():
     with pytest.raises(QualityGateFailed, match=r"became nan at step 7 .*lower lr than 0.1 \(e.g. 0.01\)"):
         check_step_loss({"loss": math.nan, "step": 7, "epoch": 0}, lr=0.1)
-    report = {"accuracy": {"fp32": 0.88, "deploy": 0.11}, "accuracy_drop": 0.77,
-              "outputs": {"output": {"deploy": {"mean_cosine": -0.6}}}}
+    report = {
+        "accuracy": {"fp32": 0.88, "deploy": 0.11},
+        "accuracy_drop": 0.77,
+        "outputs": {"output": {"deploy": {"mean_cosine": -0.6}}},
+    }
     params = {"lr": 10, "max_accuracy_drop": 0.05, "min_output_cosine": 0.9}
     missed = failures(report, params, [2.3] * 10 + [9.0] * 10)
     assert len(missed) == 3 and "diverged" in missed[0] and "0.7700 > max_accuracy_drop 0.05" in missed[1]
@@ -100,14 +109,29 @@ def test_a_nan_loss_fails_the_job_at_its_step_suggesting_a_lower_lr(tmp_path):
     torch.manual_seed(0)
     torch.jit.script(NanHead().eval()).save(str(tmp_path / "model.pt"))
     rng = np.random.default_rng(0)
-    np.savez(tmp_path / "data.npz", inputs=rng.standard_normal((40, 16)).astype(np.float32),
-             labels=rng.integers(0, 4, 40))
+    np.savez(
+        tmp_path / "data.npz", inputs=rng.standard_normal((40, 16)).astype(np.float32), labels=rng.integers(0, 4, 40)
+    )
     (tmp_path / "job.cfg").write_text("retrain_data_quant_config { ulq_quantize { dst_type: INT8 } }\n")
-    spec = {"kind": "quant_retrain", "device": "cpu", "input_shape": [1, 16], "input_dtype": "float32",
-            "params": {"epochs": 1, "batch_size": 8, "lr": 0.5, "eval_fraction": 0.25, "seed": 0,
-                       "objective": "cross_entropy"},
-            "dataset_format": "npz", "checkpoint_every_steps": 0, "model": str(tmp_path / "model.pt"),
-            "cfg": str(tmp_path / "job.cfg"), "dataset": str(tmp_path / "data.npz")}
+    spec = {
+        "kind": "quant_retrain",
+        "device": "cpu",
+        "input_shape": [1, 16],
+        "input_dtype": "float32",
+        "params": {
+            "epochs": 1,
+            "batch_size": 8,
+            "lr": 0.5,
+            "eval_fraction": 0.25,
+            "seed": 0,
+            "objective": "cross_entropy",
+        },
+        "dataset_format": "npz",
+        "checkpoint_every_steps": 0,
+        "model": str(tmp_path / "model.pt"),
+        "cfg": str(tmp_path / "job.cfg"),
+        "dataset": str(tmp_path / "data.npz"),
+    }
     (tmp_path / "spec.json").write_text(json.dumps(spec))
     assert job_main.main([str(tmp_path)]) == 1
     error = json.loads((tmp_path / "error.json").read_text())
@@ -119,14 +143,18 @@ def test_the_report_table_has_rows_per_output_and_the_gate_verdict():
     from service.report_view import report_rows
 
     figures = {"mean_cosine": 0.93, "mse": 0.01, "max_abs_diff": 0.2, "mean_abs_diff": 0.05}
-    report = {"onnx_size_bytes": {"fp32": 1000, "deploy": 400},
-              "parameters": {"original": 10, "fp32": {"total": 10}, "deploy": {"total": 10}},
-              "eval": {"split": "held_out", "samples": 4},
-              "agreement_with_original": {"deploy": {**figures, "top1_agreement": 0.5}},
-              "outputs": {"output_0": {"deploy": {**figures, "top1_agreement": 0.5}},
-                          "output_1": {"deploy": {**figures, "mean_cosine": 0.98}}},
-              "latency_ms": {"fp32": {"median": 1.0, "batch": 2}, "deploy": {"median": 0.5}, "speedup": 2.0},
-              "quality_gate": {"passed": False, "failures": ["output 'output_0': mean cosine 0.9300 < 0.99"]}}
+    report = {
+        "onnx_size_bytes": {"fp32": 1000, "deploy": 400},
+        "parameters": {"original": 10, "fp32": {"total": 10}, "deploy": {"total": 10}},
+        "eval": {"split": "held_out", "samples": 4},
+        "agreement_with_original": {"deploy": {**figures, "top1_agreement": 0.5}},
+        "outputs": {
+            "output_0": {"deploy": {**figures, "top1_agreement": 0.5}},
+            "output_1": {"deploy": {**figures, "mean_cosine": 0.98}},
+        },
+        "latency_ms": {"fp32": {"median": 1.0, "batch": 2}, "deploy": {"median": 0.5}, "speedup": 2.0},
+        "quality_gate": {"passed": False, "failures": ["output 'output_0': mean cosine 0.9300 < 0.99"]},
+    }
     rows = {row[0]: row[1:] for row in report_rows(report)}
     assert rows["output cosine with FP32 (output_0)"][1] == "0.9300"
     assert rows["output cosine with FP32 (output_1)"][1] == "0.9800"
@@ -143,7 +171,6 @@ def test_latency_names_the_batch_it_ran_not_the_number_of_inputs(tmp_path):
             return a * 2 + b
 
     path = str(tmp_path / "two.onnx")
-    torch.onnx.export(TwoInputs(), (torch.zeros(5, 3), torch.zeros(5, 3)), path, input_names=["a", "b"],
-                      dynamo=False)
+    torch.onnx.export(TwoInputs(), (torch.zeros(5, 3), torch.zeros(5, 3)), path, input_names=["a", "b"], dynamo=False)
     x = (np.zeros((5, 3), np.float32), np.ones((5, 3), np.float32))
     assert latency_ms(path, x, input_names=["a", "b"])["batch"] == 5  # was 2: the number of inputs

@@ -45,13 +45,15 @@ def test_block_features_are_matched_where_the_shapes_agree():
         student.conv2.weight.mul_(1.5)
     x, _ = _data(8)
     plain = TeacherGuidedLoss(teacher, alpha=1.0)
-    with_blocks = TeacherGuidedLoss(teacher, alpha=1.0, feature_layers=["relu1", "relu2", "missing"],
-                                    feature_weight=1.0)
+    with_blocks = TeacherGuidedLoss(
+        teacher, alpha=1.0, feature_layers=["relu1", "relu2", "missing"], feature_weight=1.0
+    )
     with torch.no_grad():
         gap = float(with_blocks(student, x)) - float(plain(student, x))
-        expected = F.mse_loss(student.relu2(student.bn2(student.conv2(student.pool(student.relu1(student.bn1(
-            student.conv1(x))))))), teacher.relu2(teacher.bn2(teacher.conv2(teacher.pool(teacher.relu1(teacher.bn1(
-                teacher.conv1(x))))))))
+        expected = F.mse_loss(
+            student.relu2(student.bn2(student.conv2(student.pool(student.relu1(student.bn1(student.conv1(x))))))),
+            teacher.relu2(teacher.bn2(teacher.conv2(teacher.pool(teacher.relu1(teacher.bn1(teacher.conv1(x))))))),
+        )
     assert gap == pytest.approx(float(expected) / 2, rel=1e-4)  # relu1 matches exactly: the mean of 0 and that
 
 
@@ -71,9 +73,11 @@ def test_the_teacher_is_never_trained_and_a_step_lowers_the_loss():
 
 def test_train_epochs_takes_it_as_its_loss_on_a_compressed_model(tmp_path):
     cfg = tmp_path / "c.cfg"
-    cfg.write_text("prune_config { filter_pruner { balanced_l2_norm_filter_prune { prune_ratio: 0.5 "
-                   "ascend_optimized: false } } }\nretrain_data_quant_config { ulq_quantize { } }\n"
-                   "retrain_weight_quant_config { arq_retrain { } }\n")
+    cfg.write_text(
+        "prune_config { filter_pruner { balanced_l2_norm_filter_prune { prune_ratio: 0.5 "
+        "ascend_optimized: false } } }\nretrain_data_quant_config { ulq_quantize { } }\n"
+        "retrain_weight_quant_config { arq_retrain { } }\n"
+    )
     teacher = _teacher()
     torch.manual_seed(5)  # a student that starts far from its teacher
     x, y = _data()

@@ -40,8 +40,7 @@ def test_a_run_resumed_from_a_checkpoint_ends_with_the_uninterrupted_weights(sto
 
     def progress(event):
         if event["step"] == stop_after:
-            torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "shuffle": loader.state()},
-                       saved)
+            torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "shuffle": loader.state()}, saved)
             raise Stop
 
     with pytest.raises(Stop):

@@ -72,9 +72,7 @@ def test_arq_conv_transpose_weights_are_scaled_per_output_channel():
         scope = 128 if abs(block.min()) > abs(block.max()) else 127
         scale = np.abs(block).max() / scope
         expected_scales.append(scale)
-        expected[2 * gi : 2 * gi + 2, j] = torch.from_numpy(
-            np.clip(np.round(block / scale), -128, 127) * scale
-        )
+        expected[2 * gi : 2 * gi + 2, j] = torch.from_numpy(np.clip(np.round(block / scale), -128, 127) * scale)
     np.testing.assert_allclose(quantizer.wts_scales.numpy(), expected_scales, rtol=1e-6)
     assert out.shape == weight.shape
     torch.testing.assert_close(out, expected)

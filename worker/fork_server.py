@@ -52,9 +52,15 @@ class ForkServer:
         self.ctl, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             with open(slot / SERVER_LOG, "ab") as server_log:
-                self.proc = sandbox.popen(module, [str(slot), FORK_SERVER_FLAG, str(theirs.fileno())], cwd=slot,
-                                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=server_log,
-                                          keep_fds=[theirs.fileno()])
+                self.proc = sandbox.popen(
+                    module,
+                    [str(slot), FORK_SERVER_FLAG, str(theirs.fileno())],
+                    cwd=slot,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=server_log,
+                    keep_fds=[theirs.fileno()],
+                )
         except BaseException:
             self.ctl.close()
             raise

@@ -22,8 +22,15 @@ from worker.records import last_checkpoint
 log = logging.getLogger(__name__)
 
 
-def stage_inputs(sessions: sessionmaker, store: BlobStore, settings: Settings, job: Job, workdir: Path,
-                 visible_as: Path | None = None, extra: dict | None = None) -> None:
+def stage_inputs(
+    sessions: sessionmaker,
+    store: BlobStore,
+    settings: Settings,
+    job: Job,
+    workdir: Path,
+    visible_as: Path | None = None,
+    extra: dict | None = None,
+) -> None:
     """Fetch the inputs into `workdir` and write spec.json; its paths name the folder `visible_as` (the name the
     job process sees it under, worker/warm.py), `workdir` by default. `extra`: more spec fields (a node of a job
     across several nodes, worker/nodes.py)."""
@@ -31,15 +38,26 @@ def stage_inputs(sessions: sessionmaker, store: BlobStore, settings: Settings, j
         model = session.get(Model, job.model_id)
         config = session.get(Config, job.config_id)
         dataset = session.get(Dataset, job.dataset_id)
-    files = {"model": (model.sha256, "model.pt"), "cfg": (config.sha256, "job.cfg"),
-             "dataset": (dataset.sha256, f"dataset.{dataset.format}")}
+    files = {
+        "model": (model.sha256, "model.pt"),
+        "cfg": (config.sha256, "job.cfg"),
+        "dataset": (dataset.sha256, f"dataset.{dataset.format}"),
+    }
     for sha256, name in files.values():
         store.fetch(sha256, workdir / name)
-    spec = {"kind": job.kind, "device": job.device, "params": job.params,
-            "input_shape": model.input_shape, "input_dtype": model.input_dtype,
-            "inputs": model.signature, "outputs": model.outputs,
-            "dataset_format": dataset.format, "checkpoint_every_steps": settings.checkpoint_every_steps,
-            **{k: str((visible_as or workdir) / name) for k, (_, name) in files.items()}, **(extra or {})}
+    spec = {
+        "kind": job.kind,
+        "device": job.device,
+        "params": job.params,
+        "input_shape": model.input_shape,
+        "input_dtype": model.input_dtype,
+        "inputs": model.signature,
+        "outputs": model.outputs,
+        "dataset_format": dataset.format,
+        "checkpoint_every_steps": settings.checkpoint_every_steps,
+        **{k: str((visible_as or workdir) / name) for k, (_, name) in files.items()},
+        **(extra or {}),
+    }
     if checkpoint := last_checkpoint(sessions, job.id):
         # A previous attempt got this far: the job process resumes from here instead of from the start.
         store.fetch(checkpoint, workdir / RESUME_FILE)

@@ -44,8 +44,11 @@ def nodes_of(job: Job) -> int:
 
 def node_spec(settings: Settings, node_rank: int, rendezvous: dict | None = None) -> dict:
     """What a node's job process needs besides the job's spec: which node it is and where the ranks meet."""
-    return {"node_rank": node_rank, "join_timeout_s": settings.node_join_timeout_s,
-            **({"rendezvous": rendezvous} if rendezvous else {})}
+    return {
+        "node_rank": node_rank,
+        "join_timeout_s": settings.node_join_timeout_s,
+        **({"rendezvous": rendezvous} if rendezvous else {}),
+    }
 
 
 def node_address(settings: Settings) -> str:
@@ -61,13 +64,26 @@ class Leader:
     def __call__(self, message: dict) -> None:
         job = self.job
         with self.sessions.begin() as session:
-            session.merge(JobNode(job_id=job.id, attempt=job.attempt, node_rank=0, owner=self.owner,
-                                  address=node_address(self.settings), port=int(message["port"])))
+            session.merge(
+                JobNode(
+                    job_id=job.id,
+                    attempt=job.attempt,
+                    node_rank=0,
+                    owner=self.owner,
+                    address=node_address(self.settings),
+                    port=int(message["port"]),
+                )
+            )
         dispatcher = Dispatcher(make_celery(self.settings))
         for node in range(1, nodes_of(job)):
             dispatcher.enqueue_join(job.id, job.attempt, node, job.queue)
-        log.info("job %s: ranks meet at %s:%s; asked for %d more nodes", job.id, node_address(self.settings),
-                 message["port"], nodes_of(job) - 1)
+        log.info(
+            "job %s: ranks meet at %s:%s; asked for %d more nodes",
+            job.id,
+            node_address(self.settings),
+            message["port"],
+            nodes_of(job) - 1,
+        )
 
 
 class NodeRunner:
@@ -81,17 +97,30 @@ class NodeRunner:
     def run(self, job_id: str, attempt: int, node_rank: int) -> str:
         joined = self._join(job_id, attempt, node_rank)
         if joined is None:
-            log.info("job %s: node %d of attempt %d not joined (taken, or the attempt is over)", job_id, node_rank,
-                     attempt)
+            log.info(
+                "job %s: node %d of attempt %d not joined (taken, or the attempt is over)", job_id, node_rank, attempt
+            )
             return "skipped"
         job, leader = joined
-        log.info("job %s: joined attempt %d as node %d (ranks meet at %s:%s)", job_id, attempt, node_rank,
-                 leader.address, leader.port)
+        log.info(
+            "job %s: joined attempt %d as node %d (ranks meet at %s:%s)",
+            job_id,
+            attempt,
+            node_rank,
+            leader.address,
+            leader.port,
+        )
         self.settings.tmp_dir.mkdir(parents=True, exist_ok=True)
         workdir = Path(tempfile.mkdtemp(prefix=f"job-{job_id}-", dir=self.settings.tmp_dir))
         try:
-            stage_inputs(self.sessions, self.store, self.settings, job, workdir,
-                         extra=node_spec(self.settings, node_rank, {"host": leader.address, "port": leader.port}))
+            stage_inputs(
+                self.sessions,
+                self.store,
+                self.settings,
+                job,
+                workdir,
+                extra=node_spec(self.settings, node_rank, {"host": leader.address, "port": leader.port}),
+            )
             with ChildProcess(workdir, share_net=True) as child:
                 while not child.stdout_closed:
                     child.messages(timeout=self.settings.heartbeat_s)  # its ranks do not speak the protocol
@@ -101,8 +130,9 @@ class NodeRunner:
                         return "lost"
                 code = child.wait()
             # A failed node's last words (scrubbed): the job's outcome is node 0's, so they show only here.
-            log.info("job %s: node %d exited with %s%s", job_id, node_rank, code,
-                     f" ({child.log_tail()})" if code else "")
+            log.info(
+                "job %s: node %d exited with %s%s", job_id, node_rank, code, f" ({child.log_tail()})" if code else ""
+            )
             return "done" if code == 0 else "failed"
         except Exception:
             log.exception("job %s: node %d failed to start", job_id, node_rank)

@@ -28,8 +28,11 @@ TRAIN_STATE = "train_state"  # the artifact kind of the job's last training chec
 def last_checkpoint(sessions: sessionmaker, job_id: str) -> str | None:
     """The sha256 of the job's newest training checkpoint, or None."""
     with sessions() as session:
-        return session.scalars(select(Artifact.sha256).where(Artifact.job_id == job_id, Artifact.kind == TRAIN_STATE)
-                               .order_by(Artifact.created_at.desc())).first()
+        return session.scalars(
+            select(Artifact.sha256)
+            .where(Artifact.job_id == job_id, Artifact.kind == TRAIN_STATE)
+            .order_by(Artifact.created_at.desc())
+        ).first()
 
 
 class JobRecords:
@@ -45,14 +48,21 @@ class JobRecords:
         progress = next((m["progress"] for m in reversed(messages) if m.get("progress") is not None), None)
         checkpoint = self._upload_checkpoints(workdir, messages)
         with self.sessions.begin() as session:
-            lease = jobstate.renew_lease(session, self.job_id, self.owner, self.lease_s, phase=phase,
-                                         progress=progress)
+            lease = jobstate.renew_lease(session, self.job_id, self.owner, self.lease_s, phase=phase, progress=progress)
             if lease is None:
                 return None
             if checkpoint is not None:  # the job keeps one: its newest
                 session.execute(delete(Artifact).where(Artifact.job_id == self.job_id, Artifact.kind == TRAIN_STATE))
-                session.add(self._row({"kind": TRAIN_STATE, "filename": f"{TRAIN_STATE}.pt",
-                                       "media_type": "application/octet-stream"}, checkpoint))
+                session.add(
+                    self._row(
+                        {
+                            "kind": TRAIN_STATE,
+                            "filename": f"{TRAIN_STATE}.pt",
+                            "media_type": "application/octet-stream",
+                        },
+                        checkpoint,
+                    )
+                )
             for m in _coalesce(messages):
                 kind = m.pop("type")
                 jobstate.add_event(session, self.job_id, kind, m)
@@ -89,9 +99,15 @@ class JobRecords:
             # The finished job's outputs replace its resume point (the `checkpoint` artifact is the model).
             session.execute(delete(Artifact).where(Artifact.job_id == self.job_id, Artifact.kind == TRAIN_STATE))
             session.add_all(self._row(spec, blob) for spec, blob in stored)
-            done = jobstate.transition(session, self.job_id, jobstate.RUNNING, jobstate.SUCCEEDED, owner=self.owner,
-                                       values={"metrics": result["metrics"], "progress": 1.0, "phase": None},
-                                       event={"metrics": result["metrics"]})
+            done = jobstate.transition(
+                session,
+                self.job_id,
+                jobstate.RUNNING,
+                jobstate.SUCCEEDED,
+                owner=self.owner,
+                values={"metrics": result["metrics"], "progress": 1.0, "phase": None},
+                event={"metrics": result["metrics"]},
+            )
             if not done:
                 session.rollback()
                 return "lost"
@@ -121,8 +137,9 @@ class JobRecords:
     def finish(self, to: str, values: dict, event: dict, artifacts=()) -> bool:
         with self.sessions.begin() as session:
             session.add_all(self._row(spec, blob) for spec, blob in artifacts)
-            done = jobstate.transition(session, self.job_id, jobstate.RUNNING, to, owner=self.owner, values=values,
-                                       event=event)
+            done = jobstate.transition(
+                session, self.job_id, jobstate.RUNNING, to, owner=self.owner, values=values, event=event
+            )
             if not done:
                 session.rollback()
             return done
@@ -133,9 +150,15 @@ class JobRecords:
         return spec, self.store.put_file(path)
 
     def _row(self, spec: dict, blob) -> Artifact:
-        return Artifact(job_id=self.job_id, kind=spec["kind"], media_type=spec["media_type"],
-                        filename=spec.get("filename") or Path(spec["path"]).name,
-                        sha256=blob.sha256, size_bytes=blob.size_bytes, uri=blob.uri)
+        return Artifact(
+            job_id=self.job_id,
+            kind=spec["kind"],
+            media_type=spec["media_type"],
+            filename=spec.get("filename") or Path(spec["path"]).name,
+            sha256=blob.sha256,
+            size_bytes=blob.size_bytes,
+            uri=blob.uri,
+        )
 
 
 def _inside(workdir: Path, path: str) -> Path:

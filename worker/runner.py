@@ -40,8 +40,9 @@ class JobRunner:
     """`warm`: the worker process's pool of job processes started ahead (worker/warm.py); None starts each
     job's child when the job is claimed."""
 
-    def __init__(self, settings: Settings, store: BlobStore | None = None, owner: str | None = None,
-                 warm: WarmPool | None = None) -> None:
+    def __init__(
+        self, settings: Settings, store: BlobStore | None = None, owner: str | None = None, warm: WarmPool | None = None
+    ) -> None:
         self.settings, self.warm = settings, warm
         self.store = store or open_store(settings.resolved_artifact_store, settings.s3_endpoint_url)
         self.sessions = session_factory(settings.resolved_database_url, settings.db_pool)
@@ -76,13 +77,21 @@ class JobRunner:
         several = nodes_of(job) > 1  # node 0 of a job across several nodes (worker/nodes.py): cold, with network
         child = self.warm.take(job_id) if self.warm is not None and not several else None
         if child is None:
-            child = ChildProcess(Path(tempfile.mkdtemp(prefix=f"job-{job_id}-", dir=self._scratch())),
-                                 share_net=several)
+            child = ChildProcess(
+                Path(tempfile.mkdtemp(prefix=f"job-{job_id}-", dir=self._scratch())), share_net=several
+            )
         workdir = child.workdir
         try:
             # A warm child sees its folder under the name it started with: the spec's paths use that name.
-            stage_inputs(self.sessions, self.store, self.settings, job, workdir, visible_as=child.sandbox_dir,
-                         extra=node_spec(self.settings, 0) if several else None)
+            stage_inputs(
+                self.sessions,
+                self.store,
+                self.settings,
+                job,
+                workdir,
+                visible_as=child.sandbox_dir,
+                extra=node_spec(self.settings, 0) if several else None,
+            )
             with child:
                 if child.is_warm:
                     child.begin()

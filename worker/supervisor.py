@@ -23,8 +23,9 @@ log = logging.getLogger(__name__)
 LOST = "lost"  # the outcome when the job is no longer ours: someone else records it
 
 
-def supervise(child: ChildProcess, records: JobRecords, settings: Settings,
-              on_rendezvous: Callable[[dict], None] | None = None) -> str:
+def supervise(
+    child: ChildProcess, records: JobRecords, settings: Settings, on_rendezvous: Callable[[dict], None] | None = None
+) -> str:
     """Run `child` (started) to its end and record how the job ended; returns that outcome.
 
     `on_rendezvous`: called with a `rendezvous` line (node 0 of a job across several nodes, worker/nodes.py)."""
@@ -54,8 +55,9 @@ def supervise(child: ChildProcess, records: JobRecords, settings: Settings,
             return jobstate.CANCELLED
         if now > deadline:
             child.kill()
-            records.fail("max_runtime_exceeded", f"the job ran longer than {settings.job_time_limit_s} s",
-                         child.workdir)
+            records.fail(
+                "max_runtime_exceeded", f"the job ran longer than {settings.job_time_limit_s} s", child.workdir
+            )
             return jobstate.FAILED
     return _record_exit(child, records, child.wait(), cancelling=cancel_at is not None)
 
@@ -74,10 +76,16 @@ def _record_exit(child: ChildProcess, records: JobRecords, returncode: int, canc
         log.warning("job %s: the engine process was killed by %s; retrying", records.job_id, name)
         return records.crashed(f"the engine process was killed by {name}")
     error = error or {
-        "type": "crashed", "detail": f"the engine process exited with code {returncode}: {child.log_tail()}"}
+        "type": "crashed",
+        "detail": f"the engine process exited with code {returncode}: {child.log_tail()}",
+    }
     # A job that finished but missed its quality gate left its outputs in result.json: kept, not discarded.
-    records.fail(error["type"], error["detail"], child.workdir,
-                 outputs=child.result() if error["type"] == "quality_gate" else None)
+    records.fail(
+        error["type"],
+        error["detail"],
+        child.workdir,
+        outputs=child.result() if error["type"] == "quality_gate" else None,
+    )
     return jobstate.FAILED
 
 

@@ -76,8 +76,10 @@ class WarmPool:
         while not child.sandboxed.wait(timeout=0.05) and child.alive() and time.monotonic() < deadline:
             pass
         if not child.sandboxed.is_set() or not child.alive():
-            log.warning("the warm job process %s; starting this job cold",
-                        f"had exited ({child.wait()})" if not child.alive() else "did not start in its sandbox")
+            log.warning(
+                "the warm job process %s; starting this job cold",
+                f"had exited ({child.wait()})" if not child.alive() else "did not start in its sandbox",
+            )
             _discard(child)
             return None
         child.hand_over(self.scratch / f"job-{job_id}-{self._token}")
@@ -103,7 +105,7 @@ def remove_stale(scratch: Path) -> int:
     """Remove the warm folders of worker processes that are gone (SIGKILLed: no clean-up ran)."""
     removed = 0
     for folder in scratch.glob(f"{PREFIX}*-*") if scratch.is_dir() else []:
-        pid = folder.name[len(PREFIX):].split("-", 1)[0]
+        pid = folder.name[len(PREFIX) :].split("-", 1)[0]
         if pid.isdigit() and not _alive(int(pid)):
             if folder.is_dir():
                 shutil.rmtree(folder, ignore_errors=True)

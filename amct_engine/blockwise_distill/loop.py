@@ -57,13 +57,16 @@ def distill(
     teacher.to(device)
     for names in config.distill_groups:
         check_module_chain(captured, names)
-    groups = [(names, resolve_group(teacher, names, "teacher"), resolve_group(compress_model, names, "student"))
-              for names in config.distill_groups]
+    groups = [
+        (names, resolve_group(teacher, names, "teacher"), resolve_group(compress_model, names, "student"))
+        for names in config.distill_groups
+    ]
     _calibrate(compress_model, train_loader, sample, config.batch_num, device)
     steps = _steps_per_epoch(train_loader)
     report = _reporter(progress, len(groups) * epochs * steps if steps else None)
-    with teacher_source(teacher, [g[1] for g in groups], train_loader, sample, device, epochs,
-                        config.data_dump) as source:
+    with teacher_source(
+        teacher, [g[1] for g in groups], train_loader, sample, device, epochs, config.data_dump
+    ) as source:
         for stage in _stages(captured, config.distill_groups):
             members = [(index, groups[index][0], groups[index][2]) for index in stage]
             _train_stage(compress_model, members, source, epochs, lr, loss or nn.MSELoss(), optimizer, report)
@@ -138,8 +141,7 @@ def _stages(captured: CapturedModel, groups: list[list[str]]) -> list[list[int]]
 
 def _train_stage(student, members, source, epochs, lr, loss_fn, user_optimizer, report) -> None:
     """Train the groups of one stage; `members` holds (group index, names, student modules)."""
-    optimizers = [_group_optimizer(user_optimizer, modules, _unique_params(modules), lr)
-                  for _, _, modules in members]
+    optimizers = [_group_optimizer(user_optimizer, modules, _unique_params(modules), lr) for _, _, modules in members]
     # The rest of the student runs frozen in eval mode; the stage's quantised layers train.
     student.eval()
     for _, _, modules in members:
@@ -152,8 +154,7 @@ def _train_stage(student, members, source, epochs, lr, loss_fn, user_optimizer, 
         for step, (inputs, teacher_in, teacher_outs) in enumerate(source.steps(epoch, stage)):
             with torch.no_grad():
                 student_in = pick_student_input(teacher_in, group_input(student, first, inputs))
-            for (index, names, modules), optimizer, teacher_out in zip(members, optimizers, teacher_outs,
-                                                                         strict=True):
+            for (index, names, modules), optimizer, teacher_out in zip(members, optimizers, teacher_outs, strict=True):
                 value = _group_step(names, modules, optimizer, loss_fn, student_in, teacher_out)
                 report({"group": index, "group_names": names, "epoch": epoch, "step": step, "loss": value})
     for _, _, modules in members:
@@ -165,8 +166,7 @@ def _group_step(names, modules, optimizer, loss_fn, student_in, teacher_out) -> 
     output = run_chain(modules, student_in)
     if output.numel() != teacher_out.numel():
         raise RuntimeError(
-            f"distill group {names}: student output has {output.numel()} elements, "
-            f"the teacher's {teacher_out.numel()}"
+            f"distill group {names}: student output has {output.numel()} elements, the teacher's {teacher_out.numel()}"
         )
     target = teacher_out.reshape(output.shape)
     first = [loss_fn(output, target)]

@@ -24,8 +24,11 @@ def optimizer_kwargs(optimizer: torch.optim.Optimizer) -> dict:
     parameters = inspect.signature(type(optimizer).__init__).parameters
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
         return values
-    accepted = {name for name, p in parameters.items()
-                if name not in ("self", "params") and p.kind is not inspect.Parameter.VAR_POSITIONAL}
+    accepted = {
+        name
+        for name, p in parameters.items()
+        if name not in ("self", "params") and p.kind is not inspect.Parameter.VAR_POSITIONAL
+    }
     return {k: v for k, v in values.items() if k in accepted}
 
 

@@ -75,8 +75,10 @@ class DumpedTeacher:
             inputs = _to(model_inputs(self.sample, batch), self.device)
             captured = self._group_inputs(inputs)
             blocks = [(captured[i], run_chain(modules, captured[i])) for i, modules in enumerate(self.groups)]
-            torch.save({"inputs": [t.cpu() for t in inputs],
-                        "blocks": [(i.cpu(), o.cpu()) for i, o in blocks]}, self._path(epoch, step))
+            torch.save(
+                {"inputs": [t.cpu() for t in inputs], "blocks": [(i.cpu(), o.cpu()) for i, o in blocks]},
+                self._path(epoch, step),
+            )
         return step + 1
 
     def _group_inputs(self, inputs) -> dict[int, torch.Tensor]:

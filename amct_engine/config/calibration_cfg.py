@@ -82,18 +82,22 @@ def _scope_errors(doc: CfgDocument, path: str, config) -> Iterator[ConfigError]:
     act_field = config.WhichOneof("act_algo")
     act = getattr(config, act_field) if act_field else None
     if act_field == "hfmg_quantize" and act.num_of_bins not in HFMG_BINS:
-        yield doc.error(f"{path}.hfmg_quantize.num_of_bins",
-                        f"num_of_bins must be one of {', '.join(map(str, HFMG_BINS))}, got {act.num_of_bins}")
+        yield doc.error(
+            f"{path}.hfmg_quantize.num_of_bins",
+            f"num_of_bins must be one of {', '.join(map(str, HFMG_BINS))}, got {act.num_of_bins}",
+        )
     if act_field == "ifmr_quantize":
         if not (0 < act.search_range_start < act.search_range_end and act.search_step > 0):
-            yield doc.error(f"{path}.ifmr_quantize", "IFMR needs 0 < search_range_start < search_range_end "
-                            "and search_step > 0")
+            yield doc.error(
+                f"{path}.ifmr_quantize", "IFMR needs 0 < search_range_start < search_range_end and search_step > 0"
+            )
         for name in ("max_percentile", "min_percentile"):
             if not 0 < getattr(act, name) <= 1:
                 yield doc.error(f"{path}.ifmr_quantize.{name}", f"{name} must be in (0, 1]")
     if config.HasField("arq_quantize") and config.arq_quantize.quant_bits not in ARQ_BITS:
-        yield doc.error(f"{path}.arq_quantize.quant_bits",
-                        f"quant_bits must be 4 or 8, got {config.arq_quantize.quant_bits}")
+        yield doc.error(
+            f"{path}.arq_quantize.quant_bits", f"quant_bits must be 4 or 8, got {config.arq_quantize.quant_bits}"
+        )
     act_bits = _DST_BITS[act.dst_type] if act is not None else 8
     wts_bits = config.arq_quantize.quant_bits if config.HasField("arq_quantize") else 8
     if act_field and config.HasField("arq_quantize") and (act_bits, wts_bits) not in PTQ_ACT_WTS_BITS:
@@ -135,9 +139,13 @@ def search_settings(msg, labelled: bool) -> dict:
         budget["min_cosine"] = search.min_cosine
     if not budget:
         budget = {"max_top1_drop": 0.5} if labelled else {"min_cosine": 0.99}
-    return {"budget": budget, "prune_ratios": [round(r, 6) for r in search.prune_ratios],
-            "precisions": [names[p] for p in search.precisions], "keep_float": search.keep_float,
-            "target_macs_ratio": round(search.target_macs_ratio, 6)}
+    return {
+        "budget": budget,
+        "prune_ratios": [round(r, 6) for r in search.prune_ratios],
+        "precisions": [names[p] for p in search.precisions],
+        "keep_float": search.keep_float,
+        "target_macs_ratio": round(search.target_macs_ratio, 6),
+    }
 
 
 def check_calibration_cfg(doc: CfgDocument) -> None:
@@ -160,14 +168,22 @@ def _apply(spec: PtqLayerSpec, config) -> PtqLayerSpec:
     act_field = config.WhichOneof("act_algo")
     if act_field is not None:
         act = getattr(config, act_field)
-        common = dict(act_bits=_DST_BITS[act.dst_type], asymmetric=act.asymmetric if act.HasField("asymmetric")
-                      else None)
+        common = dict(
+            act_bits=_DST_BITS[act.dst_type], asymmetric=act.asymmetric if act.HasField("asymmetric") else None
+        )
         if act_field == "hfmg_quantize":
             spec = replace(spec, act_algo="hfmg", num_of_bins=act.num_of_bins, **common)
         else:
-            spec = replace(spec, act_algo="ifmr", search_range_start=act.search_range_start,
-                           search_range_end=act.search_range_end, search_step=act.search_step,
-                           max_percentile=act.max_percentile, min_percentile=act.min_percentile, **common)
+            spec = replace(
+                spec,
+                act_algo="ifmr",
+                search_range_start=act.search_range_start,
+                search_range_end=act.search_range_end,
+                search_step=act.search_step,
+                max_percentile=act.max_percentile,
+                min_percentile=act.min_percentile,
+                **common,
+            )
     if config.HasField("arq_quantize"):
         spec = replace(spec, channel_wise=config.arq_quantize.channel_wise, wts_bits=config.arq_quantize.quant_bits)
     return spec

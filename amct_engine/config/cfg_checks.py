@@ -91,9 +91,7 @@ def _duplicate_overrides(doc: CfgDocument, layout: CfgLayout) -> Iterator[Config
                 continue
             pos = doc.position_of(first_seen[name])
             where = f" (first at {pos[0]}:{pos[1]})" if pos else ""
-            yield doc.error(
-                path, f'{key} "{name}" has more than one {list_name} entry{where}; merge them into one'
-            )
+            yield doc.error(path, f'{key} "{name}" has more than one {list_name} entry{where}; merge them into one')
 
 
 def _dedupe_skip_lists(doc: CfgDocument, layout: CfgLayout) -> None:
@@ -167,11 +165,16 @@ def _schedule_errors(doc: CfgDocument, bcp: Message, path: str) -> Iterator[Conf
     if schedule.steps < 1:
         yield doc.error(f"{path}.steps", f"prune_schedule needs steps >= 1, got {schedule.steps}")
     if schedule.HasField("interval") and schedule.interval < 1:
-        yield doc.error(f"{path}.interval", f"prune_schedule needs interval >= 1 (training batches per step), "
-                                            f"got {schedule.interval}")
+        yield doc.error(
+            f"{path}.interval",
+            f"prune_schedule needs interval >= 1 (training batches per step), got {schedule.interval}",
+        )
     if not 0 <= schedule.start_ratio < bcp.prune_ratio:
-        yield doc.error(f"{path}.start_ratio", f"prune_schedule start_ratio must be >= 0 and below prune_ratio "
-                                               f"{_fmt(bcp.prune_ratio)}, got {_fmt(schedule.start_ratio)}")
+        yield doc.error(
+            f"{path}.start_ratio",
+            f"prune_schedule start_ratio must be >= 0 and below prune_ratio "
+            f"{_fmt(bcp.prune_ratio)}, got {_fmt(schedule.start_ratio)}",
+        )
 
 
 def check_importance_names(doc: CfgDocument, known: Iterable[str]) -> None:
@@ -185,8 +188,12 @@ def check_importance_names(doc: CfgDocument, known: Iterable[str]) -> None:
         bcp = scope.message.prune_config.filter_pruner.balanced_l2_norm_filter_prune
         if bcp.HasField("importance") and bcp.importance not in known:
             path = scope.field_path("prune_config.filter_pruner.balanced_l2_norm_filter_prune.importance")
-            errors.append(doc.error(path, f'importance "{bcp.importance}" is not a pruning importance criterion; '
-                                          f"known: {', '.join(known)}"))
+            errors.append(
+                doc.error(
+                    path,
+                    f'importance "{bcp.importance}" is not a pruning importance criterion; known: {", ".join(known)}',
+                )
+            )
     _raise_first(errors)
 
 
@@ -328,8 +335,7 @@ def check_cfg_for_api(cfg: CfgDocument | Message, api: CfgApi, path: str | Path 
         if not prune_on:
             raise doc.error(
                 None,
-                "the config enables no pruning: add prune_config { ... } globally or in "
-                "an override for the prune API",
+                "the config enables no pruning: add prune_config { ... } globally or in an override for the prune API",
             )
     elif not quant_on and not prune_on:
         raise doc.error(

@@ -29,7 +29,6 @@ def decode_cfg_bytes(data: bytes, path: str) -> str:
         raise ConfigError("the file is not valid UTF-8 text", path, line, column) from None
 
 
-
 def read_cfg_file(path: str | Path) -> str:
     """The text of the ``.cfg`` file at ``path``; FileNotFoundError / IsADirectoryError otherwise."""
     p = Path(path)
@@ -38,6 +37,7 @@ def read_cfg_file(path: str | Path) -> str:
             raise IsADirectoryError(errno.EISDIR, "config path is not a file", str(path))
         raise FileNotFoundError(errno.ENOENT, "config file not found", str(path))
     return decode_cfg_bytes(p.read_bytes(), str(path))
+
 
 @dataclass
 class CfgDocument:

@@ -37,7 +37,6 @@ __all__ = [
 ]
 
 
-
 def parse_cfg_document(
     text: str | bytes, kind: CfgKind | str, path: str = "<string>", check: bool = True
 ) -> CfgDocument:

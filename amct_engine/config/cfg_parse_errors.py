@@ -217,9 +217,7 @@ def convert_parse_error(err: text_format.ParseError, text: str, msg_cls, path: s
     scan = scan_fields(text, msg_cls.DESCRIPTOR)
     doc = CfgDocument(msg_cls(), path, text, scan.sites)
     raw = _strip_location(err, text.split("\n"))
-    ctx = _ErrorContext(
-        raw, err.GetLine(), err.GetColumn(), doc, scan.unclosed, msg_cls.DESCRIPTOR.file.pool
-    )
+    ctx = _ErrorContext(raw, err.GetLine(), err.GetColumn(), doc, scan.unclosed, msg_cls.DESCRIPTOR.file.pool)
     for pattern, handler in _REWRITES:
         m = pattern.fullmatch(raw)
         if m and (converted := handler(ctx, m)) is not None:
@@ -255,8 +253,12 @@ def parse_cfg_message(text: str | bytes, msg_cls, path: str) -> CfgDocument:
     if isinstance(text, bytes):
         text = decode_cfg_bytes(text, path)
     if (opener := nesting_too_deep(text)) is not None:
-        raise ConfigError(f"blocks are nested more than {MAX_NESTING} levels deep here; no AMCT cfg field "
-                          "nests that far", path, opener.line, opener.column)
+        raise ConfigError(
+            f"blocks are nested more than {MAX_NESTING} levels deep here; no AMCT cfg field nests that far",
+            path,
+            opener.line,
+            opener.column,
+        )
     message = msg_cls()
     try:
         # The recursion limit too: protobuf's own guard, should a text slip past the one above.

@@ -109,7 +109,9 @@ def _problem(kind, value, field_path, any_module, modules, layers, types) -> str
         return None
     if value in modules:
         listed = ", ".join(types[:_MAX_LISTED_TYPES])
-        return (f'layer "{value}" in {field_path} is a {modules[value]}, which is not a supported layer type '
-                f"(supported: {listed})")
+        return (
+            f'layer "{value}" in {field_path} is a {modules[value]}, which is not a supported layer type '
+            f"(supported: {listed})"
+        )
     known = sorted(modules) if any_module else layers
     return f'layer "{value}" in {field_path} is not in the model{_suggest(value, known, kind)}'

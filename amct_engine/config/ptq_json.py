@@ -16,27 +16,46 @@ from amct_engine.config.calibration_cfg import ARQ_BITS, HFMG_BINS, PTQ_ACT_WTS_
 
 VERSION = 1
 _TOP = ("version", "batch_num", "activation_offset", "do_fusion", "skip_fusion_layers")
-_ACT_KEYS = ("act_algo", "num_bits", "asymmetric", "search_range_start", "search_range_end", "search_step",
-             "max_percentile", "min_percentile", "num_of_bins")
+_ACT_KEYS = (
+    "act_algo",
+    "num_bits",
+    "asymmetric",
+    "search_range_start",
+    "search_range_end",
+    "search_step",
+    "max_percentile",
+    "min_percentile",
+    "num_of_bins",
+)
 
 
 def _layer_json(spec: PtqLayerSpec) -> dict:
-    act = {"act_algo": {"ifmr": "ifmr_quantize", "hfmg": "hfmg_quantize"}[spec.act_algo],
-           "num_bits": spec.act_bits}
+    act = {"act_algo": {"ifmr": "ifmr_quantize", "hfmg": "hfmg_quantize"}[spec.act_algo], "num_bits": spec.act_bits}
     if spec.asymmetric is not None:
         act["asymmetric"] = spec.asymmetric
     if spec.act_algo == "ifmr":
         act.update({k: getattr(spec, k) for k in _ACT_KEYS[3:8]})
     else:
         act["num_of_bins"] = spec.num_of_bins
-    return {"quant_enable": spec.enabled, "activation_quant_params": act,
-            "weight_quant_params": {"wts_algo": "arq_quantize", "num_bits": spec.wts_bits,
-                                    "channel_wise": spec.channel_wise}}
+    return {
+        "quant_enable": spec.enabled,
+        "activation_quant_params": act,
+        "weight_quant_params": {
+            "wts_algo": "arq_quantize",
+            "num_bits": spec.wts_bits,
+            "channel_wise": spec.channel_wise,
+        },
+    }
 
 
 def write_ptq_config(path, config: PtqConfig) -> None:
-    data = {"version": VERSION, "batch_num": config.batch_num, "activation_offset": config.activation_offset,
-            "do_fusion": config.do_fusion, "skip_fusion_layers": list(config.skip_fusion_layers)}
+    data = {
+        "version": VERSION,
+        "batch_num": config.batch_num,
+        "activation_offset": config.activation_offset,
+        "do_fusion": config.do_fusion,
+        "skip_fusion_layers": list(config.skip_fusion_layers),
+    }
     data.update({name: _layer_json(spec) for name, spec in config.layers.items()})
     directory = os.path.dirname(os.path.abspath(str(path)))
     os.makedirs(directory, exist_ok=True)
@@ -59,12 +78,21 @@ def _layer_spec(path, name: str, entry) -> PtqLayerSpec:
         raise _bad(path, f"{name}.activation_quant_params.act_algo", "must be ifmr_quantize or hfmg_quantize")
     known = {f.name for f in fields(PtqLayerSpec)}
     values = {k: v for k, v in act.items() if k in known and k != "act_algo"}
-    spec = PtqLayerSpec(enabled=bool(entry.get("quant_enable", True)), act_algo=algo,
-                        act_bits=int(act.get("num_bits", 8)), wts_bits=int(wts.get("num_bits", 8)),
-                        channel_wise=bool(wts.get("channel_wise", True)), **values)
+    spec = PtqLayerSpec(
+        enabled=bool(entry.get("quant_enable", True)),
+        act_algo=algo,
+        act_bits=int(act.get("num_bits", 8)),
+        wts_bits=int(wts.get("num_bits", 8)),
+        channel_wise=bool(wts.get("channel_wise", True)),
+        **values,
+    )
     if (spec.act_bits, spec.wts_bits) not in PTQ_ACT_WTS_BITS or spec.wts_bits not in ARQ_BITS:
-        raise _bad(path, name, f"A{spec.act_bits}W{spec.wts_bits} is not supported; use one of "
-                   + ", ".join(f"A{a}W{w}" for a, w in PTQ_ACT_WTS_BITS))
+        raise _bad(
+            path,
+            name,
+            f"A{spec.act_bits}W{spec.wts_bits} is not supported; use one of "
+            + ", ".join(f"A{a}W{w}" for a, w in PTQ_ACT_WTS_BITS),
+        )
     if algo == "hfmg" and spec.num_of_bins not in HFMG_BINS:
         raise _bad(path, f"{name}.activation_quant_params.num_of_bins", f"must be one of {HFMG_BINS}")
     return spec
@@ -79,9 +107,12 @@ def read_ptq_config(path, layer_types: dict[str, str]) -> PtqConfig:
     batch_num = data.get("batch_num", 1)
     if not isinstance(batch_num, int) or batch_num < 1:
         raise _bad(path, "batch_num", f"must be an integer >= 1, got {batch_num!r}")
-    config = PtqConfig(batch_num=batch_num, activation_offset=bool(data.get("activation_offset", True)),
-                       do_fusion=bool(data.get("do_fusion", True)),
-                       skip_fusion_layers=list(data.get("skip_fusion_layers", [])))
+    config = PtqConfig(
+        batch_num=batch_num,
+        activation_offset=bool(data.get("activation_offset", True)),
+        do_fusion=bool(data.get("do_fusion", True)),
+        skip_fusion_layers=list(data.get("skip_fusion_layers", [])),
+    )
     for name, entry in data.items():
         if name in _TOP:
             continue

@@ -303,8 +303,9 @@ def read_json_config(
     else:
         mode = data.get("fakequant_precision_mode", "DEFAULT")
         if mode not in ("DEFAULT", "FORCE_FP16_QUANT"):
-            raise reader.error('"fakequant_precision_mode" must be "DEFAULT" or "FORCE_FP16_QUANT"',
-                               "fakequant_precision_mode")
+            raise reader.error(
+                '"fakequant_precision_mode" must be "DEFAULT" or "FORCE_FP16_QUANT"', "fakequant_precision_mode"
+            )
         config.fakequant_precision_mode = mode
     for name, entry in data.items():
         if name in _GLOBAL_KEYS[dialect.kind]:

@@ -107,9 +107,7 @@ class _Resolver:
         self.quant_types, self.prune_types = quant_types, prune_types
         self.quant_only_configured = quant_only_configured
         # key -> entry per override list (cfg_checks refuses a key given twice)
-        self.overrides = [
-            (o.holds, {getattr(e, o.key): e for e in getattr(msg, o.field)}) for o in layout.overrides
-        ]
+        self.overrides = [(o.holds, {getattr(e, o.key): e for e in getattr(msg, o.field)}) for o in layout.overrides]
         self.members = {f: set(getattr(msg, f)) for f in layout.skip_lists()}
         self.global_act = _act_from_cfg(_sub(msg, layout.data_config), ActQuantSpec())
         self.global_weight = _weight_from_cfg(_sub(msg, layout.weight_config), WeightQuantSpec(), layout)

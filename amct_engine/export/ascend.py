@@ -115,8 +115,9 @@ def _store_layer_tensors(graph, node, layer: str, wts_type: str, initializers) -
         if role == "bias":
             typed = numpy_helper.from_array(values.astype(np.int32), f"{layer}.bias")
         elif wts_type == "INT4":
-            typed = helper.make_tensor(f"{layer}.weight", onnx.TensorProto.INT4, values.shape,
-                                       values.astype(np.int8).flatten().tolist())
+            typed = helper.make_tensor(
+                f"{layer}.weight", onnx.TensorProto.INT4, values.shape, values.astype(np.int8).flatten().tolist()
+            )
         else:
             typed = numpy_helper.from_array(values.astype(np.int8), f"{layer}.weight")
         _rename_value(graph, name, typed.name)
@@ -201,8 +202,10 @@ def _dequantize_weights(weight_names: set[str], inits: list) -> list[onnx.NodePr
         return []
     one = _const(inits, "ref/unit_scale", 1.0)
     inits.append(numpy_helper.from_array(np.array(0, dtype=np.int8), "ref/zero_int8"))
-    return [helper.make_node("DequantizeLinear", [name, one, "ref/zero_int8"], [f"{name}/ref_float"])
-            for name in sorted(weight_names)]
+    return [
+        helper.make_node("DequantizeLinear", [name, one, "ref/zero_int8"], [f"{name}/ref_float"])
+        for name in sorted(weight_names)
+    ]
 
 
 def _const(inits: list, name: str, value) -> str:
@@ -227,8 +230,9 @@ def _quant_reference(node, inits: list) -> list[onnx.NodeProto]:
         helper.make_node("Div", [node.input[0], _const(inits, f"{p}/ref_scale_d", scale_d)], [names[0]]),
         helper.make_node("Round", [names[0]], [names[1]]),
         helper.make_node("Add", [names[1], _const(inits, f"{p}/ref_offset", offset)], [names[2]]),
-        helper.make_node("Clip", [names[2], _const(inits, f"{p}/ref_qn", qn), _const(inits, f"{p}/ref_qp", qp)],
-                         [names[3]]),
+        helper.make_node(
+            "Clip", [names[2], _const(inits, f"{p}/ref_qn", qn), _const(inits, f"{p}/ref_qp", qp)], [names[3]]
+        ),
         helper.make_node("Sub", [names[3], f"{p}/ref_offset"], [node.output[0]]),
     ]
 

@@ -144,11 +144,19 @@ class FakeQuantBackend:
             # (INT16-emulated) input into a dynamically quantised MatMul that re-quantises it.
             weight = _const(g, f.weight_q.float())
         elif linear:
-            weight = g.op("DequantizeLinear", _const(g, _unsigned_codes(f.weight_q)), _const(g, torch.tensor(1.0)),
-                          _const(g, torch.tensor(128, dtype=torch.uint8)))
+            weight = g.op(
+                "DequantizeLinear",
+                _const(g, _unsigned_codes(f.weight_q)),
+                _const(g, torch.tensor(1.0)),
+                _const(g, torch.tensor(128, dtype=torch.uint8)),
+            )
         else:
-            weight = g.op("DequantizeLinear", _const(g, f.weight_q), _const(g, torch.tensor(1.0)),
-                          _const(g, torch.tensor(0, dtype=torch.int8)))
+            weight = g.op(
+                "DequantizeLinear",
+                _const(g, f.weight_q),
+                _const(g, torch.tensor(1.0)),
+                _const(g, torch.tensor(0, dtype=torch.int8)),
+            )
         bias = _const(g, f.bias_q.float()) if f.bias_q is not None else None
         return _rescale(g, _layer_op(g, x_int, module.layer, weight, bias), module)
 
@@ -203,16 +211,23 @@ class QdqDeployBackend:
         # A conv's zero point of 0 is left out (its default): a vector per layer costs bytes on small models.
         # ORT's QGemm/MatMul selectors want the zero points written.
         zero_input = [_const(g, vector(zero))] if zero.dtype == torch.uint8 or linear else []
-        weight = g.op("DequantizeLinear", _const(g, codes), _const(g, vector(f.scale_w.float())), *zero_input,
-                      **axis, **tag)
+        weight = g.op(
+            "DequantizeLinear", _const(g, codes), _const(g, vector(f.scale_w.float())), *zero_input, **axis, **tag
+        )
         bias = None
         if f.bias_q is not None:
             # The int32 bias shares the accumulator's scale, scale_d * scale_w, as QLinearConv/QGemm need.
             bias_scale = (f.scale_w * f.scale_d).float()
             # ORT's QGemm selector wants the bias zero point written; a conv's may be left out.
             bias_zero = [_const(g, vector(torch.zeros_like(f.scale_w, dtype=torch.int32)))] if linear else []
-            bias = g.op("DequantizeLinear", _const(g, f.bias_q), _const(g, vector(bias_scale)), *bias_zero,
-                        **({"axis_i": 0} if per_channel else {}), **tag)
+            bias = g.op(
+                "DequantizeLinear",
+                _const(g, f.bias_q),
+                _const(g, vector(bias_scale)),
+                *bias_zero,
+                **({"axis_i": 0} if per_channel else {}),
+                **tag,
+            )
         if matmul:
             y = g.op("MatMul", x_hat, weight, **tag)
             return g.op("Add", y, bias, **tag) if bias is not None else y
@@ -234,8 +249,12 @@ class AscendDeployBackend:
         layer, f = module.layer, module.factors
         tag = {f"{LAYER_ATTR}_s": module.layer_name, f"{WTS_TYPE_ATTR}_s": f"INT{f.wts_bits}"}
         x_q = g.op(
-            f"{ASCEND_DOMAIN}::AscendQuant", x,
-            scale_f=1.0 / f.scale_d, offset_f=float(f.offset_d), dst_type_s=f"INT{f.act_bits}", **tag,
+            f"{ASCEND_DOMAIN}::AscendQuant",
+            x,
+            scale_f=1.0 / f.scale_d,
+            offset_f=float(f.offset_d),
+            dst_type_s=f"INT{f.act_bits}",
+            **tag,
         )
         bias = _const(g, f.bias_q.float()) if f.bias_q is not None else None
         if isinstance(layer, nn.Linear):
@@ -251,5 +270,4 @@ class AscendDeployBackend:
             y = g.op(op, *inputs, **attrs, **tag)
         # The param travels as int64 (same bits); finalize_ascend_model stores it as UINT64.
         words = pack_dequant_param((f.scale_w * f.scale_d).numpy()).view(np.int64)
-        return g.op(f"{ASCEND_DOMAIN}::AscendDequant", y, _const(g, torch.from_numpy(words.copy())),
-                    dtype_i=0, **tag)
+        return g.op(f"{ASCEND_DOMAIN}::AscendDequant", y, _const(g, torch.from_numpy(words.copy())), dtype_i=0, **tag)

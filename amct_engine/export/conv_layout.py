@@ -52,8 +52,16 @@ from onnx import TensorProto, helper, numpy_helper
 
 # Ops that act per position and per channel on [N, C, H, W] (or only along H and W through their
 # attributes, swapped below): a region of them may run with H and W exchanged.
-_ELEMENTWISE = {"QuantizeLinear", "DequantizeLinear", "Relu", "Clip", "Sigmoid", "LeakyRelu", "Identity",
-                "BatchNormalization"}
+_ELEMENTWISE = {
+    "QuantizeLinear",
+    "DequantizeLinear",
+    "Relu",
+    "Clip",
+    "Sigmoid",
+    "LeakyRelu",
+    "Identity",
+    "BatchNormalization",
+}
 _SPATIAL = {"Conv", "MaxPool", "AveragePool"}
 _SPATIAL_ATTRS = ("kernel_shape", "strides", "dilations")
 CHANNEL_MULTIPLE = 4  # MLAS's KernelInputChannelAlignment of its x86 symmetric conv kernels
@@ -87,9 +95,11 @@ class _Shapes:
         candidate is found): the stems and the channel padding read the graph alone, and each rewrite builds its
         own `_Shapes`."""
         inferred = onnx.shape_inference.infer_shapes(self.model)
-        return {v.name: [d.dim_value if d.HasField("dim_value") else None for d in v.type.tensor_type.shape.dim]
-                for v in (*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output)
-                if v.type.tensor_type.HasField("shape")}
+        return {
+            v.name: [d.dim_value if d.HasField("dim_value") else None for d in v.type.tensor_type.shape.dim]
+            for v in (*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output)
+            if v.type.tensor_type.HasField("shape")
+        }
 
     def width_one(self, name: str) -> bool:
         dims = self.dims.get(name)
@@ -201,8 +211,9 @@ def tall_kernels_as_wide(model: onnx.ModelProto) -> list[str]:
                 if name in data and name not in produced:  # enters the region: [N, C, H, 1] -> [N, C, 1, H]
                     if name not in renamed:
                         renamed[name] = f"{name}_wide"
-                        before[id(node)].append(_reshape(model, name, renamed[name], [0, 0, 1, -1],
-                                                          f"{renamed[name]}/Reshape"))
+                        before[id(node)].append(
+                            _reshape(model, name, renamed[name], [0, 0, 1, -1], f"{renamed[name]}/Reshape")
+                        )
                     node.input[i] = renamed[name]
         for node in region:
             for i, name in enumerate(node.output):
@@ -239,17 +250,29 @@ def pad_input_channels(model: onnx.ModelProto) -> list[str]:
     padded = []
     for conv in [n for n in model.graph.node if n.op_type == "Conv"]:
         x_dq, w_dq = shapes.producer.get(conv.input[0]), shapes.producer.get(conv.input[1])
-        if _attr(conv, "group", 1) != 1 or not _is_dq(x_dq) or not _is_dq(w_dq) \
-                or w_dq.input[0] not in shapes.initializers or not _zero_point_zero(w_dq, shapes):
+        if (
+            _attr(conv, "group", 1) != 1
+            or not _is_dq(x_dq)
+            or not _is_dq(w_dq)
+            or w_dq.input[0] not in shapes.initializers
+            or not _zero_point_zero(w_dq, shapes)
+        ):
             continue
         codes = numpy_helper.to_array(shapes.initializers[w_dq.input[0]])
         missing = -codes.shape[1] % CHANNEL_MULTIPLE
-        if codes.dtype != np.int8 or not missing or codes.shape[0] < MIN_OUTPUT_CHANNELS or codes.shape[0] % 8 \
-                or len(shapes.readers[w_dq.input[0]]) != 1 or not _padding_pays(codes.shape):
+        if (
+            codes.dtype != np.int8
+            or not missing
+            or codes.shape[0] < MIN_OUTPUT_CHANNELS
+            or codes.shape[0] % 8
+            or len(shapes.readers[w_dq.input[0]]) != 1
+            or not _padding_pays(codes.shape)
+        ):
             continue
         zeros = np.zeros((codes.shape[0], missing, *codes.shape[2:]), np.int8)
         shapes.initializers[w_dq.input[0]].CopyFrom(
-            numpy_helper.from_array(np.concatenate([codes, zeros], axis=1), w_dq.input[0]))
+            numpy_helper.from_array(np.concatenate([codes, zeros], axis=1), w_dq.input[0])
+        )
         _pad_codes(model, conv, x_dq, missing, codes.ndim)
         padded.append(conv.name)
     return padded
@@ -288,13 +311,22 @@ def _stem_plan(conv: onnx.NodeProto, shapes: _Shapes):
     """(input DQ, weight DQ, bias DQ, the ReLU, the quantiser after it, the max-pool or None), or None."""
     x_dq, w_dq = shapes.producer.get(conv.input[0]), shapes.producer.get(conv.input[1])
     b_dq = shapes.producer.get(conv.input[2]) if len(conv.input) > 2 and conv.input[2] else None
-    if _attr(conv, "group", 1) != 1 or not _is_dq(x_dq) or not _is_dq(w_dq) or not _is_dq(b_dq) \
-            or any(n.input[0] not in shapes.initializers for n in (w_dq, b_dq)) \
-            or not (_zero_point_zero(w_dq, shapes) and _zero_point_zero(b_dq, shapes)):
+    if (
+        _attr(conv, "group", 1) != 1
+        or not _is_dq(x_dq)
+        or not _is_dq(w_dq)
+        or not _is_dq(b_dq)
+        or any(n.input[0] not in shapes.initializers for n in (w_dq, b_dq))
+        or not (_zero_point_zero(w_dq, shapes) and _zero_point_zero(b_dq, shapes))
+    ):
         return None
     codes = numpy_helper.to_array(shapes.initializers[w_dq.input[0]])
-    if codes.ndim != 4 or codes.shape[1] > STEM_MAX_CHANNELS or min(codes.shape[2:]) < 2 \
-            or int(np.prod(codes.shape[2:])) > STEM_MAX_TAPS:
+    if (
+        codes.ndim != 4
+        or codes.shape[1] > STEM_MAX_CHANNELS
+        or min(codes.shape[2:]) < 2
+        or int(np.prod(codes.shape[2:])) > STEM_MAX_TAPS
+    ):
         return None  # measured on image stems only: 1-D kernels stay int8
     if not _sums_exact_in_float(x_dq, codes, numpy_helper.to_array(shapes.initializers[b_dq.input[0]]), shapes):
         return None
@@ -336,12 +368,18 @@ def _rewrite_stem(model: onnx.ModelProto, conv, shapes: _Shapes, x_dq, w_dq, b_d
     if len(rescale_scale.dims) == 1:  # per output channel: [1, C, 1, 1] broadcasts over the activations
         rescale_scale.dims[:] = [1, rescale_scale.dims[0], 1, 1]
     before_conv = [
-        helper.make_node("DequantizeLinear", [x_dq.input[0], f"{stem}.unit_scale", *x_dq.input[2:]],
-                         [f"{stem}_input_codes"], name=f"{stem}/DequantizeLinear_codes"),
-        helper.make_node("Cast", [w_dq.input[0]], [f"{stem}_weight_codes"], name=f"{stem}/CastWeight",
-                         to=TensorProto.FLOAT),
-        helper.make_node("Cast", [b_dq.input[0]], [f"{stem}_bias_codes"], name=f"{stem}/CastBias",
-                         to=TensorProto.FLOAT),
+        helper.make_node(
+            "DequantizeLinear",
+            [x_dq.input[0], f"{stem}.unit_scale", *x_dq.input[2:]],
+            [f"{stem}_input_codes"],
+            name=f"{stem}/DequantizeLinear_codes",
+        ),
+        helper.make_node(
+            "Cast", [w_dq.input[0]], [f"{stem}_weight_codes"], name=f"{stem}/CastWeight", to=TensorProto.FLOAT
+        ),
+        helper.make_node(
+            "Cast", [b_dq.input[0]], [f"{stem}_bias_codes"], name=f"{stem}/CastBias", to=TensorProto.FLOAT
+        ),
     ]
     conv.input[:] = [n.output[0] for n in before_conv[:3]]
     last = pool if pool is not None else relu
@@ -377,9 +415,14 @@ def convs_on_the_gemm_path(model: onnx.ModelProto) -> list[str]:
     for conv in [n for n in model.graph.node if n.op_type == "Conv"]:
         x_dq, w_dq = shapes.producer.get(conv.input[0]), shapes.producer.get(conv.input[1])
         weight = shapes.initializers.get(w_dq.input[0]) if _is_dq(w_dq) else None
-        if _attr(conv, "group", 1) != 1 or not _is_dq(x_dq) or weight is None \
-                or weight.data_type != TensorProto.INT8 or not _zero_point_zero(w_dq, shapes) \
-                or not _gemm_pays(tuple(weight.dims), shapes.dims.get(conv.output[0])):
+        if (
+            _attr(conv, "group", 1) != 1
+            or not _is_dq(x_dq)
+            or weight is None
+            or weight.data_type != TensorProto.INT8
+            or not _zero_point_zero(w_dq, shapes)
+            or not _gemm_pays(tuple(weight.dims), shapes.dims.get(conv.output[0]))
+        ):
             continue
         name = w_dq.input[2] if len(w_dq.input) > 2 and w_dq.input[2] else f"{w_dq.input[0]}_zero_point"
         if name not in shapes.initializers:
@@ -430,10 +473,15 @@ def _pad_codes(model: onnx.ModelProto, conv: onnx.NodeProto, x_dq: onnx.NodeProt
     model.graph.initializer.append(numpy_helper.from_array(pads, f"{stem}.channel_pads"))
     codes = x_dq.input[0]
     zero = x_dq.input[2] if len(x_dq.input) > 2 else ""
-    pad = helper.make_node("Pad", [codes, f"{stem}.channel_pads", zero], [f"{stem}_padded_codes"],
-                           name=f"{stem}/PadChannels")
-    dq = helper.make_node("DequantizeLinear", [f"{stem}_padded_codes", *x_dq.input[1:]], [f"{stem}_padded_input"],
-                          name=f"{stem}/DequantizeLinear_padded")
+    pad = helper.make_node(
+        "Pad", [codes, f"{stem}.channel_pads", zero], [f"{stem}_padded_codes"], name=f"{stem}/PadChannels"
+    )
+    dq = helper.make_node(
+        "DequantizeLinear",
+        [f"{stem}_padded_codes", *x_dq.input[1:]],
+        [f"{stem}_padded_input"],
+        name=f"{stem}/DequantizeLinear_padded",
+    )
     conv.input[0] = dq.output[0]
     graph = model.graph
     index = list(graph.node).index(conv)

@@ -53,14 +53,16 @@ def matmuls_to_integer_to_float(model: onnx.ModelProto) -> list[str]:
     dropped: set[int] = set()
     for matmul in (n for n in graph.node if n.op_type == "MatMul"):
         a_dq, b_dq = producer.get(matmul.input[0]), producer.get(matmul.input[1])
-        if not _dq(a_dq, initializers, constant=False) or not _dq(b_dq, initializers, constant=True) \
-                or numpy_helper.to_array(initializers[a_dq.input[1]]).size != 1:
+        if (
+            not _dq(a_dq, initializers, constant=False)
+            or not _dq(b_dq, initializers, constant=True)
+            or numpy_helper.to_array(initializers[a_dq.input[1]]).size != 1
+        ):
             continue
         if any(r.op_type == "QuantizeLinear" for r in readers[matmul.output[0]]):
             continue  # requantised: ORT makes a QLinearMatMul of it
         stem = matmul.name.split("/")[0] or matmul.output[0]
-        inputs = [a_dq.input[0], b_dq.input[0], a_dq.input[1], b_dq.input[1],
-                  _input(a_dq, 2), _input(b_dq, 2)]
+        inputs = [a_dq.input[0], b_dq.input[0], a_dq.input[1], b_dq.input[1], _input(a_dq, 2), _input(b_dq, 2)]
         last = matmul
         add = readers[matmul.output[0]][0] if len(readers[matmul.output[0]]) == 1 else None
         bias_dq = producer.get(add.input[1]) if add is not None and add.op_type == "Add" else None
@@ -69,8 +71,9 @@ def matmuls_to_integer_to_float(model: onnx.ModelProto) -> list[str]:
             inputs.append(f"{stem}.bias_float")
             last = add
             dropped.update({id(add), id(bias_dq)} if len(readers[bias_dq.output[0]]) == 1 else {id(add)})
-        fused = helper.make_node("MatMulIntegerToFloat", inputs, list(last.output), name=f"{stem}/MatMulIntegerToFloat",
-                                 domain=MS_DOMAIN)
+        fused = helper.make_node(
+            "MatMulIntegerToFloat", inputs, list(last.output), name=f"{stem}/MatMulIntegerToFloat", domain=MS_DOMAIN
+        )
         replaced[id(matmul)] = fused
         for dq in (a_dq, b_dq):
             if len(readers[dq.output[0]]) == 1:

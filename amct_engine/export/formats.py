@@ -38,9 +38,17 @@ def check_deploy_format(name: object) -> DeployFormatEntry:
     return DEPLOY_FORMATS[name]
 
 
-register_deploy_format(DeployFormatEntry(
-    "onnx", "integer model for onnxruntime (QuantizeLinear, integer Conv/MatMul kernels, int32 bias)",
-    "amct_engine.export.onnx_formats:ONNX_DEPLOY"))
-register_deploy_format(DeployFormatEntry(
-    "ascend", "AMCT's layout for the ATC converter (AscendQuant/AscendDequant, INT8 weights, UINT64 dequant param)",
-    "amct_engine.export.onnx_formats:ASCEND_DEPLOY"))
+register_deploy_format(
+    DeployFormatEntry(
+        "onnx",
+        "integer model for onnxruntime (QuantizeLinear, integer Conv/MatMul kernels, int32 bias)",
+        "amct_engine.export.onnx_formats:ONNX_DEPLOY",
+    )
+)
+register_deploy_format(
+    DeployFormatEntry(
+        "ascend",
+        "AMCT's layout for the ATC converter (AscendQuant/AscendDequant, INT8 weights, UINT64 dequant param)",
+        "amct_engine.export.onnx_formats:ASCEND_DEPLOY",
+    )
+)

@@ -21,8 +21,9 @@ INT4_SUFFIX = "_int4"  # `<layer>.weight_int4`, cast to the `<layer>.weight` the
 def int4_candidates(model: onnx.ModelProto) -> list[str]:
     """INT8 weight initialisers read by a DequantizeLinear (or, as B, by a MatMulIntegerToFloat:
     export.float_output_matmul) whose codes all fit in [-8, 7]."""
-    weights = {n.input[0] for n in model.graph.node if n.op_type == "DequantizeLinear"} | \
-        {n.input[1] for n in model.graph.node if n.op_type == "MatMulIntegerToFloat"}
+    weights = {n.input[0] for n in model.graph.node if n.op_type == "DequantizeLinear"} | {
+        n.input[1] for n in model.graph.node if n.op_type == "MatMulIntegerToFloat"
+    }
     found = []
     for tensor in model.graph.initializer:
         if tensor.name in weights and tensor.data_type == TensorProto.INT8 and len(tensor.dims) > 1:
@@ -56,10 +57,12 @@ def pack_int4_weights(model: onnx.ModelProto) -> onnx.ModelProto:
         if tensor.name not in names:
             continue
         codes = numpy_helper.to_array(tensor)
-        packed = helper.make_tensor(f"{tensor.name}{INT4_SUFFIX}", TensorProto.INT4, codes.shape, _packed_bytes(codes),
-                                    raw=True)
-        casts.append(helper.make_node("Cast", [packed.name], [tensor.name], to=TensorProto.INT8,
-                                      name=f"{tensor.name}/Cast"))
+        packed = helper.make_tensor(
+            f"{tensor.name}{INT4_SUFFIX}", TensorProto.INT4, codes.shape, _packed_bytes(codes), raw=True
+        )
+        casts.append(
+            helper.make_node("Cast", [packed.name], [tensor.name], to=TensorProto.INT8, name=f"{tensor.name}/Cast")
+        )
         tensor.CopyFrom(packed)
     for cast in reversed(casts):
         graph.node.insert(0, cast)

@@ -50,8 +50,12 @@ class _PlaceholderFunction(torch.autograd.Function):
     @staticmethod
     def symbolic(g, x, ref: _ModuleRef):
         rank = symbolic_helper._get_tensor_rank(x)
-        out = g.op(f"{PLACEHOLDER_DOMAIN}::{PLACEHOLDER_OP}", x, name_s=ref.module.layer_name,
-                   rank_i=-1 if rank is None else rank)
+        out = g.op(
+            f"{PLACEHOLDER_DOMAIN}::{PLACEHOLDER_OP}",
+            x,
+            name_s=ref.module.layer_name,
+            rank_i=-1 if rank is None else rank,
+        )
         out.setType(x.type().with_sizes(_output_sizes(x, ref.module)))
         return out
 
@@ -63,8 +67,9 @@ def _output_sizes(x, module) -> list[int | None]:
     traced = list(module.traced_shape)
     known = x.type().varyingSizes() or [None] * len(traced)
     channel = len(traced) - 1 if isinstance(module.layer, nn.Linear) else 1
-    return [size if i == channel or (i < len(known) and known[i] is not None) else None
-            for i, size in enumerate(traced)]
+    return [
+        size if i == channel or (i < len(known) and known[i] is not None) else None for i, size in enumerate(traced)
+    ]
 
 
 class LayerPlaceholder(nn.Module):
@@ -97,11 +102,17 @@ def export_layer_graph(
         # The TorchScript-based exporter warns that it is legacy; export/backends.py says why we use it.
         warnings.simplefilter("ignore")
         torch.onnx.export(
-            traceable_sizes(model), input_data, buffer, dynamo=False, opset_version=OPSET,
+            traceable_sizes(model),
+            input_data,
+            buffer,
+            dynamo=False,
+            opset_version=OPSET,
             input_names=list(input_names) if input_names else None,
             output_names=list(output_names) if output_names else None,
-            dynamic_axes=dynamic_axes, do_constant_folding=True,
-            custom_opsets={PLACEHOLDER_DOMAIN: 1} if has_layers else None, autograd_inlining=False,
+            dynamic_axes=dynamic_axes,
+            do_constant_folding=True,
+            custom_opsets={PLACEHOLDER_DOMAIN: 1} if has_layers else None,
+            autograd_inlining=False,
         )
     return onnx.load_from_string(buffer.getvalue())
 
@@ -150,9 +161,16 @@ class OnnxBuilder:
             return name
         domain, _, op_type = op_type.rpartition("::")
         node_name = self._name(op_type)
-        self.nodes.append(helper.make_node(
-            op_type, [i if i is not None else "" for i in inputs], [node_name + "_output"], name=node_name,
-            domain=domain or None, **{k[:-2]: _attribute_value(k, v) for k, v in attrs.items()}))
+        self.nodes.append(
+            helper.make_node(
+                op_type,
+                [i if i is not None else "" for i in inputs],
+                [node_name + "_output"],
+                name=node_name,
+                domain=domain or None,
+                **{k[:-2]: _attribute_value(k, v) for k, v in attrs.items()},
+            )
+        )
         return self.nodes[-1].output[0]
 
 
@@ -163,7 +181,10 @@ def _placeholder_attributes(node: onnx.NodeProto) -> tuple[str, int | None]:
 
 
 def splice_layers(
-    graph_model: onnx.ModelProto, layers: Mapping[str, nn.Module], writer, custom_opsets: Mapping[str, int] = (),
+    graph_model: onnx.ModelProto,
+    layers: Mapping[str, nn.Module],
+    writer,
+    custom_opsets: Mapping[str, int] = (),
 ) -> onnx.ModelProto:
     """A copy of `graph_model` with each placeholder replaced by `writer.emit(g, x, layers[name])`'s nodes."""
     model = onnx.ModelProto()

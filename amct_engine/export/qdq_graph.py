@@ -43,8 +43,16 @@ COMMUTING_OPS = {"MaxPool", "Flatten", "Reshape", "Identity", "Dropout", "Transp
 DATA_INPUTS = {"Reshape": 1, "Squeeze": 1, "Unsqueeze": 1, "Pad": 1, "Slice": 1, "Resize": 1, "Clip": 1}
 LAYER_OPS = {"Conv", "Gemm", "MatMul"}
 # Ops ORT runs in int8 between quantisers (QDQ fusions, dropped QDQ pairs, or our BatchNorm rewrite).
-INT8_OPS = COMMUTING_OPS | {"Relu", "Add", "Concat", "GlobalAveragePool", "AveragePool", "BatchNormalization",
-                            "Sigmoid", "LeakyRelu"}
+INT8_OPS = COMMUTING_OPS | {
+    "Relu",
+    "Add",
+    "Concat",
+    "GlobalAveragePool",
+    "AveragePool",
+    "BatchNormalization",
+    "Sigmoid",
+    "LeakyRelu",
+}
 CALIBRATION_MARGIN = 1.25
 
 
@@ -63,8 +71,10 @@ class _Graph:
                 if name:
                     self.readers[name].append((node, i))
         inferred = onnx.shape_inference.infer_shapes(model)
-        self.elem_type = {v.name: v.type.tensor_type.elem_type
-                          for v in (*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output)}
+        self.elem_type = {
+            v.name: v.type.tensor_type.elem_type
+            for v in (*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output)
+        }
 
     def is_float_activation(self, name: str) -> bool:
         return name in self.producer and self.elem_type.get(name) == TensorProto.FLOAT
@@ -98,7 +108,7 @@ def fold_zero_pads(model: onnx.ModelProto) -> None:
             continue
         pads = values[pad.input[1]].astype(int).tolist()
         rank = len(pads) // 2
-        spatial = pads[2:rank] + pads[rank + 2:]
+        spatial = pads[2:rank] + pads[rank + 2 :]
         for quantize, conv in convs:
             quantize.input[0] = pad.input[0]
             names = [a.name for a in conv.attribute]
@@ -144,8 +154,13 @@ def _constant_value(model: onnx.ModelProto, name: str) -> np.ndarray | None:
             stack.extend(node.input)
     order = [n for n in model.graph.node if n in needed]
     used = {i for n in order for i in n.input}
-    graph = helper.make_graph(order, "constant", [], [helper.make_tensor_value_info(name, TensorProto.UNDEFINED, None)],
-                              [t for t in model.graph.initializer if t.name in used])
+    graph = helper.make_graph(
+        order,
+        "constant",
+        [],
+        [helper.make_tensor_value_info(name, TensorProto.UNDEFINED, None)],
+        [t for t in model.graph.initializer if t.name in used],
+    )
     sub = helper.make_model(graph, opset_imports=model.opset_import)
     try:
         return np.asarray(ReferenceEvaluator(sub).run(None, {})[0])
@@ -167,10 +182,17 @@ def _padded_convs(pad, values, readers) -> list | None:
     found = []
     for quantize in readers[pad.output[0]]:
         dequantize = readers[quantize.output[0]] if quantize.op_type == "QuantizeLinear" else []
-        convs = readers[dequantize[0].output[0]] if len(dequantize) == 1 and dequantize[0].op_type == \
-            "DequantizeLinear" else []
-        if len(convs) != 1 or convs[0].op_type != "Conv" or convs[0].input[0] != dequantize[0].output[0] \
-                or any(a.name == "auto_pad" and a.s not in (b"", b"NOTSET") for a in convs[0].attribute):
+        convs = (
+            readers[dequantize[0].output[0]]
+            if len(dequantize) == 1 and dequantize[0].op_type == "DequantizeLinear"
+            else []
+        )
+        if (
+            len(convs) != 1
+            or convs[0].op_type != "Conv"
+            or convs[0].input[0] != dequantize[0].output[0]
+            or any(a.name == "auto_pad" and a.s not in (b"", b"NOTSET") for a in convs[0].attribute)
+        ):
             return None
         found.append((quantize, convs[0]))
     return found or None
@@ -186,8 +208,13 @@ def _merge_equal_quantizers(model: onnx.ModelProto) -> None:
     keep = []
     for node in graph.node:
         if node.op_type == "QuantizeLinear" and len(node.input) == 3 and all(i in values for i in node.input[1:]):
-            key = (node.input[0], values[node.input[1]].tobytes(), values[node.input[2]].tobytes(),
-                   str(values[node.input[2]].dtype), tuple(a.SerializeToString() for a in node.attribute))
+            key = (
+                node.input[0],
+                values[node.input[1]].tobytes(),
+                values[node.input[2]].tobytes(),
+                str(values[node.input[2]].dtype),
+                tuple(a.SerializeToString() for a in node.attribute),
+            )
             if key in first:
                 replaced[node.output[0]] = first[key]
                 continue
@@ -212,7 +239,8 @@ def _plan(g: _Graph) -> tuple[dict[str, tuple[str, str] | None], list[str]]:
         # Only through ops with an int8 form: a transformer's LayerNorm, Softmax or GELU stays float.
         leads[name] = g.is_float_activation(name) and any(
             n.op_type == "QuantizeLinear" or (n.op_type in INT8_OPS and any(leads.get(o, False) for o in n.output))
-            for n in readers)
+            for n in readers
+        )
         if not leads[name]:
             continue
         own = g.quantizer_params(name)
@@ -232,8 +260,11 @@ def _plan(g: _Graph) -> tuple[dict[str, tuple[str, str] | None], list[str]]:
             continue  # a MatMul layer's own bias Add: the layer's output is the Add's
         if readers and all(n.op_type == "Relu" for n in readers):
             continue  # the ReLU's output is quantised; ORT removes the ReLU (zero point = lowest code)
-        if all(n.op_type == "QuantizeLinear" for n in readers) and name not in g.outputs \
-                and not _relu_kept_by_ort(g, name, p):
+        if (
+            all(n.op_type == "QuantizeLinear" for n in readers)
+            and name not in g.outputs
+            and not _relu_kept_by_ort(g, name, p)
+        ):
             continue  # already quantised for every reader
         plan[name] = p
     return plan, [n for n, p in plan.items() if p is None]
@@ -258,8 +289,9 @@ def _calibrate(model: onnx.ModelProto, names: list[str], feeds: dict[str, np.nda
     probe = onnx.ModelProto()
     probe.CopyFrom(model)
     known = {o.name for o in probe.graph.output}
-    probe.graph.output.extend(helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in names
-                              if n not in known)
+    probe.graph.output.extend(
+        helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in names if n not in known
+    )
     session = ort.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
     values = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds), strict=True))
     found = {}
@@ -267,8 +299,10 @@ def _calibrate(model: onnx.ModelProto, names: list[str], feeds: dict[str, np.nda
         if not np.isfinite(values[name]).all():
             continue  # e.g. an attention mask's -inf: left float
         # A margin over the example's range: the example is a batch or two, other inputs reach further.
-        lo, hi = CALIBRATION_MARGIN * min(float(values[name].min()), 0.0), \
-            CALIBRATION_MARGIN * max(float(values[name].max()), 0.0)
+        lo, hi = (
+            CALIBRATION_MARGIN * min(float(values[name].min()), 0.0),
+            CALIBRATION_MARGIN * max(float(values[name].max()), 0.0),
+        )
         scale = (hi - lo) / 255 if hi > lo else 1.0
         found[name] = (np.float32(scale), np.uint8(np.clip(round(-lo / scale), 0, 255)))
     return found
@@ -326,21 +360,33 @@ def quantize_boundaries(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) ->
         if params is None:
             scale_value, zero_value = calibrated[name]
             params = (f"{base}_scale", f"{base}_zero_point")
-            added = [numpy_helper.from_array(np.array(scale_value), params[0]),
-                     numpy_helper.from_array(np.array(zero_value), params[1])]
+            added = [
+                numpy_helper.from_array(np.array(scale_value), params[0]),
+                numpy_helper.from_array(np.array(zero_value), params[1]),
+            ]
             graph.initializer.extend(added)
             g.initializers.update((t.name, t) for t in added)
-        quantized = next((n.output[0] for n, _ in g.readers[name] if n.op_type == "QuantizeLinear"
-                          and tuple(n.input[1:3]) == params), None)
+        quantized = next(
+            (
+                n.output[0]
+                for n, _ in g.readers[name]
+                if n.op_type == "QuantizeLinear" and tuple(n.input[1:3]) == params
+            ),
+            None,
+        )
         if _relu_kept_by_ort(g, name, params):
             # relu on codes is max(q, zero point), exactly: quantise the ReLU's input instead.
             relu = g.producer[name]
             codes = f"{base}_quantized"
-            new_nodes[relu.input[0]].extend([
-                helper.make_node("QuantizeLinear", [relu.input[0], *params], [f"{base}_prerelu"],
-                                 name=f"{base}/QuantizeLinear"),
-                # Clip on uint8 is vectorised in ORT; Max ran 5x slower on a ResNet-18 stem.
-                helper.make_node("Clip", [f"{base}_prerelu", params[1]], [codes], name=f"{base}/Clip")])
+            new_nodes[relu.input[0]].extend(
+                [
+                    helper.make_node(
+                        "QuantizeLinear", [relu.input[0], *params], [f"{base}_prerelu"], name=f"{base}/QuantizeLinear"
+                    ),
+                    # Clip on uint8 is vectorised in ORT; Max ran 5x slower on a ResNet-18 stem.
+                    helper.make_node("Clip", [f"{base}_prerelu", params[1]], [codes], name=f"{base}/Clip"),
+                ]
+            )
             dropped.add(relu.name or id(relu))
             for reader, _ in g.readers[name]:
                 if reader.op_type == "QuantizeLinear" and tuple(reader.input[1:3]) == params:
@@ -349,16 +395,20 @@ def quantize_boundaries(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) ->
             quantized = codes
         elif quantized is None:
             quantized = f"{base}_quantized"
-            new_nodes[name].append(helper.make_node("QuantizeLinear", [name, *params], [quantized],
-                                                    name=f"{base}/QuantizeLinear"))
+            new_nodes[name].append(
+                helper.make_node("QuantizeLinear", [name, *params], [quantized], name=f"{base}/QuantizeLinear")
+            )
         for k, (reader, index) in enumerate(g.readers[name]):
             if reader.op_type == "QuantizeLinear" and (reader.name or id(reader)) not in dropped:
                 continue
             if (reader.name or id(reader)) in dropped:
                 continue
             dequantized = f"{base}_dequantized_{k}"
-            new_nodes[quantized].append(helper.make_node("DequantizeLinear", [quantized, *params], [dequantized],
-                                                    name=f"{base}/DequantizeLinear_{k}"))
+            new_nodes[quantized].append(
+                helper.make_node(
+                    "DequantizeLinear", [quantized, *params], [dequantized], name=f"{base}/DequantizeLinear_{k}"
+                )
+            )
             reader.input[index] = dequantized
     ordered = []
 
@@ -401,15 +451,21 @@ def _shape_ops_on_codes(model: onnx.ModelProto) -> None:
     def same(a: onnx.NodeProto, b: onnx.NodeProto) -> bool:
         if len(a.input) != 3 or len(b.input) != 3 or not all(n in values for n in (*a.input[1:], *b.input[1:])):
             return False
-        return all(values[x].dtype == values[y].dtype and np.array_equal(values[x], values[y])
-                   for x, y in zip(a.input[1:], b.input[1:], strict=True))
+        return all(
+            values[x].dtype == values[y].dtype and np.array_equal(values[x], values[y])
+            for x, y in zip(a.input[1:], b.input[1:], strict=True)
+        )
 
     renamed: dict[str, str] = {}
     dropped = []
     for requant in graph.node:
         shape_op = producer.get(requant.input[0]) if requant.op_type == "QuantizeLinear" else None
-        if shape_op is None or shape_op.op_type not in SHAPE_OPS or read_by[shape_op.output[0]] != 1 \
-                or shape_op.output[0] in outputs:
+        if (
+            shape_op is None
+            or shape_op.op_type not in SHAPE_OPS
+            or read_by[shape_op.output[0]] != 1
+            or shape_op.output[0] in outputs
+        ):
             continue
         dequant = producer.get(shape_op.input[0])
         if dequant is None or dequant.op_type != "DequantizeLinear":
@@ -438,15 +494,22 @@ def batch_norms_as_depthwise_convs(model: onnx.ModelProto) -> onnx.ModelProto:
     for node in graph.node:
         for name in node.input:
             readers[name].append(node)
-    ranks = {v.name: len(v.type.tensor_type.shape.dim)
-             for v in onnx.shape_inference.infer_shapes(model).graph.value_info}
+    ranks = {
+        v.name: len(v.type.tensor_type.shape.dim) for v in onnx.shape_inference.infer_shapes(model).graph.value_info
+    }
     for node in graph.node:
         if node.op_type != "BatchNormalization" or len(node.output) != 1:
             continue
         dq = producer.get(node.input[0])
         outs = readers[node.output[0]]
-        if dq is None or dq.op_type != "DequantizeLinear" or dq.input[1] not in values or not outs \
-                or any(r.op_type != "QuantizeLinear" for r in outs) or ranks.get(node.input[0], 0) < 3:
+        if (
+            dq is None
+            or dq.op_type != "DequantizeLinear"
+            or dq.input[1] not in values
+            or not outs
+            or any(r.op_type != "QuantizeLinear" for r in outs)
+            or ranks.get(node.input[0], 0) < 3
+        ):
             continue
         gamma, beta, mean, var = (values[n].astype(np.float64) for n in node.input[1:5])
         eps = next((a.f for a in node.attribute if a.name == "epsilon"), 1e-5)
@@ -458,19 +521,37 @@ def batch_norms_as_depthwise_convs(model: onnx.ModelProto) -> onnx.ModelProto:
         bias = np.round(b / (s_in * w_scale.astype(np.float64))).astype(np.int32)
         channels, dims = codes.size, ranks[node.input[0]] - 2
         stem = node.name.strip("/").replace("/", ".") or node.output[0]
-        inits = {f"{stem}.weight": codes.reshape(channels, 1, *[1] * dims), f"{stem}.weight_scale": w_scale,
-                 f"{stem}.weight_zero_point": np.zeros(channels, np.int8), f"{stem}.bias": bias,
-                 f"{stem}.bias_scale": (w_scale * np.float32(s_in)).astype(np.float32),
-                 f"{stem}.bias_zero_point": np.zeros(channels, np.int32)}
+        inits = {
+            f"{stem}.weight": codes.reshape(channels, 1, *[1] * dims),
+            f"{stem}.weight_scale": w_scale,
+            f"{stem}.weight_zero_point": np.zeros(channels, np.int8),
+            f"{stem}.bias": bias,
+            f"{stem}.bias_scale": (w_scale * np.float32(s_in)).astype(np.float32),
+            f"{stem}.bias_zero_point": np.zeros(channels, np.int32),
+        }
         graph.initializer.extend(numpy_helper.from_array(v, k) for k, v in inits.items())
-        weight = helper.make_node("DequantizeLinear", [f"{stem}.weight", f"{stem}.weight_scale",
-                                  f"{stem}.weight_zero_point"], [f"{stem}.weight_dq"], axis=0,
-                                  name=f"{stem}/DequantizeLinear_weight")
-        bias_dq = helper.make_node("DequantizeLinear", [f"{stem}.bias", f"{stem}.bias_scale",
-                                   f"{stem}.bias_zero_point"], [f"{stem}.bias_dq"], axis=0,
-                                   name=f"{stem}/DequantizeLinear_bias")
-        conv = helper.make_node("Conv", [node.input[0], f"{stem}.weight_dq", f"{stem}.bias_dq"], list(node.output),
-                                group=channels, kernel_shape=[1] * dims, name=f"{stem}/Conv")
+        weight = helper.make_node(
+            "DequantizeLinear",
+            [f"{stem}.weight", f"{stem}.weight_scale", f"{stem}.weight_zero_point"],
+            [f"{stem}.weight_dq"],
+            axis=0,
+            name=f"{stem}/DequantizeLinear_weight",
+        )
+        bias_dq = helper.make_node(
+            "DequantizeLinear",
+            [f"{stem}.bias", f"{stem}.bias_scale", f"{stem}.bias_zero_point"],
+            [f"{stem}.bias_dq"],
+            axis=0,
+            name=f"{stem}/DequantizeLinear_bias",
+        )
+        conv = helper.make_node(
+            "Conv",
+            [node.input[0], f"{stem}.weight_dq", f"{stem}.bias_dq"],
+            list(node.output),
+            group=channels,
+            kernel_shape=[1] * dims,
+            name=f"{stem}/Conv",
+        )
         node.CopyFrom(conv)
         index = list(graph.node).index(node)
         graph.node.insert(index, bias_dq)
@@ -543,9 +624,20 @@ def _rename(graph, initializers, renamed, node, index, new_name):
 PRODUCER = "amct_engine"
 REPORT_KEY = "amct_deploy_report"
 # What each quantised layer should become after ORT's optimiser.
-FUSED_OPS = {"QLinearConv", "QGemm", "QLinearMatMul", "MatMulIntegerToFloat", "QLinearAdd", "QLinearConcat",
-             "QLinearGlobalAveragePool", "QLinearAveragePool", "QLinearSigmoid", "QLinearLeakyRelu",
-             "DynamicQuantizeMatMul", "MatMulNBits"}
+FUSED_OPS = {
+    "QLinearConv",
+    "QGemm",
+    "QLinearMatMul",
+    "MatMulIntegerToFloat",
+    "QLinearAdd",
+    "QLinearConcat",
+    "QLinearGlobalAveragePool",
+    "QLinearAveragePool",
+    "QLinearSigmoid",
+    "QLinearLeakyRelu",
+    "DynamicQuantizeMatMul",
+    "MatMulNBits",
+}
 
 
 def optimized_ops(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -570,8 +662,10 @@ def _why_not_fused(model: onnx.ModelProto, layer: str) -> str:
     if node.output[0] in outputs or not readers:
         return "its output is a model output, kept float (a quantised output would cost a rounding)"
     if "QuantizeLinear" not in readers:
-        return (f"its output is read by float ops ({', '.join(sorted(set(readers)))}) and reaches no quantised "
-                "layer, so it is not quantised and ORT cannot make an int8 kernel of it")
+        return (
+            f"its output is read by float ops ({', '.join(sorted(set(readers)))}) and reaches no quantised "
+            "layer, so it is not quantised and ORT cannot make an int8 kernel of it"
+        )
     return "ORT's QDQ selectors rejected the group (see the optimised graph)"
 
 
@@ -584,8 +678,11 @@ def fusion_report(model: onnx.ModelProto, deploy_target: str) -> dict:
 
     ORT names a fused node after the node it replaces, so `<layer>/<Op>` survives optimisation.
     """
-    layers = {n.name.split("/")[0] for n in model.graph.node  # MatMulIntegerToFloat: export.float_output_matmul
-              if n.op_type in LAYER_OPS | {"MatMulIntegerToFloat"} and "/" in n.name and not n.name.startswith("/")}
+    layers = {
+        n.name.split("/")[0]
+        for n in model.graph.node  # MatMulIntegerToFloat: export.float_output_matmul
+        if n.op_type in LAYER_OPS | {"MatMulIntegerToFloat"} and "/" in n.name and not n.name.startswith("/")
+    }
     optimized = optimized_ops(model)
     runs_as: dict[str, str] = {}
     for node in optimized.graph.node:
@@ -596,16 +693,25 @@ def fusion_report(model: onnx.ModelProto, deploy_target: str) -> dict:
     ops: dict[str, int] = defaultdict(int)
     for node in optimized.graph.node:
         ops[node.op_type] += 1
-    not_fused = {layer: f"runs as float {op}: {_why_not_fused(model, layer)}"
-                 for layer, op in runs_as.items() if op not in FUSED_OPS}
+    not_fused = {
+        layer: f"runs as float {op}: {_why_not_fused(model, layer)}"
+        for layer, op in runs_as.items()
+        if op not in FUSED_OPS
+    }
     for node in model.graph.node:  # layers the writer could not give an int8 kernel (QdqDeployBackend)
         if node.op_type == "Identity" and node.name.endswith("/NoInt8Kernel"):
             layer = node.name.split("/")[0]
             runs_as[layer] = "float (integer-valued)"
-            not_fused[layer] = ("INT16 activations or a transposed conv: onnxruntime has no int8 kernel for it, "
-                                "so it runs the fake-quant form (integer-valued floats, exact)")
-    return {"deploy_target": deploy_target, "layers": runs_as, "not_fused": not_fused,
-            "optimized_op_counts": dict(sorted(ops.items()))}
+            not_fused[layer] = (
+                "INT16 activations or a transposed conv: onnxruntime has no int8 kernel for it, "
+                "so it runs the fake-quant form (integer-valued floats, exact)"
+            )
+    return {
+        "deploy_target": deploy_target,
+        "layers": runs_as,
+        "not_fused": not_fused,
+        "optimized_op_counts": dict(sorted(ops.items())),
+    }
 
 
 def finalize_qdq_deploy(model: onnx.ModelProto, feeds: dict[str, np.ndarray], deploy_target: str) -> onnx.ModelProto:
@@ -615,12 +721,15 @@ def finalize_qdq_deploy(model: onnx.ModelProto, feeds: dict[str, np.ndarray], de
 
     model = name_after_layers(batch_norms_as_depthwise_convs(quantize_boundaries(model, feeds)))
     x86_signed = deploy_target in ("x86_vnni", "x86_amx")
-    decisions = {"deploy_target": deploy_target, "wide_kernels": tall_kernels_as_wide(model),
-                 "float_stems": float_stems(model) if x86_signed else [],
-                 # export.conv_layout: padding serves the symmetric conv, which x86_amx steers away from.
-                 "padded_input_channels": pad_input_channels(model) if deploy_target == "x86_vnni" else [],
-                 "gemm_path_convs": convs_on_the_gemm_path(model) if deploy_target == "x86_amx" else [],
-                 "matmul_integer_to_float": matmuls_to_integer_to_float(model)}
+    decisions = {
+        "deploy_target": deploy_target,
+        "wide_kernels": tall_kernels_as_wide(model),
+        "float_stems": float_stems(model) if x86_signed else [],
+        # export.conv_layout: padding serves the symmetric conv, which x86_amx steers away from.
+        "padded_input_channels": pad_input_channels(model) if deploy_target == "x86_vnni" else [],
+        "gemm_path_convs": convs_on_the_gemm_path(model) if deploy_target == "x86_amx" else [],
+        "matmul_integer_to_float": matmuls_to_integer_to_float(model),
+    }
     model = pack_int4_weights(model)
     model = drop_default_attributes(short_activation_names(model))  # after the packing: it writes value_info
     model.producer_name = PRODUCER
@@ -645,13 +754,15 @@ def deploy_report(model: str | onnx.ModelProto) -> dict:
     if stored is None:
         return {}
     report = fusion_report(model, stored["deploy_target"])
-    layout = {key: stored.get(key, []) for key in ("wide_kernels", "float_stems", "padded_input_channels",
-                                                   "gemm_path_convs")}
+    layout = {
+        key: stored.get(key, []) for key in ("wide_kernels", "float_stems", "padded_input_channels", "gemm_path_convs")
+    }
     for layer in (name.split("/")[0] for name in layout["float_stems"]):  # ORT renames them (NCHWc)
         report["layers"][layer] = "Conv"
         report["not_fused"][layer] = FLOAT_STEM_REASON
-    report["int4_weights"] = [t.name.removesuffix(INT4_SUFFIX) for t in model.graph.initializer
-                              if t.data_type == TensorProto.INT4]
+    report["int4_weights"] = [
+        t.name.removesuffix(INT4_SUFFIX) for t in model.graph.initializer if t.data_type == TensorProto.INT4
+    ]
     report["conv_layout"] = layout
     report["matmul_integer_to_float"] = stored.get("matmul_integer_to_float", [])
     return report

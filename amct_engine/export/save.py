@@ -43,7 +43,9 @@ def quant_layers(model: nn.Module) -> dict[str, QuantRetrainLayer]:
 
 
 def export_layers(
-    model: nn.Module, records: dict[str, LayerQuantRecord], deploy_target: str = DEFAULT_DEPLOY_TARGET,
+    model: nn.Module,
+    records: dict[str, LayerQuantRecord],
+    deploy_target: str = DEFAULT_DEPLOY_TARGET,
 ) -> dict[str, ExportQuantLayer]:
     """Module path -> the ExportQuantLayer of each quantised layer of `model`, on the CPU.
 
@@ -84,7 +86,9 @@ def export_onnx(
 
 
 def check_onnx(
-    model: str | onnx.ModelProto, input_data: tuple[torch.Tensor, ...], onnx_format: OnnxFormat | None = None,
+    model: str | onnx.ModelProto,
+    input_data: tuple[torch.Tensor, ...],
+    onnx_format: OnnxFormat | None = None,
     reference: nn.Module | None = None,
 ) -> dict | None:
     """onnx.checker plus one onnxruntime run on the example input: a file we write always runs. With a
@@ -108,7 +112,10 @@ def check_onnx(
 
 
 def write_checked_onnx(
-    model: onnx.ModelProto, path: str, input_data: tuple[torch.Tensor, ...], reference: nn.Module,
+    model: onnx.ModelProto,
+    path: str,
+    input_data: tuple[torch.Tensor, ...],
+    reference: nn.Module,
     onnx_format: OnnxFormat | None = None,
 ) -> None:
     """Check `model` (check_onnx, with the size checks against `reference`), record the sizes checked in its

@@ -41,19 +41,27 @@ def session_runner(session: ort.InferenceSession) -> Callable[[tuple[torch.Tenso
 
 
 def check_file_sizes(
-    model: onnx.ModelProto, session: ort.InferenceSession, example: Sequence[torch.Tensor],
-    reference: torch.nn.Module, what: str,
+    model: onnx.ModelProto,
+    session: ort.InferenceSession,
+    example: Sequence[torch.Tensor],
+    reference: torch.nn.Module,
+    what: str,
 ) -> dict:
     """Run `session` (of `model`) against `reference` at two other sizes of each dynamic axis; returns what
     `record_size_checks` stores. Raises graph.size_probe.DynamicAxisError naming the axis that fails."""
     input_names = [i.name for i in model.graph.input]
     axes = declared_axes(model)
     groups = axis_groups(tuple(example), axes)
-    checked = probe_dynamic_axes(torch_runner(reference), session_runner(session), example, groups, input_names,
-                                 what) if groups else {}
+    checked = (
+        probe_dynamic_axes(torch_runner(reference), session_runner(session), example, groups, input_names, what)
+        if groups
+        else {}
+    )
     return {
-        "inputs": [{"name": name, "dynamic_axes": {str(a): n for a, n in named.items()}}
-                   for name, named in zip(input_names, axes, strict=True)],
+        "inputs": [
+            {"name": name, "dynamic_axes": {str(a): n for a, n in named.items()}}
+            for name, named in zip(input_names, axes, strict=True)
+        ],
         "example_sizes": {g.name: g.size for g in groups},
         "checked_sizes": checked,
     }

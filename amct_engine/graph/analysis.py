@@ -30,9 +30,17 @@ BN_TYPES: tuple[str, ...] = tuple(t.__name__ for t in layer_types.BN_TYPES)
 ACTIVATION_TYPES: tuple[str, ...] = ("ReLU", "ReLU6", "LeakyReLU", "Sigmoid", "Tanh", "Softmax")
 # functional spellings (F.relu, torch.relu, x.relu_(), aten.relu.default …) → the module they equal
 ACTIVATION_FUNCTIONS: dict[str, str] = {
-    "relu": "ReLU", "relu_": "ReLU", "relu6": "ReLU6", "leaky_relu": "LeakyReLU", "leaky_relu_": "LeakyReLU",
-    "sigmoid": "Sigmoid", "sigmoid_": "Sigmoid", "tanh": "Tanh", "tanh_": "Tanh",
-    "softmax": "Softmax", "_softmax": "Softmax",
+    "relu": "ReLU",
+    "relu_": "ReLU",
+    "relu6": "ReLU6",
+    "leaky_relu": "LeakyReLU",
+    "leaky_relu_": "LeakyReLU",
+    "sigmoid": "Sigmoid",
+    "sigmoid_": "Sigmoid",
+    "tanh": "Tanh",
+    "tanh_": "Tanh",
+    "softmax": "Softmax",
+    "_softmax": "Softmax",
 }
 
 
@@ -64,8 +72,11 @@ class Chain:
 def quantizable_layers(cm: CapturedModel, types: Sequence[str] = RETRAIN_TYPES) -> list[LayerInfo]:
     """Layers of the given class names that pass the docs/spec/engine.md §4.9 exclusions, in topological order."""
     excluded = excluded_layers(cm, types)
-    return [LayerInfo(name, type_name, cm.get_module(name))
-            for name, type_name in cm.module_types().items() if type_name in types and name not in excluded]
+    return [
+        LayerInfo(name, type_name, cm.get_module(name))
+        for name, type_name in cm.module_types().items()
+        if type_name in types and name not in excluded
+    ]
 
 
 def excluded_layers(cm: CapturedModel, types: Sequence[str] = RETRAIN_TYPES) -> dict[str, str]:
@@ -88,12 +99,16 @@ def _exclusion_reason(cm: CapturedModel, name: str, shared: dict[str, list[str]]
         return f"Conv3d with dilation[0] = {module.dilation[0]}; only 1 is supported (docs/spec/engine.md §4.9)"
     calls = cm.call_count(name)
     if calls > 1:
-        return (f"the module is called {calls} times in forward; reused modules are not supported "
-                "(docs/spec/engine.md §4.9)")
+        return (
+            f"the module is called {calls} times in forward; reused modules are not supported "
+            "(docs/spec/engine.md §4.9)"
+        )
     sharers = shared.get(name)
     if sharers:
-        return (f"its weight Parameter is shared with {', '.join(sharers)}; shared weights are not "
-                "supported (docs/spec/engine.md §4.9)")
+        return (
+            f"its weight Parameter is shared with {', '.join(sharers)}; shared weights are not "
+            "supported (docs/spec/engine.md §4.9)"
+        )
     return None
 
 
@@ -104,8 +119,7 @@ def shared_weights(root: nn.Module) -> dict[str, list[str]]:
         weight = module._parameters.get("weight")
         if weight is not None:
             owners.setdefault(id(weight), []).append(name)
-    return {name: [o for o in names if o != name] for names in owners.values() if len(names) > 1
-            for name in names}
+    return {name: [o for o in names if o != name] for names in owners.values() if len(names) > 1 for name in names}
 
 
 def conv_bn_act_chains(cm: CapturedModel, types: Sequence[str] = RETRAIN_TYPES) -> list[Chain]:
@@ -121,8 +135,11 @@ def conv_bn_act_chains(cm: CapturedModel, types: Sequence[str] = RETRAIN_TYPES) 
     for info in quantizable_layers(cm, types):
         node = cm.nodes_of(info.name)[0]
         bn = _single_consumer(node)
-        if not (_is_module_of(cm, bn, BN_TYPES) and cm.call_count(bn.target) == 1
-                and _bn_reads_layer_channels(info.module, cm.get_module(bn.target), ranks(node))):
+        if not (
+            _is_module_of(cm, bn, BN_TYPES)
+            and cm.call_count(bn.target) == 1
+            and _bn_reads_layer_channels(info.module, cm.get_module(bn.target), ranks(node))
+        ):
             bn = None
         act = _single_consumer(bn or node)
         act_type = _activation_type(cm, act)
@@ -176,14 +193,46 @@ def input_from_relu(cm: CapturedModel, name: str) -> bool:
 
 # Ops whose output is non-negative wherever their (first) input is: a max or mean of non-negative values
 # (max-pooling pads with -inf, average pooling with zeros), a new shape, dropout's scaled copy.
-_SIGN_KEEPING_MODULES = ("MaxPool1d", "MaxPool2d", "MaxPool3d", "AdaptiveMaxPool1d", "AdaptiveMaxPool2d",
-                         "AdaptiveMaxPool3d", "AvgPool1d", "AvgPool2d", "AvgPool3d", "AdaptiveAvgPool1d",
-                         "AdaptiveAvgPool2d", "AdaptiveAvgPool3d", "Flatten", "Dropout", "Dropout2d", "Identity")
-_SIGN_KEEPING_FUNCTIONS = ("max_pool1d", "max_pool2d", "max_pool3d", "max_pool1d_with_indices",
-                           "max_pool2d_with_indices", "adaptive_max_pool1d", "adaptive_max_pool2d", "avg_pool1d",
-                           "avg_pool2d", "avg_pool3d", "adaptive_avg_pool1d", "adaptive_avg_pool2d",
-                           "adaptive_avg_pool3d", "flatten", "view", "reshape", "_unsafe_view", "contiguous",
-                           "dropout", "clone")
+_SIGN_KEEPING_MODULES = (
+    "MaxPool1d",
+    "MaxPool2d",
+    "MaxPool3d",
+    "AdaptiveMaxPool1d",
+    "AdaptiveMaxPool2d",
+    "AdaptiveMaxPool3d",
+    "AvgPool1d",
+    "AvgPool2d",
+    "AvgPool3d",
+    "AdaptiveAvgPool1d",
+    "AdaptiveAvgPool2d",
+    "AdaptiveAvgPool3d",
+    "Flatten",
+    "Dropout",
+    "Dropout2d",
+    "Identity",
+)
+_SIGN_KEEPING_FUNCTIONS = (
+    "max_pool1d",
+    "max_pool2d",
+    "max_pool3d",
+    "max_pool1d_with_indices",
+    "max_pool2d_with_indices",
+    "adaptive_max_pool1d",
+    "adaptive_max_pool2d",
+    "avg_pool1d",
+    "avg_pool2d",
+    "avg_pool3d",
+    "adaptive_avg_pool1d",
+    "adaptive_avg_pool2d",
+    "adaptive_avg_pool3d",
+    "flatten",
+    "view",
+    "reshape",
+    "_unsafe_view",
+    "contiguous",
+    "dropout",
+    "clone",
+)
 
 
 def _reads_relu(cm: CapturedModel, node: Any) -> bool:
@@ -229,8 +278,10 @@ def distill_groups(
     taken = {name for group in fixed for name in group}
     groups = fixed + _cascade(_distill_units(cm, taken), group_size)
     if not groups:
-        raise ValueError("Not found distill group: the model has no Conv2d or Linear layer that can be "
-                         f"distilled (excluded: {excluded_layers(cm, DISTILL_TYPES) or 'none'})")
+        raise ValueError(
+            "Not found distill group: the model has no Conv2d or Linear layer that can be "
+            f"distilled (excluded: {excluded_layers(cm, DISTILL_TYPES) or 'none'})"
+        )
     return sorted(groups, key=lambda group: cm.position(group[0]))
 
 
@@ -277,19 +328,21 @@ def _expand_user_group(cm: CapturedModel, start: str, end: str) -> list[str]:
     label = f"Distill group {start} → {end}"
     for name in (start, end):
         if not cm.nodes_of(name):
-            raise ValueError(f"{label}: layer '{name}' is not called in the model's forward "
-                             "(check the module path)")
+            raise ValueError(f"{label}: layer '{name}' is not called in the model's forward (check the module path)")
     if cm.call_count(start) > 1:
-        raise ValueError(f"{label}: the start layer '{start}' is reused "
-                         f"(called {cm.call_count(start)} times)")
+        raise ValueError(f"{label}: the start layer '{start}' is reused (called {cm.call_count(start)} times)")
     route = _only_route(cm.nodes_of(start)[0], set(cm.nodes_of(end)), start, end)
     for node in route:
         if not _is_module_of(cm, node, DISTILL_MODULE_TYPES):
-            raise ValueError(f"{label}: the route passes through {_describe(cm, node)}, which is not one "
-                             f"of the distill module types {', '.join(DISTILL_MODULE_TYPES)}")
+            raise ValueError(
+                f"{label}: the route passes through {_describe(cm, node)}, which is not one "
+                f"of the distill module types {', '.join(DISTILL_MODULE_TYPES)}"
+            )
         if _is_module_of(cm, node, BN_TYPES) and cm.call_count(node.target) > 1:
-            raise ValueError(f"{label}: the BatchNorm '{node.target}' on the route is reused "
-                             f"(called {cm.call_count(node.target)} times)")
+            raise ValueError(
+                f"{label}: the BatchNorm '{node.target}' on the route is reused "
+                f"(called {cm.call_count(node.target)} times)"
+            )
     return _dedupe(node.target for node in route)
 
 
@@ -306,10 +359,15 @@ def _only_route(start: fx.Node, ends: set[fx.Node], start_name: str, end_name: s
         stack.extend(path + [user] for user in path[-1].users if user in reaches_end)
     if len(routes) == 1:
         return routes[0]
-    why = (f"'{end_name}' cannot be reached from '{start_name}'" if not routes else
-           "the data can flow between them along more than one path (a branch or a residual add)")
-    raise ValueError(f"Can not find an only route from {start_name} to {end_name}: {why}. "
-                     "Choose a start and an end layer on one straight chain of modules.")
+    why = (
+        f"'{end_name}' cannot be reached from '{start_name}'"
+        if not routes
+        else "the data can flow between them along more than one path (a branch or a residual add)"
+    )
+    raise ValueError(
+        f"Can not find an only route from {start_name} to {end_name}: {why}. "
+        "Choose a start and an end layer on one straight chain of modules."
+    )
 
 
 def _ancestors(nodes: set[fx.Node]) -> set[fx.Node]:
@@ -326,11 +384,13 @@ def _ancestors(nodes: set[fx.Node]) -> set[fx.Node]:
 def _check_disjoint(cm: CapturedModel, groups: list[list[str]]) -> None:
     # docs/spec/engine.md §6.1: groups must not intersect; a reused activation module may sit in several
     for i, first in enumerate(groups):
-        for second in groups[i + 1:]:
+        for second in groups[i + 1 :]:
             common = [name for name in first if name in second and not _shareable(cm, name)]
             if common:
-                raise ValueError(f"Distill groups {first[0]} → {first[-1]} and {second[0]} → {second[-1]} "
-                                 f"share {', '.join(common)}; distill groups must not intersect")
+                raise ValueError(
+                    f"Distill groups {first[0]} → {first[-1]} and {second[0]} → {second[-1]} "
+                    f"share {', '.join(common)}; distill groups must not intersect"
+                )
 
 
 def _free(cm: CapturedModel, name: str, taken: set[str]) -> bool:
@@ -351,8 +411,7 @@ def _pairs(user_groups: Iterable[Any]) -> list[tuple[str, str]]:
         elif isinstance(group, (tuple, list)) and len(group) == 2 and all(isinstance(g, str) for g in group):
             pairs.append((group[0], group[1]))
         else:
-            raise TypeError("a user distill group must be a (start_layer_name, end_layer_name) pair, "
-                            f"got {group!r}")
+            raise TypeError(f"a user distill group must be a (start_layer_name, end_layer_name) pair, got {group!r}")
     return pairs
 
 

@@ -29,9 +29,23 @@ from amct_engine.graph.torchscript import graph_module_from_torchscript, load_to
 
 # docs/spec/engine.md §1.1 / CG/capacity/capacity_config.csv AMCT_OPERATIONS: a model holding one was already compressed
 AMCT_MODULE_TYPE_NAMES: set[str] = {
-    "IFMR", "HFMG", "Recorder", "AscendQuant", "AscendDeQuant", "RetrainQuant", "RNNRetrainQuant",
-    "MarkedQuantizableModule", "QuantIdentity", "SelectiveMaskGen", "DMQBalancer", "Conv2dQAT",
-    "LinearQAT", "LSTMQAT", "GRUQAT", "OFMRQuant", "ConvTranspose1dQAT",
+    "IFMR",
+    "HFMG",
+    "Recorder",
+    "AscendQuant",
+    "AscendDeQuant",
+    "RetrainQuant",
+    "RNNRetrainQuant",
+    "MarkedQuantizableModule",
+    "QuantIdentity",
+    "SelectiveMaskGen",
+    "DMQBalancer",
+    "Conv2dQAT",
+    "LinearQAT",
+    "LSTMQAT",
+    "GRUQAT",
+    "OFMRQuant",
+    "ConvTranspose1dQAT",
 }
 # our own wrappers and quantisers live in these packages; anything defined there is an AMCT op too
 _AMCT_PACKAGES = ("amct_engine.quant", "amct_engine.prune", "amct_engine.blockwise_distill")
@@ -139,11 +153,14 @@ def capture_model(
         source = f"TorchScript file {os.fspath(model)}"
         return _capture_torchscript(load_torchscript(model), example_inputs, source, True, reject_amct_ops)
     if isinstance(model, torch.jit.ScriptModule):
-        return _capture_torchscript(model, example_inputs, f"TorchScript module {model.original_name}",
-                                    False, reject_amct_ops)
+        return _capture_torchscript(
+            model, example_inputs, f"TorchScript module {model.original_name}", False, reject_amct_ops
+        )
     if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, a torch.jit.ScriptModule or a path to a "
-                        f"TorchScript file, got {type(model).__name__}")
+        raise TypeError(
+            f"model must be a torch.nn.Module, a torch.jit.ScriptModule or a path to a "
+            f"TorchScript file, got {type(model).__name__}"
+        )
     model = _unwrap_parallel(model)
     if reject_amct_ops:
         _reject_amct_ops((name, type(m).__name__, is_amct_module(m)) for name, m in model.named_modules())
@@ -177,22 +194,28 @@ def _copy_model(model: nn.Module) -> nn.Module:
             warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
             return copy.deepcopy(model)
     except Exception as exc:
-        warnings.warn(f"Could not deep-copy the model ({type(exc).__name__}: {exc}); the original model "
-                      "will be modified in place", stacklevel=3)
+        warnings.warn(
+            f"Could not deep-copy the model ({type(exc).__name__}: {exc}); the original model "
+            "will be modified in place",
+            stacklevel=3,
+        )
         return model
 
 
 def _reject_amct_ops(modules) -> None:
     found = [f"{name or '<root>'} ({cls})" for name, cls, is_amct in modules if is_amct]
     if found:
-        raise ValueError(f"The model already contains AMCT operations: {', '.join(found[:5])}"
-                         f"{' …' if len(found) > 5 else ''}. Pass the original float model.")
+        raise ValueError(
+            f"The model already contains AMCT operations: {', '.join(found[:5])}"
+            f"{' …' if len(found) > 5 else ''}. Pass the original float model."
+        )
 
 
 def _capture_torchscript(ts, example_inputs, source, owned, reject_amct_ops) -> CapturedModel:
     if reject_amct_ops:
-        _reject_amct_ops((name, m.original_name, m.original_name in AMCT_MODULE_TYPE_NAMES)
-                         for name, m in ts.named_modules())
+        _reject_amct_ops(
+            (name, m.original_name, m.original_name in AMCT_MODULE_TYPE_NAMES) for name, m in ts.named_modules()
+        )
     gm = graph_module_from_torchscript(ts, example_inputs, source, owned=owned)
     return CapturedModel(gm, gm, example_inputs, "torchscript")
 
@@ -202,16 +225,19 @@ class _LeafTracer(fx.Tracer):
     with the node it hit."""
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
-        return (is_amct_module(m) or isinstance(m, tuple(_USER_LEAF_TYPES))
-                or super().is_leaf_module(m, module_qualified_name))
+        return (
+            is_amct_module(m)
+            or isinstance(m, tuple(_USER_LEAF_TYPES))
+            or super().is_leaf_module(m, module_qualified_name)
+        )
 
     def to_bool(self, obj: fx.Proxy) -> bool:
-        raise _TraceStop(obj.node, "a traced tensor decides Python control flow (`if`/`while` on a tensor "
-                                   "or on its shape)")
+        raise _TraceStop(
+            obj.node, "a traced tensor decides Python control flow (`if`/`while` on a tensor or on its shape)"
+        )
 
     def iter(self, obj: fx.Proxy):
-        raise _TraceStop(obj.node, "a traced tensor is iterated over (a loop over a tensor, or *args "
-                                   "unpacking of one)")
+        raise _TraceStop(obj.node, "a traced tensor is iterated over (a loop over a tensor, or *args unpacking of one)")
 
 
 class _TraceStop(Exception):
@@ -242,7 +268,7 @@ def _trace_failure_message(module: nn.Module, tracer: fx.Tracer, exc: Exception)
         nodes = list(tracer.graph.nodes) if getattr(tracer, "graph", None) is not None else []
         node, reason = (nodes[-1] if nodes else None), f"{type(exc).__name__}: {exc}"
     after = f", at fx node `{node.name}` ({node.op} {_target_name(node)})" if node is not None else ""
-    return (f"Could not trace {type(module).__name__} with torch.fx{_user_frame(exc)}{after}: {reason}.")
+    return f"Could not trace {type(module).__name__} with torch.fx{_user_frame(exc)}{after}: {reason}."
 
 
 def _target_name(node: fx.Node) -> str:
@@ -272,8 +298,9 @@ def _export_fallback(module: nn.Module, example_inputs, fx_message: str) -> fx.G
     def build(example: tuple[torch.Tensor, ...]) -> tuple[fx.GraphModule, dict]:
         ep = _export_auto_dynamic(module, example)
         params = {name for name, _ in module.named_parameters(remove_duplicate=False)}
-        gm = lift_leaf_modules(ep.module(), _export_scope, params.__contains__, module.state_dict(),
-                               class_name=type(module).__name__)
+        gm = lift_leaf_modules(
+            ep.module(), _export_scope, params.__contains__, module.state_dict(), class_name=type(module).__name__
+        )
         simplify_size_arithmetic(gm)
         return gm, dict(ep.range_constraints)
 
@@ -285,8 +312,11 @@ def _export_fallback(module: nn.Module, example_inputs, fx_message: str) -> fx.G
             "Python `if`/loop on tensor values; torch.where instead), or wrap the dynamic part in a "
             "submodule of its own, or pass a TorchScript file traced with representative inputs."
         ) from exc
-    warnings.warn(f"{fx_message} Captured with torch.export instead: control flow is fixed to the "
-                  "input_data shapes, and the compressed model is a GraphModule.", stacklevel=4)
+    warnings.warn(
+        f"{fx_message} Captured with torch.export instead: control flow is fixed to the "
+        "input_data shapes, and the compressed model is a GraphModule.",
+        stacklevel=4,
+    )
     return gm
 
 

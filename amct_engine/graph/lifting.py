@@ -29,15 +29,31 @@ class Scope:
     class_name: str
 
 
-CONV_CLASSES = frozenset({
-    "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d",
-})
+CONV_CLASSES = frozenset(
+    {
+        "Conv1d",
+        "Conv2d",
+        "Conv3d",
+        "ConvTranspose1d",
+        "ConvTranspose2d",
+        "ConvTranspose3d",
+    }
+)
 BN_CLASSES = frozenset({"BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "SyncBatchNorm"})
 
-_CONV_OPS = frozenset({
-    "conv1d", "conv2d", "conv3d", "convolution", "_convolution", "_convolution_mode",
-    "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
-})
+_CONV_OPS = frozenset(
+    {
+        "conv1d",
+        "conv2d",
+        "conv3d",
+        "convolution",
+        "_convolution",
+        "_convolution_mode",
+        "conv_transpose1d",
+        "conv_transpose2d",
+        "conv_transpose3d",
+    }
+)
 _BN_OPS = frozenset({"batch_norm", "_native_batch_norm_legit_no_training"})
 
 # Parameter-free aten op (trailing "_" stripped) -> module classes that call it in their forward.
@@ -65,7 +81,7 @@ def op_name(target: Any) -> str | None:
     """``"conv2d"`` for ``aten.conv2d.default`` / ``aten::conv2d``; None for anything that is not aten."""
     qualified = target._schema.name if isinstance(target, torch._ops.OpOverload) else target
     if isinstance(qualified, str) and qualified.startswith("aten::"):
-        return qualified[len("aten::"):]
+        return qualified[len("aten::") :]
     return None
 
 
@@ -167,8 +183,11 @@ class _Lifter:
         if module is None:
             return
         if path in self.modules and not _same_module(self.modules[path], module):
-            warnings.warn(f"{node.name}: a different {type(module).__name__} already sits at '{path}'; "
-                          "this call stays a plain function call and will not be quantised", stacklevel=4)
+            warnings.warn(
+                f"{node.name}: a different {type(module).__name__} already sits at '{path}'; "
+                "this call stays a plain function call and will not be quantised",
+                stacklevel=4,
+            )
             return
         self.modules.setdefault(path, module)
         self._replace(node, path, args["input" if "input" in args else "self"])
@@ -211,8 +230,12 @@ class _Lifter:
         cls = classes.get(dims)
         if cls is None:
             return None
-        kw = dict(stride=_ntuple(args.get("stride", 1), dims), padding=_ntuple(args.get("padding", 0), dims),
-                  dilation=_ntuple(args.get("dilation", 1), dims), groups=groups)
+        kw = dict(
+            stride=_ntuple(args.get("stride", 1), dims),
+            padding=_ntuple(args.get("padding", 0), dims),
+            dilation=_ntuple(args.get("dilation", 1), dims),
+            groups=groups,
+        )
         if transposed:
             kw["output_padding"] = _ntuple(args.get("output_padding", 0), dims)
         bias = self.parameter(args.get("bias"))
@@ -241,8 +264,14 @@ class _Lifter:
             return None
         rank = _rank(args["input"])
         cls = _BN_BY_RANK.get(rank, nn.BatchNorm2d)
-        bn = cls(ref.shape[0], eps=float(args["eps"]), momentum=float(args["momentum"]),
-                 affine=weight is not None, track_running_stats=mean is not None, device="meta")
+        bn = cls(
+            ref.shape[0],
+            eps=float(args["eps"]),
+            momentum=float(args["momentum"]),
+            affine=weight is not None,
+            track_running_stats=mean is not None,
+            device="meta",
+        )
         if weight is not None:
             bn.weight, bn.bias = weight, bias
         if mean is not None:
@@ -273,8 +302,13 @@ class _Lifter:
         counters = {f"{p}.num_batches_tracked" for p in bns}
         for node in list(self.graph.nodes):
             first = node.args[0] if node.op == "call_function" and node.args else None
-            if (op_name(node.target) in ("add_", "add") and not node.users and isinstance(first, fx.Node)
-                    and first.op == "get_attr" and first.target in counters):
+            if (
+                op_name(node.target) in ("add_", "add")
+                and not node.users
+                and isinstance(first, fx.Node)
+                and first.op == "get_attr"
+                and first.target in counters
+            ):
                 self.graph.erase_node(node)
 
     def _restore_parameters(self) -> None:

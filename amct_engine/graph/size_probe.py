@@ -144,8 +144,13 @@ def torch_runner(model: torch.nn.Module) -> Runner:
 
 
 def probe_dynamic_axes(
-    reference: Runner, candidate: Runner, example: Sequence[torch.Tensor], groups: Sequence[AxisGroup],
-    input_names: Sequence[str] = (), what: str = "the exported file", sizes_per_axis: int = 2,
+    reference: Runner,
+    candidate: Runner,
+    example: Sequence[torch.Tensor],
+    groups: Sequence[AxisGroup],
+    input_names: Sequence[str] = (),
+    what: str = "the exported file",
+    sizes_per_axis: int = 2,
 ) -> dict[str, list[int]]:
     """Run `candidate` and `reference` at `sizes_per_axis` other sizes of every group and compare them;
     returns group name -> the sizes checked. Raises DynamicAxisError naming the axis when the candidate
@@ -180,10 +185,13 @@ def probe_dynamic_axes(
                 raise DynamicAxisError(
                     f"{what} computes something else than the model at size {size} of {label} (relative "
                     f"error {error:.3g}, {baseline:.3g} at the example size {group.size}): a size of the example "
-                    "is baked into it")
+                    "is baked into it"
+                )
             sizes.append(size)
         if not sizes:
-            raise DynamicAxisError(f"{what} declares {label}, but its PyTorch model runs at no other size "
-                                   f"there than {group.size} (tried {candidate_sizes(group)})")
+            raise DynamicAxisError(
+                f"{what} declares {label}, but its PyTorch model runs at no other size "
+                f"there than {group.size} (tried {candidate_sizes(group)})"
+            )
         checked[group.name] = sizes
     return checked

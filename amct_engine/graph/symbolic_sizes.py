@@ -42,21 +42,44 @@ aten = torch.ops.aten
 # other axes most often have by chance (a pair, a binary class axis).
 WIDE_BATCH = 3
 
-_RUNTIME_ASSERTS = frozenset({
-    aten._assert_scalar.default, aten.sym_constrain_range_for_size.default, aten.sym_constrain_range.default,
-})
+_RUNTIME_ASSERTS = frozenset(
+    {
+        aten._assert_scalar.default,
+        aten.sym_constrain_range_for_size.default,
+        aten.sym_constrain_range.default,
+    }
+)
 # Python operators on sizes export leaves behind (comparisons feeding the asserts, arithmetic).
-_SIZE_OPERATORS = frozenset({
-    operator.ge, operator.gt, operator.le, operator.lt, operator.eq, operator.ne, operator.and_, operator.or_,
-    operator.add, operator.sub, operator.mul, operator.floordiv, operator.mod, operator.neg,
-})
+_SIZE_OPERATORS = frozenset(
+    {
+        operator.ge,
+        operator.gt,
+        operator.le,
+        operator.lt,
+        operator.eq,
+        operator.ne,
+        operator.and_,
+        operator.or_,
+        operator.add,
+        operator.sub,
+        operator.mul,
+        operator.floordiv,
+        operator.mod,
+        operator.neg,
+    }
+)
 # A 0-d integer tensor op -> the Python operator it computes on sizes.
 _TENSOR_ARITHMETIC: dict[Any, Callable] = {
-    aten.add.Tensor: operator.add, aten.add.Scalar: operator.add,
-    aten.sub.Tensor: operator.sub, aten.sub.Scalar: operator.sub,
-    aten.mul.Tensor: operator.mul, aten.mul.Scalar: operator.mul,
-    aten.floor_divide.default: operator.floordiv, aten.floor_divide.Scalar: operator.floordiv,
-    aten.remainder.Tensor: operator.mod, aten.remainder.Scalar: operator.mod,
+    aten.add.Tensor: operator.add,
+    aten.add.Scalar: operator.add,
+    aten.sub.Tensor: operator.sub,
+    aten.sub.Scalar: operator.sub,
+    aten.mul.Tensor: operator.mul,
+    aten.mul.Scalar: operator.mul,
+    aten.floor_divide.default: operator.floordiv,
+    aten.floor_divide.Scalar: operator.floordiv,
+    aten.remainder.Tensor: operator.mod,
+    aten.remainder.Scalar: operator.mod,
 }
 _INTEGRAL = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 
@@ -72,15 +95,17 @@ def widened_example(example: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]
     """The example with every size-1 batch axis (axis 0) tiled to WIDE_BATCH; None when there is none."""
     if not any(t.dim() > 0 and t.shape[0] == 1 for t in example):
         return None
-    return tuple(t.repeat(WIDE_BATCH, *[1] * (t.dim() - 1)) if t.dim() > 0 and t.shape[0] == 1 else t
-                 for t in example)
+    return tuple(t.repeat(WIDE_BATCH, *[1] * (t.dim() - 1)) if t.dim() > 0 and t.shape[0] == 1 else t for t in example)
 
 
 def same_outputs(expected: Any, actual: Any) -> bool:
     """Whether two forward results are the same structure of tensors with the same values."""
     if isinstance(expected, torch.Tensor) and isinstance(actual, torch.Tensor):
-        return (expected.shape == actual.shape and expected.dtype == actual.dtype
-                and torch.allclose(expected.float(), actual.float(), rtol=1e-4, atol=1e-5, equal_nan=True))
+        return (
+            expected.shape == actual.shape
+            and expected.dtype == actual.dtype
+            and torch.allclose(expected.float(), actual.float(), rtol=1e-4, atol=1e-5, equal_nan=True)
+        )
     if isinstance(expected, (tuple, list)) and isinstance(actual, (tuple, list)) and len(expected) == len(actual):
         return all(same_outputs(e, a) for e, a in zip(expected, actual, strict=True))
     if isinstance(expected, dict) and isinstance(actual, dict) and expected.keys() == actual.keys():
@@ -145,8 +170,13 @@ def _attr(root: torch.nn.Module, target: str) -> Any:
 
 def _erase_dead_size_nodes(graph: fx.Graph) -> None:
     # Only pure size nodes: fx's own dead-code pass would also judge the model's ops.
-    removable = {aten.sym_size.int, aten.scalar_tensor.default, aten._to_copy.default, *_TENSOR_ARITHMETIC,
-                 *_SIZE_OPERATORS}
+    removable = {
+        aten.sym_size.int,
+        aten.scalar_tensor.default,
+        aten._to_copy.default,
+        *_TENSOR_ARITHMETIC,
+        *_SIZE_OPERATORS,
+    }
     changed = True
     while changed:
         changed = False
@@ -162,8 +192,9 @@ def _erase_dead_size_nodes(graph: fx.Graph) -> None:
 Build = Callable[[tuple[torch.Tensor, ...]], tuple[fx.GraphModule, dict]]
 
 
-def symbolic_graph(build: Build, reference: torch.nn.Module, example: tuple[torch.Tensor, ...], why: str,
-                   modes: dict[str, bool]) -> fx.GraphModule:
+def symbolic_graph(
+    build: Build, reference: torch.nn.Module, example: tuple[torch.Tensor, ...], why: str, modes: dict[str, bool]
+) -> fx.GraphModule:
     """The capture of both torch.export routes: `build(inputs)` exports and lifts the model, returning the
     GraphModule and export's range constraints; `reference` is the original model and `modes` its modules'
     training flags by path, in which both run when compared (`set_modes`).
@@ -195,8 +226,9 @@ def set_modes(module: torch.nn.Module, modes: dict[str, bool]) -> None:
         sub.training = modes.get(name, modes.get("", False))
 
 
-def _same_runs(reference: torch.nn.Module, gm: fx.GraphModule, inputs: tuple[torch.Tensor, ...],
-               modes: dict[str, bool]) -> bool:
+def _same_runs(
+    reference: torch.nn.Module, gm: fx.GraphModule, inputs: tuple[torch.Tensor, ...], modes: dict[str, bool]
+) -> bool:
     """Whether both compute the same on `inputs`, each in the original's modes, from the same random state
     (a dropout draws the same mask), with their buffers as they were before (a train-mode BatchNorm)."""
     outputs = []
@@ -237,8 +269,13 @@ def batch_limits(gm: fx.GraphModule, ranges: dict) -> list[tuple[int, int | None
     return limits
 
 
-def _holds_at_batch_one(gm: fx.GraphModule, reference: torch.nn.Module, example: tuple[torch.Tensor, ...],
-                        limits: list[tuple[int, int | None]], modes: dict[str, bool]) -> bool:
+def _holds_at_batch_one(
+    gm: fx.GraphModule,
+    reference: torch.nn.Module,
+    example: tuple[torch.Tensor, ...],
+    limits: list[tuple[int, int | None]],
+    modes: dict[str, bool],
+) -> bool:
     """Whether the graph computes what the model computes at batch 1 (export's ranges leave 1 open)."""
     ones = tuple(t[:1] if lo == 2 and t.dim() > 0 else t for t, (lo, _) in zip(example, limits, strict=False))
     try:
@@ -266,5 +303,7 @@ class ShapeGuard:
             size = x.shape[0]
             if size < lo or (hi is not None and size > hi):
                 span = f"{lo}" if lo == hi else f"{lo} to {hi}" if hi is not None else f"{lo} and up"
-                raise GraphCaptureError(f"the captured graph holds for batch sizes {span} only (input {index} "
-                                        f"has {size} on axis 0): {self.why}")
+                raise GraphCaptureError(
+                    f"the captured graph holds for batch sizes {span} only (input {index} "
+                    f"has {size} on axis 0): {self.why}"
+                )

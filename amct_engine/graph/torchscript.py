@@ -117,13 +117,17 @@ def _conversion_message(ts_graph: torch.Graph, exc: BaseException, source: str) 
     reason = first_line(chain[-1])
     if kinds:
         inner = f" (inside it: {' → '.join(kinds[1:])})" if len(kinds) > 1 else ""
-        return (f"Could not convert {source} to a graph: the TorchScript converter failed on node "
-                f"{kinds[0]}{_where(ts_graph, kinds[0])}{inner}: {reason}. {_ADVICE}")
+        return (
+            f"Could not convert {source} to a graph: the TorchScript converter failed on node "
+            f"{kinds[0]}{_where(ts_graph, kinds[0])}{inner}: {reason}. {_ADVICE}"
+        )
     flow = _first_control_flow(ts_graph)
     if flow is not None:
-        return (f"Could not convert {source} to a graph: retracing the converted graph failed ({reason}); "
-                f"its TorchScript graph has data-dependent control flow at node {flow.kind()}"
-                f"{_where(ts_graph, flow.kind())}. {_ADVICE}")
+        return (
+            f"Could not convert {source} to a graph: retracing the converted graph failed ({reason}); "
+            f"its TorchScript graph has data-dependent control flow at node {flow.kind()}"
+            f"{_where(ts_graph, flow.kind())}. {_ADVICE}"
+        )
     return f"Could not convert {source} to a graph: {reason}"
 
 
@@ -158,9 +162,11 @@ def _align_scopes(ts_graph: torch.Graph, gm: fx.GraphModule, source: str) -> dic
         if len(found) == len(nodes):
             scopes.update(zip(nodes, found, strict=True))
         else:
-            warnings.warn(f"{source}: {len(nodes)} {category} calls after conversion but {len(found)} in the "
-                          "TorchScript graph; they are named after their weights, activations stay functions",
-                          stacklevel=3)
+            warnings.warn(
+                f"{source}: {len(nodes)} {category} calls after conversion but {len(found)} in the "
+                "TorchScript graph; they are named after their weights, activations stay functions",
+                stacklevel=3,
+            )
     return scopes
 
 

@@ -37,7 +37,8 @@ def plan_from_cuts(cuts: Sequence[GroupCut]) -> PrunePlan:
         for member in cut.group.members:
             if member.kind != OP:
                 plan.setdefault(member.name, {}).setdefault(member.kind, set()).update(
-                    member.indices(list(cut.channels)))
+                    member.indices(list(cut.channels))
+                )
     return plan
 
 
@@ -54,8 +55,10 @@ def apply_plan(model: nn.Module, plan: PrunePlan) -> None:
 def _prune_module(module: nn.Module, cuts: dict[str, set[int]]) -> None:
     pruner = layer_pruner_for(module)
     if pruner is None:
-        raise ValueError("no layer pruner is registered for its type, so it cannot lose channels "
-                         "(amct_engine.prune.register_layer_pruner adds one)")
+        raise ValueError(
+            "no layer pruner is registered for its type, so it cannot lose channels "
+            "(amct_engine.prune.register_layer_pruner adds one)"
+        )
     # output side first (OUT; NORM and DEPTHWISE, whose in and out channels are the same), then IN
     for kind in sorted(cuts, key=lambda k: k == IN):
         if kind == IN:
@@ -124,8 +127,12 @@ def prune_with_forward_check(
     return applied, broken
 
 
-def _bisect(cands: list[GroupCut], good: list[GroupCut], bad: list[tuple[GroupCut, str]],
-            failure: Callable[[list[GroupCut]], str | None]) -> None:
+def _bisect(
+    cands: list[GroupCut],
+    good: list[GroupCut],
+    bad: list[tuple[GroupCut, str]],
+    failure: Callable[[list[GroupCut]], str | None],
+) -> None:
     if not cands:
         return
     error = failure(cands)

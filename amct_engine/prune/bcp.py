@@ -60,7 +60,7 @@ def select_pruned_channels(
     per_group, length = prune_num // group, channels // group
     pruned: list[int] = []
     for g in range(group):
-        part = scores[g * length:(g + 1) * length]
+        part = scores[g * length : (g + 1) * length]
         order = torch.argsort(part, stable=True)  # ties: the lower index goes first
         pruned.extend(int(i) + g * length for i in order[:per_group])
     return sorted(pruned)

@@ -74,6 +74,5 @@ class ChannelAtoms:
             members = [m for a in atoms for m in self._atoms[a].members]
             members.sort(key=lambda m: not m.is_producer)  # producers first, as in AMCT's records
             top = self._atoms[root]
-            groups.append(ChannelGroup(len(groups), top.size, members, top.divisions,
-                                       list(dict.fromkeys(top.reasons))))
+            groups.append(ChannelGroup(len(groups), top.size, members, top.divisions, list(dict.fromkeys(top.reasons))))
         return groups

@@ -43,11 +43,11 @@ def reshaped(layout: Layout, before: tuple[int, ...], after: tuple[int, ...]) ->
     for (t0, t1), (s0, s1) in _dim_groups(before, after):
         if not t0 <= layout.axis < t1:
             continue
-        if math.prod(before[t0:layout.axis]) != 1:
+        if math.prod(before[t0 : layout.axis]) != 1:
             raise Unsupported("merges dims in front of the channel axis, which interleaves channels")
-        inner = math.prod(before[layout.axis + 1:t1])
+        inner = math.prod(before[layout.axis + 1 : t1])
         kept = [j for j in range(s0, s1) if after[j] != 1] or [s0]
-        new_axis, split = kept[0], math.prod(after[kept[0] + 1:s1])
+        new_axis, split = kept[0], math.prod(after[kept[0] + 1 : s1])
         segments = []
         for seg in layout.segments:
             block = seg.block * inner

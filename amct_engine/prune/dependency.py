@@ -155,8 +155,10 @@ class _GroupBuilder:
             rank = len(self._shape(node))
             return Layout(pruner.out_channel_axis(module, rank), rank, layout.segments)
         if flow not in (PRODUCER, CONSUMER):
-            raise ValueError(f"{type(pruner).__name__}.channel_flow gave {flow!r}; expected one of "
-                             f"{PRODUCER!r}, {CONSUMER!r}, {PASS_THROUGH!r}, {FOLLOWER!r}")
+            raise ValueError(
+                f"{type(pruner).__name__}.channel_flow gave {flow!r}; expected one of "
+                f"{PRODUCER!r}, {CONSUMER!r}, {PASS_THROUGH!r}, {FOLLOWER!r}"
+            )
         if layout is not None:
             self._guarded(node, layout, lambda: self._read_channels(node, module, pruner, layout))
         if flow == CONSUMER:
@@ -194,8 +196,10 @@ class _GroupBuilder:
             raise Unsupported(reuse)
         axis_needed = pruner.in_channel_axis(module, layout.rank)
         if layout.axis != axis_needed:
-            raise Unsupported(f"reads channels on axis {axis_needed}, but these channels are on axis "
-                              f"{layout.axis} (AMCT disables Conv↔Linear mixes too)")
+            raise Unsupported(
+                f"reads channels on axis {axis_needed}, but these channels are on axis "
+                f"{layout.axis} (AMCT disables Conv↔Linear mixes too)"
+            )
         if not pruner.reads_merged_channels and any(s.block != 1 for s in layout.segments):
             raise Unsupported("reads a reshaped tensor whose channels were merged with other dims")
         offset = 0
@@ -209,8 +213,10 @@ class _GroupBuilder:
         # a grouped layer reads its input in `groups` equal parts: the group feeding it must lose as many from each
         tracked = [s for s in layout.segments if s.atom is not None]
         if len(layout.segments) != 1 or len(tracked) != 1:
-            raise Unsupported(f"is a grouped conv (groups={groups}) fed by several channel groups "
-                              "(a concat); AMCT does not prune these either")
+            raise Unsupported(
+                f"is a grouped conv (groups={groups}) fed by several channel groups "
+                "(a concat); AMCT does not prune these either"
+            )
         self.atoms.set_divisions(tracked[0].atom, groups)
 
     # ------------------------------------------------------------------ functions
@@ -289,8 +295,10 @@ class _GroupBuilder:
 
     def _unify(self, node, left, right, left_node, right_node) -> tuple[Segment, ...]:
         if [(s.channels, s.block) for s in left] != [(s.channels, s.block) for s in right]:
-            reason = (f"{_describe(self.cm, node)} combines channels laid out differently (e.g. a concat "
-                      "with one conv); only equal layouts are merged")
+            reason = (
+                f"{_describe(self.cm, node)} combines channels laid out differently (e.g. a concat "
+                "with one conv); only equal layouts are merged"
+            )
             self.atoms.disable(left + right, reason)
             return tuple(Segment(None, s.channels, s.block) for s in left)
         out = []
@@ -300,8 +308,10 @@ class _GroupBuilder:
                 continue
             if a.atom is not None or b.atom is not None:
                 fixed = right_node if a.atom is not None else left_node
-                reason = (f"{_describe(self.cm, node)} combines them with `{fixed.name}`, whose channels "
-                          "cannot be pruned (a graph input, a reused or non-prunable layer)")
+                reason = (
+                    f"{_describe(self.cm, node)} combines them with `{fixed.name}`, whose channels "
+                    "cannot be pruned (a graph input, a reused or non-prunable layer)"
+                )
                 self.atoms.disable((a, b), reason)
             out.append(Segment(None, a.channels, a.block))
         return tuple(out)

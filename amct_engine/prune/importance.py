@@ -36,8 +36,7 @@ ElementValue = Callable[[str, str, nn.Parameter], torch.Tensor]
 
 IMPORTANCE_CRITERIA: Registry[ImportanceCriterion] = Registry("pruning importance criterion")
 
-__all__ = ["DEFAULT_IMPORTANCE", "IMPORTANCE_CRITERIA", "ImportanceData", "coupled_channel_sums",
-           "prepare_criterion"]
+__all__ = ["DEFAULT_IMPORTANCE", "IMPORTANCE_CRITERIA", "ImportanceData", "coupled_channel_sums", "prepare_criterion"]
 
 
 @dataclass
@@ -67,7 +66,7 @@ def coupled_channel_sums(group: ChannelGroup, model: nn.Module, value: ElementVa
         tensors = pruner.in_channel_tensors(module) if member.kind == IN else pruner.out_channel_tensors(module)
         for name, axis in tensors:
             param = getattr(module, name)
-            values = value(member.name, name, param).detach().movedim(axis, 0)[member.begin:member.end]
+            values = value(member.name, name, param).detach().movedim(axis, 0)[member.begin : member.end]
             per_feature = values.reshape(values.shape[0], -1).sum(dim=1).to(torch.float64).cpu()
             total += per_feature.reshape(group.size, member.block).sum(dim=1)
     return total
@@ -86,16 +85,17 @@ class TaylorImportance:
 
     def prepare(self, model: nn.Module, data: ImportanceData | None) -> TaylorImportance:
         if data is None or not data.batches:
-            raise ValueError("the taylor importance criterion needs calibration batches (pass calibration_data "
-                             "to create_prune_retrain_model / create_compressed_retrain_model)")
+            raise ValueError(
+                "the taylor importance criterion needs calibration batches (pass calibration_data "
+                "to create_prune_retrain_model / create_compressed_retrain_model)"
+            )
         return TaylorImportance(accumulated_gradients(model, data))
 
     def __call__(self, group: ChannelGroup, model: nn.Module) -> torch.Tensor:
         if self.gradients is None:
             raise ValueError("the taylor importance criterion was not prepared with calibration batches")
         zero = torch.zeros(())
-        return coupled_channel_sums(
-            group, model, lambda m, n, p: (p.detach() * self.gradients.get((m, n), zero)).abs())
+        return coupled_channel_sums(group, model, lambda m, n, p: (p.detach() * self.gradients.get((m, n), zero)).abs())
 
 
 def accumulated_gradients(model: nn.Module, data: ImportanceData) -> dict[tuple[str, str], torch.Tensor]:
@@ -112,9 +112,12 @@ def accumulated_gradients(model: nn.Module, data: ImportanceData) -> dict[tuple[
                 output = model(*inputs)
                 loss = data.loss(output, labels) if data.loss is not None else _cross_entropy(output, labels)
                 loss.backward()
-        return {(module_name, name): p.grad.detach().clone()
-                for module_name, module in model.named_modules()
-                for name, p in module.named_parameters(recurse=False) if p.grad is not None}
+        return {
+            (module_name, name): p.grad.detach().clone()
+            for module_name, module in model.named_modules()
+            for name, p in module.named_parameters(recurse=False)
+            if p.grad is not None
+        }
     finally:
         for p, grad in saved.items():
             p.grad = grad
@@ -124,8 +127,10 @@ def accumulated_gradients(model: nn.Module, data: ImportanceData) -> dict[tuple[
 
 def _cross_entropy(output, labels: torch.Tensor | None) -> torch.Tensor:
     if not isinstance(output, torch.Tensor) or output.dim() != 2:
-        raise ValueError("the taylor criterion's default loss is cross-entropy over [N, classes] outputs; pass a "
-                         "loss for other outputs")
+        raise ValueError(
+            "the taylor criterion's default loss is cross-entropy over [N, classes] outputs; pass a "
+            "loss for other outputs"
+        )
     target = labels if labels is not None else output.detach().argmax(dim=1)  # the model's own predictions
     return F.cross_entropy(output, target.to(output.device).long())
 

@@ -142,8 +142,10 @@ class ConvPruner(_ConvChannels, LayerPruner):
 
     def input_problem(self, conv: nn.Module) -> str | None:
         if _is_depthwise(conv) and conv.out_channels != conv.in_channels:
-            return (f"is a depthwise conv with channel multiplier {conv.out_channels // conv.in_channels}; "
-                    "only multiplier 1 is followed")
+            return (
+                f"is a depthwise conv with channel multiplier {conv.out_channels // conv.in_channels}; "
+                "only multiplier 1 is followed"
+            )
         return None
 
     def prune_out_channels(self, conv: nn.Module, indices: Iterable[int]) -> None:
@@ -168,8 +170,9 @@ class ConvPruner(_ConvChannels, LayerPruner):
         in_len, out_len = conv.in_channels // groups, conv.out_channels // groups
         local = per_group(removed, conv.in_channels, groups)
         keep_local = [[c for c in range(in_len) if c not in part] for part in local]
-        index = torch.tensor([keep_local[row // out_len] for row in range(conv.out_channels)],
-                             dtype=torch.long, device=weight.device)
+        index = torch.tensor(
+            [keep_local[row // out_len] for row in range(conv.out_channels)], dtype=torch.long, device=weight.device
+        )
         index = index.reshape(*index.shape, *[1] * (weight.dim() - 2)).expand(-1, -1, *weight.shape[2:])
         conv.weight = new_parameter(conv.weight, torch.gather(weight, 1, index))
         conv.in_channels -= len(removed)
@@ -330,8 +333,7 @@ def per_group(removed: set[int], size: int, groups: int) -> list[set[int]]:
     length = size // groups
     local = [{i - g * length for i in removed if g * length <= i < (g + 1) * length} for g in range(groups)]
     if len({len(part) for part in local}) > 1:
-        raise ValueError(f"the {groups} conv groups would lose different channel counts "
-                         f"{[len(p) for p in local]}")
+        raise ValueError(f"the {groups} conv groups would lose different channel counts {[len(p) for p in local]}")
     return local
 
 

@@ -62,8 +62,9 @@ class _Criteria:
         if self.given is not None:
             return self.given(group, self.model)
         if spec.importance not in self.prepared:
-            self.prepared[spec.importance] = prepare_criterion(IMPORTANCE_CRITERIA[spec.importance], self.model,
-                                                               self.data)
+            self.prepared[spec.importance] = prepare_criterion(
+                IMPORTANCE_CRITERIA[spec.importance], self.model, self.data
+            )
         return self.prepared[spec.importance](group, self.model)
 
 
@@ -72,15 +73,15 @@ def _decide(
 ) -> tuple[GroupDecision, GroupCut | None]:
     producers = group.producer_names
     consumers = list(dict.fromkeys(m.name for m in group.consumers if m.kind != OP))
-    decision = GroupDecision(group.id, producers, consumers, group.size, group.size, NOT_CONFIGURED,
-                             divisions=group.divisions)
+    decision = GroupDecision(
+        group.id, producers, consumers, group.size, group.size, NOT_CONFIGURED, divisions=group.divisions
+    )
     specs = settings.filter()
     missing = [p for p in producers if p not in specs]
     if missing:
         why = "; ".join(f"{p} {settings.why_not_filter(p)}" for p in missing)
         shared = len(missing) < len(producers)
-        decision.reason = (f"its channels are shared with a layer that is not filter-pruned: {why}" if shared
-                           else why)
+        decision.reason = f"its channels are shared with a layer that is not filter-pruned: {why}" if shared else why
         return decision, None
     decision.prune_ratio = min(specs[p].prune_ratio for p in producers)  # docs/spec/engine.md §4.4: merged records
     decision.ascend_optimized = any(specs[p].ascend_optimized for p in producers)
@@ -92,9 +93,9 @@ def _decide(
     kept = remain_count(group.size, decision.prune_ratio, decision.ascend_optimized, group.divisions)
     if kept >= group.size:
         decision.status = UNCHANGED
-        decision.reason = (f"{group.size} channels at prune_ratio {decision.prune_ratio:.4g} keep all "
-                           f"{group.size}" + (" (ascend_optimized keeps a multiple of 16)"
-                                              if decision.ascend_optimized else ""))
+        decision.reason = f"{group.size} channels at prune_ratio {decision.prune_ratio:.4g} keep all {group.size}" + (
+            " (ascend_optimized keeps a multiple of 16)" if decision.ascend_optimized else ""
+        )
         return decision, None
     scores = criterion(group, lead)
     channels = select_pruned_channels(scores, decision.prune_ratio, decision.ascend_optimized, group.divisions)
@@ -123,8 +124,14 @@ def filter_prune(
     return applied
 
 
-def _decide_and_cut(cm: CapturedModel, deps: ChannelDependencies, settings: LayerPruneSettings, criteria,
-                    report: PruneReport, target: nn.Module):
+def _decide_and_cut(
+    cm: CapturedModel,
+    deps: ChannelDependencies,
+    settings: LayerPruneSettings,
+    criteria,
+    report: PruneReport,
+    target: nn.Module,
+):
     """Decide every group (in the report), remove the chosen channels from ``target`` where the forward on
     ``input_data`` still runs, and mark the others restored. The cuts applied, and each group's decision."""
     cuts, by_group = [], {}
@@ -150,15 +157,17 @@ def scheduled_filter_prune(
     the returned schedule masks them from ``start_ratio`` up, and save removes them. None: nothing to prune."""
     specs = settings.filter()
     deps = build_channel_groups(cm)
-    applied, by_group = _decide_and_cut(cm, deps, settings, _Criteria(cm.module, None, data), report,
-                                        copy.deepcopy(cm.module))  # checked on a copy: the schedule masks
+    applied, by_group = _decide_and_cut(
+        cm, deps, settings, _Criteria(cm.module, None, data), report, copy.deepcopy(cm.module)
+    )  # checked on a copy: the schedule masks
     entries = []
     for cut in applied:
         decision = by_group[cut.group.id]
         lead = specs[cut.group.producer_names[0]]
         decision.schedule = describe_schedule(lead.schedule, decision.prune_ratio)
-        entries.append(ScheduledGroup(cut.group, decision.prune_ratio, decision.ascend_optimized, lead.importance,
-                                      lead.schedule))
+        entries.append(
+            ScheduledGroup(cut.group, decision.prune_ratio, decision.ascend_optimized, lead.importance, lead.schedule)
+        )
     if not entries:
         return None
     return ProgressivePruning(entries, float_modules(cm.module, [e.group for e in entries]))
@@ -173,8 +182,10 @@ def replay_filter_prune(cm: CapturedModel, records, path: str, report: PruneRepo
     apply_plan(cm.module, plan)
     got = output_shapes(cm.module, cm.example_inputs)
     if got != expected:
-        raise RuntimeError(f"{path}: replaying the prune records changes the output shapes from {expected} to "
-                           f"{got}; the record does not belong to this model")
+        raise RuntimeError(
+            f"{path}: replaying the prune records changes the output shapes from {expected} to "
+            f"{got}; the record does not belong to this model"
+        )
     for i, record in enumerate(r for r in records if len(r.producer)):
         producers = [n.name for n in record.producer]
         first = {a.name: a for a in record.producer[0].attr}
@@ -210,8 +221,7 @@ def selective_prune(
         if why and masks is None:
             report.selective.append(SelectiveDecision(name, "skipped", why))
             continue
-        mask_module = attach_selective_mask(model, name, update_freq, record,
-                                            None if masks is None else masks[name])
+        mask_module = attach_selective_mask(model, name, update_freq, record, None if masks is None else masks[name])
         attached[name] = mask_module
         sparsity = 1.0 - float(mask_module.mask.float().mean())
         report.selective.append(SelectiveDecision(name, "masked", sparsity=sparsity))

@@ -45,8 +45,10 @@ def describe_schedule(schedule: PruneScheduleSpec | None, target: float) -> str:
     """For the report: how the group reaches its mask (docs/spec/engine.md §2.2)."""
     if schedule is None:
         return f"masked at {target:.4g} from creation, removed at save"
-    return (f"progressive: {schedule.start_ratio:.4g} → {target:.4g} in {schedule.steps} steps, one every "
-            f"{schedule.interval} training batches; removed at save")
+    return (
+        f"progressive: {schedule.start_ratio:.4g} → {target:.4g} in {schedule.steps} steps, one every "
+        f"{schedule.interval} training batches; removed at save"
+    )
 
 
 def state_path(record_file) -> str:
@@ -77,13 +79,25 @@ class ScheduledGroup:
         return min(self.steps, batches // self.schedule.interval) if self.schedule else 0
 
     def as_json(self) -> dict:
-        schedule = None if self.schedule is None else {
-            "steps": self.schedule.steps, "start_ratio": self.schedule.start_ratio,
-            "interval": self.schedule.interval}
-        return {"producers": self.group.producer_names, "channels": self.group.size,
-                "target_ratio": self.target_ratio, "ascend_optimized": self.ascend_optimized,
-                "importance": self.importance, "schedule": schedule, "step": self.step,
-                "masked": list(self.masked)}
+        schedule = (
+            None
+            if self.schedule is None
+            else {
+                "steps": self.schedule.steps,
+                "start_ratio": self.schedule.start_ratio,
+                "interval": self.schedule.interval,
+            }
+        )
+        return {
+            "producers": self.group.producer_names,
+            "channels": self.group.size,
+            "target_ratio": self.target_ratio,
+            "ascend_optimized": self.ascend_optimized,
+            "importance": self.importance,
+            "schedule": schedule,
+            "step": self.step,
+            "masked": list(self.masked),
+        }
 
 
 @dataclass
@@ -157,8 +171,9 @@ class ProgressivePruning:
                 param = getattr(module, name)
                 key = (entry.group.id, member.name, member.kind, param.device)
                 if key not in self._indices:
-                    self._indices[key] = torch.tensor(member.indices(list(entry.masked)), dtype=torch.long,
-                                                      device=param.device)
+                    self._indices[key] = torch.tensor(
+                        member.indices(list(entry.masked)), dtype=torch.long, device=param.device
+                    )
                 yield param.data, axis, self._indices[key]
 
     # ------------------------------------------------------------------ save
@@ -174,8 +189,12 @@ class ProgressivePruning:
     # ------------------------------------------------------------------ state
 
     def as_json(self) -> dict:
-        return {"format": STATE_FORMAT, "batches": self.batches, "groups": [g.as_json() for g in self.groups],
-                "history": self.history}
+        return {
+            "format": STATE_FORMAT,
+            "batches": self.batches,
+            "groups": [g.as_json() for g in self.groups],
+            "history": self.history,
+        }
 
     def write_state(self) -> None:
         self._written = self.batches
@@ -288,7 +307,8 @@ def remove_channels(model: nn.Module) -> None:
         wrapper.invalidate()
     delattr(model, ATTR)
     model._forward_pre_hooks = type(model._forward_pre_hooks)(
-        (k, h) for k, h in model._forward_pre_hooks.items() if h is not _pre_hook)
+        (k, h) for k, h in model._forward_pre_hooks.items() if h is not _pre_hook
+    )
 
 
 def _slice_weight_scales(wrapper: QuantRetrainLayer, layer: nn.Module, removed: set[int]) -> None:
@@ -323,9 +343,20 @@ def restored_groups(state: dict, groups: Sequence[ChannelGroup], path: str) -> l
     for item in state["groups"]:
         group = by_producers.get(tuple(item["producers"]))
         if group is None or group.size != item["channels"]:
-            raise ValueError(f"{path}: the scheduled group of {', '.join(item['producers'])} "
-                             f"({item['channels']} channels) is not in this model")
+            raise ValueError(
+                f"{path}: the scheduled group of {', '.join(item['producers'])} "
+                f"({item['channels']} channels) is not in this model"
+            )
         schedule = None if item["schedule"] is None else PruneScheduleSpec(**item["schedule"])
-        entries.append(ScheduledGroup(group, item["target_ratio"], item["ascend_optimized"], item["importance"],
-                                      schedule, item["step"], tuple(item["masked"])))
+        entries.append(
+            ScheduledGroup(
+                group,
+                item["target_ratio"],
+                item["ascend_optimized"],
+                item["importance"],
+                schedule,
+                item["step"],
+                tuple(item["masked"]),
+            )
+        )
     return entries

@@ -85,8 +85,7 @@ def write_prune_records(record: RecordFile, prune_records: Iterable[record_pb2.P
 def update_selective_records(record: RecordFile, masks: dict[str, torch.Tensor]) -> None:
     """Insert or replace the selective records of these layers."""
     message = record.read()
-    kept = [r for r in message.prune_record
-            if not (r.HasField("selective_prune") and r.selective_prune.name in masks)]
+    kept = [r for r in message.prune_record if not (r.HasField("selective_prune") and r.selective_prune.name in masks)]
     del message.prune_record[:]
     message.prune_record.extend(kept + [selective_prune_record(n, m) for n, m in masks.items()])
     _write(record.path, message)
@@ -128,8 +127,9 @@ def plan_from_records(records: Iterable[record_pb2.PruneRecord], model: nn.Modul
             if node.name not in modules:
                 if op_type in OP_NODE_TYPES:
                     continue  # an add / concat: nothing to remove
-                raise ValueError(f"{where}: the model has no module of that name; was the record written for "
-                                 "another model?")
+                raise ValueError(
+                    f"{where}: the model has no module of that name; was the record written for another model?"
+                )
             if "prune_index" not in attrs:
                 raise ValueError(f"{where}: no prune_index attribute; was the record written before pruning?")
             kind = OUT if is_producer else _consumer_kind(modules[node.name], where)
@@ -153,8 +153,9 @@ def selective_masks_from_records(records: Iterable[record_pb2.PruneRecord], path
         node = record.selective_prune
         attrs = _attrs(node)
         if "mask_shape" not in attrs or "selective_mask" not in attrs:
-            raise ValueError(f"{path}: prune_record[{i}] selective_prune '{node.name}' lacks mask_shape or "
-                             "selective_mask")
+            raise ValueError(
+                f"{path}: prune_record[{i}] selective_prune '{node.name}' lacks mask_shape or selective_mask"
+            )
         masks[node.name] = unpack_mask(attrs["selective_mask"].ints, attrs["mask_shape"].ints)
     return masks
 

@@ -40,8 +40,10 @@ class GroupDecision:
         if self.status in (PRUNED, REPLAYED):
             how = f", ranked by {self.importance}" if self.importance else ""
             how += f"; {self.schedule}" if self.schedule else ""
-            return (f"channel group {self.group} [{who}]: {self.channels} → {self.kept} channels "
-                    f"({self.channels - self.kept} pruned{how})")
+            return (
+                f"channel group {self.group} [{who}]: {self.channels} → {self.kept} channels "
+                f"({self.channels - self.kept} pruned{how})"
+            )
         return f"channel group {self.group} [{who}] not pruned ({self.status}): {self.reason}"
 
 
@@ -83,8 +85,10 @@ class PruneReport:
         if self.bn_recalibrated:
             lines.append(f"{self.bn_recalibrated} BatchNorms recalibrated on the calibration batches after pruning")
         if self.bn_recalibrated_quantized:
-            lines.append(f"{self.bn_recalibrated_quantized} BatchNorms recalibrated on the fake-quantised model "
-                         "after the QAT layers went in")
+            lines.append(
+                f"{self.bn_recalibrated_quantized} BatchNorms recalibrated on the fake-quantised model "
+                "after the QAT layers went in"
+            )
         return "\n".join(lines)
 
     def log(self, filter_configured: bool) -> None:
@@ -92,8 +96,9 @@ class PruneReport:
             if g.status in (PRUNED, REPLAYED):
                 logger.info(g.describe())
             elif g.status == RESTORED:
-                logger.warning("%s; add %s to regular_prune_skip_layers to silence this", g.describe(),
-                               ", ".join(g.producers))
+                logger.warning(
+                    "%s; add %s to regular_prune_skip_layers to silence this", g.describe(), ", ".join(g.producers)
+                )
             elif g.status == NOT_CONFIGURED:
                 logger.debug(g.describe())
             else:
@@ -104,6 +109,8 @@ class PruneReport:
             logger.info(s.describe())
         if filter_configured and not self.pruned_groups:
             reasons = "; ".join(g.describe() for g in self.groups if g.status != NOT_CONFIGURED)
-            logger.warning("filter pruning is configured but no channel was pruned: %s",
-                           reasons or "no channel group has a configured producer")
+            logger.warning(
+                "filter pruning is configured but no channel was pruned: %s",
+                reasons or "no channel group has a configured producer",
+            )
         logger.info("pruning: parameters %d → %d", self.params_before, self.params_after)

@@ -48,10 +48,10 @@ def m4n2_mask(weight: torch.Tensor, axis: int = 1) -> torch.Tensor:
     pad_shape = list(weight.shape)
     pad_shape[axis] = groups * GROUP_SIZE - channels
     padded = torch.cat([weight.abs(), weight.new_zeros(pad_shape)], dim=axis)
-    grouped = padded.reshape(*weight.shape[:axis], groups, GROUP_SIZE, *weight.shape[axis + 1:])
+    grouped = padded.reshape(*weight.shape[:axis], groups, GROUP_SIZE, *weight.shape[axis + 1 :])
     smallest = grouped.topk(PRUNED_PER_GROUP, dim=axis + 1, largest=False).indices
     mask = torch.ones_like(grouped, dtype=torch.bool).scatter_(axis + 1, smallest, False)
-    mask = mask.reshape(*weight.shape[:axis], groups * GROUP_SIZE, *weight.shape[axis + 1:])
+    mask = mask.reshape(*weight.shape[:axis], groups * GROUP_SIZE, *weight.shape[axis + 1 :])
     return mask.narrow(axis, 0, channels).contiguous()
 
 
@@ -65,8 +65,15 @@ class SelectiveMask(nn.Module):
     at the next eval forward (AMCT rewrites the record file on every refresh, inside training).
     """
 
-    def __init__(self, layer_name: str, weight: torch.Tensor, axis: int, update_freq: int = 0,
-                 record: RecordFile | None = None, mask: torch.Tensor | None = None):
+    def __init__(
+        self,
+        layer_name: str,
+        weight: torch.Tensor,
+        axis: int,
+        update_freq: int = 0,
+        record: RecordFile | None = None,
+        mask: torch.Tensor | None = None,
+    ):
         super().__init__()
         self.layer_name = layer_name
         self.axis = axis
@@ -75,8 +82,9 @@ class SelectiveMask(nn.Module):
         if mask is None:
             mask = m4n2_mask(weight, axis)
         elif tuple(mask.shape) != tuple(weight.shape):
-            raise ValueError(f"selective mask of {layer_name} has shape {list(mask.shape)}, the weight "
-                             f"{list(weight.shape)}")
+            raise ValueError(
+                f"selective mask of {layer_name} has shape {list(mask.shape)}, the weight {list(weight.shape)}"
+            )
         self.register_buffer("mask", mask.to(device=weight.device, dtype=torch.bool))
         self.register_buffer("prune_cur_batch", torch.zeros((), dtype=torch.int64))
         self._record_pending = False
@@ -139,8 +147,9 @@ class MaskedWeightQuantizer(WeightQuantizer):
         return self.quant.scale_offset()
 
 
-def attach_selective_mask(model: nn.Module, name: str, update_freq: int, record: RecordFile | None,
-                          mask: torch.Tensor | None = None) -> SelectiveMask:
+def attach_selective_mask(
+    model: nn.Module, name: str, update_freq: int, record: RecordFile | None, mask: torch.Tensor | None = None
+) -> SelectiveMask:
     """Mask the weight of layer ``name`` (a float layer or a QuantRetrainLayer) of ``model``."""
     target = model.get_submodule(name)
     if isinstance(target, QuantRetrainLayer):

@@ -85,8 +85,7 @@ def compute_factors(name: str, layer: nn.Module, record: LayerQuantRecord) -> Qu
         bias_q = torch.round(layer.bias.detach().double() / (scale_w.double() * record.scale_d))
         if bias_q.abs().max() > INT32_MAX:
             raise RuntimeError(
-                f"layer {name}: quantised bias overflows int32 (scale_w*scale_d too small); "
-                f"add it to quant_skip_layers"
+                f"layer {name}: quantised bias overflows int32 (scale_w*scale_d too small); add it to quant_skip_layers"
             )
         bias_q = bias_q.to(torch.int32)
     return QuantFactors(

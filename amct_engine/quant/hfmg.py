@@ -29,7 +29,7 @@ def _losses(centres, counts, lows, highs, bits: int) -> torch.Tensor:
     chunk = max(1, _CHUNK // centres.numel())
     centres, counts = centres[None, :], counts[None, :]
     for begin in range(0, lows.numel(), chunk):
-        lo, hi = lows[begin:begin + chunk, None], highs[begin:begin + chunk, None]
+        lo, hi = lows[begin : begin + chunk, None], highs[begin : begin + chunk, None]
         scale = torch.clamp((hi - lo) / ((1 << bits) - 1), min=1e-12)
         q = torch.clamp(centres, lo, hi)
         q.sub_(lo).div_(scale).round_().mul_(scale).add_(lo).sub_(centres)

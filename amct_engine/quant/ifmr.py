@@ -75,7 +75,7 @@ def _extreme_rows(data: torch.Tensor, k: int, largest: bool) -> torch.Tensor:
     table = data[: rows * _ROW].view(rows, _ROW)
     extremes = table.amax(dim=1) if largest else table.amin(dim=1)
     chosen = torch.topk(extremes, k, largest=largest).indices
-    return torch.cat([table[chosen].reshape(-1), data[rows * _ROW:]])
+    return torch.cat([table[chosen].reshape(-1), data[rows * _ROW :]])
 
 
 def search_ratios(start: float, end: float, step: float, device) -> torch.Tensor:

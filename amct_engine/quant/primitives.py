@@ -85,9 +85,7 @@ def broadcast_along_axis0(factor: torch.Tensor, ndim: int, channels: int) -> tor
     if factor.numel() == 1:
         return factor.reshape(())
     if factor.numel() != channels:
-        raise ValueError(
-            f"a quantisation factor has {factor.numel()} values; expected 1 or {channels} (axis 0)"
-        )
+        raise ValueError(f"a quantisation factor has {factor.numel()} values; expected 1 or {channels} (axis 0)")
     return factor.reshape((channels,) + (1,) * (ndim - 1))
 
 

@@ -40,7 +40,9 @@ def by_field(field: str) -> WeightQuantizerEntry:
 
 
 # docs/spec/engine.md §4.2: ARQ recomputes a symmetric scale from the weights each step; ULQ learns it.
-register_weight_quantizer(WeightQuantizerEntry("arq", "arq_retrain", "arq_distill",
-                                               "amct_engine.quant.arq:ArqWeightQuantizer"))
-register_weight_quantizer(WeightQuantizerEntry("ulq", "ulq_retrain", "ulq_distill",
-                                               "amct_engine.quant.ulq_weight:UlqWeightQuantizer"))
+register_weight_quantizer(
+    WeightQuantizerEntry("arq", "arq_retrain", "arq_distill", "amct_engine.quant.arq:ArqWeightQuantizer")
+)
+register_weight_quantizer(
+    WeightQuantizerEntry("ulq", "ulq_retrain", "ulq_distill", "amct_engine.quant.ulq_weight:UlqWeightQuantizer")
+)

@@ -178,9 +178,13 @@ class LinearQAT(QuantRetrainLayer):
 
 
 QAT_LAYER_CLASSES: dict[type[nn.Module], type[QuantRetrainLayer]] = {
-    nn.Conv1d: Conv1dQAT, nn.Conv2d: Conv2dQAT, nn.Conv3d: Conv3dQAT,
-    nn.ConvTranspose1d: ConvTranspose1dQAT, nn.ConvTranspose2d: ConvTranspose2dQAT,
-    nn.ConvTranspose3d: ConvTranspose3dQAT, nn.Linear: LinearQAT,
+    nn.Conv1d: Conv1dQAT,
+    nn.Conv2d: Conv2dQAT,
+    nn.Conv3d: Conv3dQAT,
+    nn.ConvTranspose1d: ConvTranspose1dQAT,
+    nn.ConvTranspose2d: ConvTranspose2dQAT,
+    nn.ConvTranspose3d: ConvTranspose3dQAT,
+    nn.Linear: LinearQAT,
 }
 
 

@@ -194,9 +194,7 @@ class UlqActQuantizer(nn.Module):
     def scale_offset(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Current (scale float32, offset int32) for the record file and export."""
         if not bool(torch.isfinite(self.acts_scale)):
-            raise RuntimeError(
-                "the activation quantiser has no scale yet: run a forward pass (calibration) first"
-            )
+            raise RuntimeError("the activation quantiser has no scale yet: run a forward pass (calibration) first")
         return self.acts_scale.detach().float().clone(), self.acts_offset.detach().to(torch.int32).clone()
 
     def extra_repr(self) -> str:

@@ -16,23 +16,23 @@ from __future__ import annotations
 
 from alembic import op
 
-revision = '0005_list_indexes'
-down_revision = '0004'
+revision = "0005_list_indexes"
+down_revision = "0004"
 branch_labels = None
 depends_on = None
 
 
 def upgrade() -> None:
-    with op.batch_alter_table('jobs', schema=None) as batch_op:
-        batch_op.create_index('ix_jobs_list_status', ['project_id', 'status', 'created_at', 'id'], unique=False)
-        batch_op.create_index('ix_jobs_list_kind', ['project_id', 'kind', 'created_at', 'id'], unique=False)
-    with op.batch_alter_table('artifacts', schema=None) as batch_op:
-        batch_op.create_index('ix_artifacts_job_kind', ['job_id', 'kind'], unique=False)
+    with op.batch_alter_table("jobs", schema=None) as batch_op:
+        batch_op.create_index("ix_jobs_list_status", ["project_id", "status", "created_at", "id"], unique=False)
+        batch_op.create_index("ix_jobs_list_kind", ["project_id", "kind", "created_at", "id"], unique=False)
+    with op.batch_alter_table("artifacts", schema=None) as batch_op:
+        batch_op.create_index("ix_artifacts_job_kind", ["job_id", "kind"], unique=False)
 
 
 def downgrade() -> None:
-    with op.batch_alter_table('artifacts', schema=None) as batch_op:
-        batch_op.drop_index('ix_artifacts_job_kind')
-    with op.batch_alter_table('jobs', schema=None) as batch_op:
-        batch_op.drop_index('ix_jobs_list_kind')
-        batch_op.drop_index('ix_jobs_list_status')
+    with op.batch_alter_table("artifacts", schema=None) as batch_op:
+        batch_op.drop_index("ix_artifacts_job_kind")
+    with op.batch_alter_table("jobs", schema=None) as batch_op:
+        batch_op.drop_index("ix_jobs_list_kind")
+        batch_op.drop_index("ix_jobs_list_status")

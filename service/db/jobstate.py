@@ -92,14 +92,17 @@ def claim_job(session: Session, job_id: str, owner: str, lease_s: float) -> Job 
     delivery of the same message is then a no-op.
     """
     now = utcnow()
-    lease = {"lease_owner": owner, "lease_expires_at": now + timedelta(seconds=lease_s),
-             "attempt": Job.attempt + 1, "phase": "preparing"}
+    lease = {
+        "lease_owner": owner,
+        "lease_expires_at": now + timedelta(seconds=lease_s),
+        "attempt": Job.attempt + 1,
+        "phase": "preparing",
+    }
     not_cancelled = Job.cancel_requested_at.is_(None)
     for from_ in (QUEUED, RUNNING):
         where = not_cancelled if from_ == QUEUED else and_(not_cancelled, Job.lease_expires_at < now)
         values = dict(lease, started_at=now) if from_ == QUEUED else lease
-        if transition(session, job_id, from_, RUNNING, values=values, extra_where=where,
-                      event={"worker": owner}):
+        if transition(session, job_id, from_, RUNNING, values=values, extra_where=where, event={"worker": owner}):
             return session.get(Job, job_id, populate_existing=True)
     return None
 
@@ -117,8 +120,14 @@ def give_up_if_exhausted(session: Session, job: Job, owner: str) -> bool:
     """
     if not attempts_exhausted(job.attempt, job.max_attempts):
         return False
-    transition(session, job.id, RUNNING, FAILED, owner=owner,
-               values={"error_type": "crashed", "error_detail": f"gave up after {job.max_attempts} attempts"})
+    transition(
+        session,
+        job.id,
+        RUNNING,
+        FAILED,
+        owner=owner,
+        values={"error_type": "crashed", "error_detail": f"gave up after {job.max_attempts} attempts"},
+    )
     return True
 
 
@@ -129,8 +138,15 @@ class Lease:
     cancel_requested: bool
 
 
-def renew_lease(session: Session, job_id: str, owner: str, lease_s: float, *, phase: str | None = None,
-                progress: float | None = None) -> Lease | None:
+def renew_lease(
+    session: Session,
+    job_id: str,
+    owner: str,
+    lease_s: float,
+    *,
+    phase: str | None = None,
+    progress: float | None = None,
+) -> Lease | None:
     """The worker's heartbeat: extend the lease and record the job's phase and progress, fenced on `owner`.
 
     None when the job is no longer ours (reclaimed after our lease ran out, finished, reaped).
@@ -144,7 +160,8 @@ def renew_lease(session: Session, job_id: str, owner: str, lease_s: float, *, ph
     row = session.execute(
         update(Job)
         .where(Job.id == job_id, Job.status == RUNNING, Job.lease_owner == owner)
-        .values(**values).returning(Job.cancel_requested_at)
+        .values(**values)
+        .returning(Job.cancel_requested_at)
     ).first()
     return None if row is None else Lease(cancel_requested=row[0] is not None)
 
@@ -154,13 +171,19 @@ def request_cancel(session: Session, job_id: str) -> str:
     job = session.get(Job, job_id, populate_existing=True)
     if job is None:
         raise LookupError(job_id)
-    if job.status == QUEUED and transition(session, job_id, QUEUED, CANCELLED,
-                                           values={"cancel_requested_at": utcnow()},
-                                           event={"reason": "cancel requested"}):
+    if job.status == QUEUED and transition(
+        session,
+        job_id,
+        QUEUED,
+        CANCELLED,
+        values={"cancel_requested_at": utcnow()},
+        event={"reason": "cancel requested"},
+    ):
         return CANCELLED
     if job.status == RUNNING:
         result = session.execute(
-            update(Job).where(Job.id == job_id, Job.status == RUNNING, Job.cancel_requested_at.is_(None))
+            update(Job)
+            .where(Job.id == job_id, Job.status == RUNNING, Job.cancel_requested_at.is_(None))
             .values(cancel_requested_at=utcnow(), updated_at=utcnow())
         )
         if result.rowcount == 1:
@@ -180,8 +203,11 @@ def expire_leases(session: Session, owner_prefix: str) -> list[str]:
     """End now the leases of the running jobs whose owner starts with `owner_prefix`: a worker known to
     be dead (service/embedded_worker.py). The reaper then treats them as any lost job."""
     rows = session.execute(
-        update(Job).where(Job.status == RUNNING, Job.lease_owner.startswith(owner_prefix, autoescape=True))
-        .values(lease_expires_at=utcnow() - timedelta(seconds=1)).returning(Job.id)).all()
+        update(Job)
+        .where(Job.status == RUNNING, Job.lease_owner.startswith(owner_prefix, autoescape=True))
+        .values(lease_expires_at=utcnow() - timedelta(seconds=1))
+        .returning(Job.id)
+    ).all()
     return [r[0] for r in rows]
 
 
@@ -193,7 +219,8 @@ def recover_lost_job(session: Session, job_id: str) -> str | None:
     from its last checkpoint. The caller re-sends a requeued job's message after committing.
     """
     attempt, max_attempts, cancel = session.execute(
-        select(Job.attempt, Job.max_attempts, Job.cancel_requested_at).where(Job.id == job_id)).one()
+        select(Job.attempt, Job.max_attempts, Job.cancel_requested_at).where(Job.id == job_id)
+    ).one()
     lease_over = Job.lease_expires_at < utcnow()  # still expired: its worker did not come back meanwhile
     if cancel is not None:
         to, values = CANCELLED, {"phase": None}
@@ -216,8 +243,7 @@ def requeue_crashed(session: Session, job_id: str, owner: str, detail: str) -> s
     The same rule as a lost worker: another attempt, which resumes from the last checkpoint, unless
     this was the last one (then the job fails with `detail`). The caller claims it again.
     """
-    attempt, max_attempts = session.execute(
-        select(Job.attempt, Job.max_attempts).where(Job.id == job_id)).one()
+    attempt, max_attempts = session.execute(select(Job.attempt, Job.max_attempts).where(Job.id == job_id)).one()
     if attempts_exhausted(attempt + 1, max_attempts):
         to, values, event = FAILED, {"error_type": "crashed", "error_detail": detail[:4000], "phase": None}, None
     else:
@@ -234,9 +260,26 @@ def cancelling(session: Session, job_id: str) -> bool:
 
 
 __all__ = [
-    "CANCELLED", "FAILED", "QUEUED", "RUNNING", "STATES", "SUCCEEDED", "TERMINAL", "TRANSITIONS",
-    "IllegalTransition", "Lease", "add_event", "attempts_exhausted", "cancelling", "claim_job", "expire_leases",
-    "expired_running_jobs", "give_up_if_exhausted", "recover_lost_job", "renew_lease", "request_cancel",
+    "CANCELLED",
+    "FAILED",
+    "QUEUED",
+    "RUNNING",
+    "STATES",
+    "SUCCEEDED",
+    "TERMINAL",
+    "TRANSITIONS",
+    "IllegalTransition",
+    "Lease",
+    "add_event",
+    "attempts_exhausted",
+    "cancelling",
+    "claim_job",
+    "expire_leases",
+    "expired_running_jobs",
+    "give_up_if_exhausted",
+    "recover_lost_job",
+    "renew_lease",
+    "request_cancel",
     "requeue_crashed",
     "transition",
 ]

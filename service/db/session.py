@@ -43,8 +43,9 @@ def make_engine(url: str, pool: PoolSize = PoolSize()) -> Engine:
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
-    return create_engine(url, pool_pre_ping=True, pool_size=pool.size, max_overflow=pool.overflow,
-                         pool_timeout=pool.timeout_s)
+    return create_engine(
+        url, pool_pre_ping=True, pool_size=pool.size, max_overflow=pool.overflow, pool_timeout=pool.timeout_s
+    )
 
 
 @lru_cache(maxsize=8)

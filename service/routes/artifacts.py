@@ -29,13 +29,22 @@ def get_artifact(artifact_id: CleanStr, session: SessionDep, caller: ReadCaller)
     return artifact_out(_artifact(session, artifact_id, caller.project))
 
 
-@router.get("/{artifact_id}/content", response_class=StreamingResponse,
-            responses={200: {"description": "the bytes, with the artifact's own media_type (ONNX, JSON, ...)",
-                             "content": {"*/*": {}}}})
-def artifact_content(artifact_id: CleanStr, session: SessionDep, caller: ReadCaller,
-                     store: StoreDep) -> StreamingResponse:
+@router.get(
+    "/{artifact_id}/content",
+    response_class=StreamingResponse,
+    responses={
+        200: {"description": "the bytes, with the artifact's own media_type (ONNX, JSON, ...)", "content": {"*/*": {}}}
+    },
+)
+def artifact_content(
+    artifact_id: CleanStr, session: SessionDep, caller: ReadCaller, store: StoreDep
+) -> StreamingResponse:
     artifact = _artifact(session, artifact_id, caller.project)
-    headers = {"Content-Length": str(artifact.size_bytes), "ETag": f'"{artifact.sha256}"',
-               "Content-Disposition": f'attachment; filename="{artifact.filename}"'}
-    return StreamingResponse(iterate_in_threadpool(store.iter_bytes(artifact.sha256)),
-                             media_type=artifact.media_type, headers=headers)
+    headers = {
+        "Content-Length": str(artifact.size_bytes),
+        "ETag": f'"{artifact.sha256}"',
+        "Content-Disposition": f'attachment; filename="{artifact.filename}"',
+    }
+    return StreamingResponse(
+        iterate_in_threadpool(store.iter_bytes(artifact.sha256)), media_type=artifact.media_type, headers=headers
+    )

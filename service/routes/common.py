@@ -27,29 +27,41 @@ def not_found(what: str, id_: str) -> Problem:
 
 
 def find_by_sha(session: Session, model: type[T], project: str, sha256: str) -> T | None:
-    return session.scalars(select(model).where(model.project_id == project, model.sha256 == sha256)
-                           .order_by(model.created_at)).first()
+    return session.scalars(
+        select(model).where(model.project_id == project, model.sha256 == sha256).order_by(model.created_at)
+    ).first()
 
 
 def multipart(required: list[str], fields: dict[str, dict], summary: str) -> dict:
     """`openapi_extra` for an upload route: the multipart form it reads itself (streamed, not via FastAPI)."""
     properties = {"file": {"type": "string", "format": "binary", "description": summary}, **fields}
-    return {"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": {
-        "type": "object", "required": ["file", *required], "properties": properties}}}}}
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {
+                "multipart/form-data": {
+                    "schema": {"type": "object", "required": ["file", *required], "properties": properties}
+                }
+            },
+        }
+    }
 
 
-UPLOAD_ERRORS = {400: {"description": "a malformed multipart body"},
-                 413: {"description": "file over the size limit"},
-                 415: {"description": "not a multipart/form-data body"},
-                 422: {"description": "a form field is missing or invalid, or the file is not usable; `field` says"}}
+UPLOAD_ERRORS = {
+    400: {"description": "a malformed multipart body"},
+    413: {"description": "file over the size limit"},
+    415: {"description": "not a multipart/form-data body"},
+    422: {"description": "a form field is missing or invalid, or the file is not usable; `field` says"},
+}
 NAME_FIELD = {"name": {"type": "string", "maxLength": 200, "description": "defaults to the file name"}}
 
 
 def refuse_control_characters(value: str, field: str) -> str:
     """The check schemas.CleanStr makes, for what a route reads itself (multipart fields, headers)."""
     if (char := control_character(value)) is not None:
-        raise Problem(422, f"{field} contains a control character ({char}); ids, names and filenames may not",
-                      field=field)
+        raise Problem(
+            422, f"{field} contains a control character ({char}); ids, names and filenames may not", field=field
+        )
     return value
 
 

@@ -45,14 +45,26 @@ def summarise_cfg(text: str, kind: str, filename: str) -> dict:
     return {"job_kinds": job_kinds}
 
 
-@router.post("", status_code=201, response_model=ConfigOut,
-             responses={**UPLOAD_ERRORS,
-                        422: {"description": "the cfg does not parse (`line`, `column` and `cfg_field` say where), "
-                                             "or a form field is invalid"}},
-             openapi_extra=multipart(["kind"], {**NAME_FIELD, "kind": {"type": "string", "enum": list(CFG_KINDS)}},
-                                     "an AMCT .cfg (protobuf text format)"))
-async def upload_config(request: Request, session: SessionDep, store: StoreDep, settings: SettingsDep,
-                        caller: WriteCaller) -> Config:
+@router.post(
+    "",
+    status_code=201,
+    response_model=ConfigOut,
+    responses={
+        **UPLOAD_ERRORS,
+        422: {
+            "description": "the cfg does not parse (`line`, `column` and `cfg_field` say where), "
+            "or a form field is invalid"
+        },
+    },
+    openapi_extra=multipart(
+        ["kind"],
+        {**NAME_FIELD, "kind": {"type": "string", "enum": list(CFG_KINDS)}},
+        "an AMCT .cfg (protobuf text format)",
+    ),
+)
+async def upload_config(
+    request: Request, session: SessionDep, store: StoreDep, settings: SettingsDep, caller: WriteCaller
+) -> Config:
     """Multipart: `file` (`.cfg`, protobuf text format), `kind` (`retrain` | `distill`), optional `name`."""
     from amct_engine.config.errors import ConfigError
 
@@ -66,13 +78,28 @@ async def upload_config(request: Request, session: SessionDep, store: StoreDep, 
         try:
             summary = await run_in_threadpool(summarise_cfg, data, kind, upload.filename or name)
         except ConfigError as e:
-            raise Problem(422, str(e), type_="/problems/config-error", field="file",
-                          line=e.line, column=e.column, cfg_field=e.field, message=e.message) from None
+            raise Problem(
+                422,
+                str(e),
+                type_="/problems/config-error",
+                field="file",
+                line=e.line,
+                column=e.column,
+                cfg_field=e.field,
+                message=e.message,
+            ) from None
         blob = await run_in_threadpool(store.put_file, upload.path, upload.sha256)
     finally:
         upload.discard()
-    config = Config(project_id=caller.project, name=name, kind=kind, summary=summary,
-                    sha256=blob.sha256, size_bytes=blob.size_bytes, uri=blob.uri)
+    config = Config(
+        project_id=caller.project,
+        name=name,
+        kind=kind,
+        summary=summary,
+        sha256=blob.sha256,
+        size_bytes=blob.size_bytes,
+        uri=blob.uri,
+    )
     session.add(config)
     session.commit()
     return config
@@ -83,8 +110,11 @@ def get_config(config_id: CleanStr, session: SessionDep, caller: ReadCaller) -> 
     return get_or_404(session, Config, config_id, caller.project, "config")
 
 
-@router.get("/{config_id}/content", response_class=PlainTextResponse,
-            responses={200: {"description": "the cfg exactly as uploaded", "content": {"text/plain": {}}}})
+@router.get(
+    "/{config_id}/content",
+    response_class=PlainTextResponse,
+    responses={200: {"description": "the cfg exactly as uploaded", "content": {"text/plain": {}}}},
+)
 def config_content(config_id: CleanStr, session: SessionDep, store: StoreDep, caller: ReadCaller) -> PlainTextResponse:
     """The uploaded cfg text. Blobs are content-addressed and never change, so this is the text a job froze."""
     config = get_or_404(session, Config, config_id, caller.project, "config")

@@ -19,11 +19,21 @@ from service.uploads import receive_upload
 router = APIRouter(prefix="/v1/datasets", tags=["datasets"])
 
 
-@router.post("", status_code=201, response_model=DatasetOut, responses={**UPLOAD_ERRORS, **BUSY_RESPONSE},
-             openapi_extra=multipart([], NAME_FIELD, "an .npz or .safetensors of named arrays: one per model "
-                                     "input (or `inputs`), optional `labels`, optional targets"))
-async def upload_dataset(request: Request, session: SessionDep, store: StoreDep, settings: SettingsDep,
-                         caller: WriteCaller) -> Dataset:
+@router.post(
+    "",
+    status_code=201,
+    response_model=DatasetOut,
+    responses={**UPLOAD_ERRORS, **BUSY_RESPONSE},
+    openapi_extra=multipart(
+        [],
+        NAME_FIELD,
+        "an .npz or .safetensors of named arrays: one per model "
+        "input (or `inputs`), optional `labels`, optional targets",
+    ),
+)
+async def upload_dataset(
+    request: Request, session: SessionDep, store: StoreDep, settings: SettingsDep, caller: WriteCaller
+) -> Dataset:
     """Multipart: `file` (`.npz` or `.safetensors` of named arrays: one per model input, named after it
     (`inputs` for a one-input model), optional `labels`, optional targets), optional `name`."""
     with checks_slot(settings, "dataset"):
@@ -39,8 +49,15 @@ async def upload_dataset(request: Request, session: SessionDep, store: StoreDep,
             blob = await run_in_threadpool(store.put_file, upload.path, upload.sha256)
         finally:
             upload.discard()
-    dataset = Dataset(project_id=caller.project, name=name, format=fmt, description=description,
-                      sha256=blob.sha256, size_bytes=blob.size_bytes, uri=blob.uri)
+    dataset = Dataset(
+        project_id=caller.project,
+        name=name,
+        format=fmt,
+        description=description,
+        sha256=blob.sha256,
+        size_bytes=blob.size_bytes,
+        uri=blob.uri,
+    )
     session.add(dataset)
     session.commit()
     return dataset

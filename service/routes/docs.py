@@ -22,13 +22,19 @@ from service.problems import Problem
 ASSETS_DIR = files("fastapi_offline") / "static"
 ASSETS_URL = "/docs-assets"
 # The only files served: a name is looked up here, never joined to a path.
-ASSETS = {"swagger-ui-bundle.js": "text/javascript", "swagger-ui.css": "text/css",
-          "redoc.standalone.js": "text/javascript", "favicon.png": "image/png"}
+ASSETS = {
+    "swagger-ui-bundle.js": "text/javascript",
+    "swagger-ui.css": "text/css",
+    "redoc.standalone.js": "text/javascript",
+    "favicon.png": "image/png",
+}
 OAUTH2_REDIRECT_URL = "/docs/oauth2-redirect"
 # The pages' own inline start-up script and styles are allowed; nothing from another origin is.
-CSP = ("default-src 'self'; script-src 'self' 'unsafe-inline'; style-src 'self' 'unsafe-inline'; "
-       "img-src 'self' data:; font-src 'self' data:; connect-src 'self'; worker-src 'self' blob:; "
-       "object-src 'none'; base-uri 'none'; frame-ancestors 'none'")
+CSP = (
+    "default-src 'self'; script-src 'self' 'unsafe-inline'; style-src 'self' 'unsafe-inline'; "
+    "img-src 'self' data:; font-src 'self' data:; connect-src 'self'; worker-src 'self' blob:; "
+    "object-src 'none'; base-uri 'none'; frame-ancestors 'none'"
+)
 
 router = APIRouter(include_in_schema=False)
 
@@ -46,12 +52,18 @@ def _same_origin_only(page: HTMLResponse) -> HTMLResponse:
 @router.get("/docs")
 def swagger_ui(request: Request) -> HTMLResponse:
     root, app = _root(request), request.app
-    return _same_origin_only(get_swagger_ui_html(
-        openapi_url=root + app.openapi_url, title=f"{app.title} - Swagger UI",
-        swagger_js_url=f"{root}{ASSETS_URL}/swagger-ui-bundle.js", swagger_css_url=f"{root}{ASSETS_URL}/swagger-ui.css",
-        swagger_favicon_url=f"{root}{ASSETS_URL}/favicon.png", oauth2_redirect_url=root + OAUTH2_REDIRECT_URL,
-        # validatorUrl: Swagger UI would otherwise show a badge fetched from validator.swagger.io.
-        swagger_ui_parameters={**(app.swagger_ui_parameters or {}), "validatorUrl": None}))
+    return _same_origin_only(
+        get_swagger_ui_html(
+            openapi_url=root + app.openapi_url,
+            title=f"{app.title} - Swagger UI",
+            swagger_js_url=f"{root}{ASSETS_URL}/swagger-ui-bundle.js",
+            swagger_css_url=f"{root}{ASSETS_URL}/swagger-ui.css",
+            swagger_favicon_url=f"{root}{ASSETS_URL}/favicon.png",
+            oauth2_redirect_url=root + OAUTH2_REDIRECT_URL,
+            # validatorUrl: Swagger UI would otherwise show a badge fetched from validator.swagger.io.
+            swagger_ui_parameters={**(app.swagger_ui_parameters or {}), "validatorUrl": None},
+        )
+    )
 
 
 @router.get(OAUTH2_REDIRECT_URL)
@@ -62,10 +74,15 @@ def swagger_ui_oauth2_redirect() -> HTMLResponse:
 @router.get("/redoc")
 def redoc(request: Request) -> HTMLResponse:
     root, app = _root(request), request.app
-    return _same_origin_only(get_redoc_html(openapi_url=root + app.openapi_url, title=f"{app.title} - ReDoc",
-                                            redoc_js_url=f"{root}{ASSETS_URL}/redoc.standalone.js",
-                                            redoc_favicon_url=f"{root}{ASSETS_URL}/favicon.png",
-                                            with_google_fonts=False))
+    return _same_origin_only(
+        get_redoc_html(
+            openapi_url=root + app.openapi_url,
+            title=f"{app.title} - ReDoc",
+            redoc_js_url=f"{root}{ASSETS_URL}/redoc.standalone.js",
+            redoc_favicon_url=f"{root}{ASSETS_URL}/favicon.png",
+            with_google_fonts=False,
+        )
+    )
 
 
 @router.get(ASSETS_URL + "/{name}")

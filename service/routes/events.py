@@ -40,8 +40,9 @@ def format_event(event: JobEvent) -> str:
 
 def _read(sessions, job_id: str, after: int) -> tuple[list[JobEvent], str]:
     with sessions() as session:
-        events = session.scalars(select(JobEvent).where(JobEvent.job_id == job_id, JobEvent.seq > after)
-                                 .order_by(JobEvent.seq).limit(BATCH)).all()
+        events = session.scalars(
+            select(JobEvent).where(JobEvent.job_id == job_id, JobEvent.seq > after).order_by(JobEvent.seq).limit(BATCH)
+        ).all()
         status = session.scalar(select(Job.status).where(Job.id == job_id))
     return list(events), status
 
@@ -73,23 +74,32 @@ def _last_event_id(header: str) -> int:
     text = header.strip()
     # The length first: int() of a 5,000-digit string raises (Python's int_max_str_digits).
     if not (text.isascii() and text.isdigit() and len(text) <= len(str(MAX_SEQ)) and int(text) <= MAX_SEQ):
-        raise Problem(422, f"Last-Event-ID must be an event seq this stream sent (0 to {MAX_SEQ})",
-                      field="Last-Event-ID")
+        raise Problem(
+            422, f"Last-Event-ID must be an event seq this stream sent (0 to {MAX_SEQ})", field="Last-Event-ID"
+        )
     return int(text)
 
 
-@router.get("/{job_id}/events", response_class=StreamingResponse,
-            responses={200: {"content": {"text/event-stream": {}}, "description": "the job's events"}})
-def job_events(job_id: CleanStr, request: Request, settings: SettingsDep, caller: ReadCaller,
-               last_event_id: Annotated[str | None, Header()] = None,
-               after: Annotated[int | None, Query(ge=0, le=MAX_SEQ,
-                                                 description="like Last-Event-ID, without the header")] = None,
-               ) -> StreamingResponse:
+@router.get(
+    "/{job_id}/events",
+    response_class=StreamingResponse,
+    responses={200: {"content": {"text/event-stream": {}}, "description": "the job's events"}},
+)
+def job_events(
+    job_id: CleanStr,
+    request: Request,
+    settings: SettingsDep,
+    caller: ReadCaller,
+    last_event_id: Annotated[str | None, Header()] = None,
+    after: Annotated[int | None, Query(ge=0, le=MAX_SEQ, description="like Last-Event-ID, without the header")] = None,
+) -> StreamingResponse:
     with request.app.state.sessions() as session:
         get_or_404(session, Job, job_id, caller.project, "job")
     start = after or 0
     if last_event_id is not None:
         start = _last_event_id(last_event_id)
-    return StreamingResponse(stream_events(request, job_id, start, settings.sse_poll_s),
-                             media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return StreamingResponse(
+        stream_events(request, job_id, start, settings.sse_poll_s),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )

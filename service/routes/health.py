@@ -45,16 +45,21 @@ async def readyz(request: Request):
         with state.sessions() as session:
             session.execute(text("SELECT 1"))
 
-    checks = {"database": database, "broker": state.dispatcher.ping, "store": state.store.check,
-              "sandbox": bubblewrap.require}
+    checks = {
+        "database": database,
+        "broker": state.dispatcher.ping,
+        "store": state.store.check,
+        "sandbox": bubblewrap.require,
+    }
     results = {name: await run_in_threadpool(_check, fn) for name, fn in checks.items()}
     body = {name: ("ok" if err is None else err) for name, err in results.items()}
     if results["sandbox"] is None and bubblewrap.state().mode != "bubblewrap":
         body["sandbox"] = "unsafe-no-sandbox"  # ready, as the operator asked, but never silently
     failed = [name for name, err in results.items() if err is not None]
     if failed:
-        return problem_response(503, "Service Unavailable", f"not ready: {', '.join(failed)} unavailable",
-                                request.url.path, checks=body)
+        return problem_response(
+            503, "Service Unavailable", f"not ready: {', '.join(failed)} unavailable", request.url.path, checks=body
+        )
     return JSONResponse({"status": "ready", "checks": body, **await run_in_threadpool(_workers, state)})
 
 
@@ -62,10 +67,15 @@ def _workers(state) -> dict:
     settings = state.settings
     with state.sessions() as session:
         queues = workers.live_queues(session, settings.worker_stale_s)
-        waiting = dict(session.execute(select(Job.device, func.count()).where(
-            Job.status == jobstate.QUEUED, Job.queue.in_([settings.queue_for(d) for d in DEVICES]))
-            .group_by(Job.device)).all())
+        waiting = dict(
+            session.execute(
+                select(Job.device, func.count())
+                .where(Job.status == jobstate.QUEUED, Job.queue.in_([settings.queue_for(d) for d in DEVICES]))
+                .group_by(Job.device)
+            ).all()
+        )
     served = workers.served_devices(queues, settings)
-    warnings = [f"{n} queued {d} job(s) and no live worker serves {d}" for d, n in sorted(waiting.items())
-                if d not in served]
+    warnings = [
+        f"{n} queued {d} job(s) and no live worker serves {d}" for d, n in sorted(waiting.items()) if d not in served
+    ]
     return {"workers": {"devices": served, "queued": waiting}, "warnings": warnings}

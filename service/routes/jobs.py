@@ -44,21 +44,40 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 def job_out(job: Job | Row) -> JobOut:
     base = f"/v1/jobs/{job.id}"
     return JobOut(
-        id=job.id, kind=job.kind, status=job.status, phase=job.phase, progress=job.progress,
-        model_id=job.model_id, config_id=job.config_id, dataset_id=job.dataset_id, params=job.params,
-        device=job.device, queue=job.queue, attempt=job.attempt, metrics=job.metrics,
+        id=job.id,
+        kind=job.kind,
+        status=job.status,
+        phase=job.phase,
+        progress=job.progress,
+        model_id=job.model_id,
+        config_id=job.config_id,
+        dataset_id=job.dataset_id,
+        params=job.params,
+        device=job.device,
+        queue=job.queue,
+        attempt=job.attempt,
+        metrics=job.metrics,
         error={"type": job.error_type, "detail": job.error_detail} if job.error_type else None,
         cancel_requested=job.cancel_requested_at is not None,
-        created_at=job.created_at, started_at=job.started_at, finished_at=job.finished_at,
-        links={"self": base, "events": f"{base}/events", "artifacts": f"{base}/artifacts",
-               "cancel": f"{base}/cancel"},
+        created_at=job.created_at,
+        started_at=job.started_at,
+        finished_at=job.finished_at,
+        links={"self": base, "events": f"{base}/events", "artifacts": f"{base}/artifacts", "cancel": f"{base}/cancel"},
     )
 
 
 def artifact_out(a: Artifact) -> ArtifactOut:
     return ArtifactOut(
-        id=a.id, job_id=a.job_id, kind=a.kind, filename=a.filename, media_type=a.media_type, sha256=a.sha256,
-        size_bytes=a.size_bytes, created_at=a.created_at, content_url=f"/v1/artifacts/{a.id}/content")
+        id=a.id,
+        job_id=a.job_id,
+        kind=a.kind,
+        filename=a.filename,
+        media_type=a.media_type,
+        sha256=a.sha256,
+        size_bytes=a.size_bytes,
+        created_at=a.created_at,
+        content_url=f"/v1/artifacts/{a.id}/content",
+    )
 
 
 def check_inputs(session: Session, body: JobCreate, project: str, settings: Settings) -> str | None:
@@ -69,31 +88,55 @@ def check_inputs(session: Session, body: JobCreate, project: str, settings: Sett
     config = get_or_404(session, Config, body.config_id, project, "config")
     dataset = get_or_404(session, Dataset, body.dataset_id, project, "dataset")
     if model.status != "ready":
-        raise Problem(422, f"model {model.id} is {model.status}: {model.status_detail or 'not usable'}",
-                      field="model_id")
+        raise Problem(
+            422, f"model {model.id} is {model.status}: {model.status_detail or 'not usable'}", field="model_id"
+        )
     kind = JOB_KINDS[body.kind]
     verdict = config.summary.get("job_kinds", {}).get(body.kind)
     if config.kind != kind.cfg_kind:
-        raise Problem(422, f"config {config.id} is a {config.kind} cfg; a {body.kind} job needs "
-                      f"a {kind.cfg_kind} cfg", field="config_id")
+        raise Problem(
+            422,
+            f"config {config.id} is a {config.kind} cfg; a {body.kind} job needs a {kind.cfg_kind} cfg",
+            field="config_id",
+        )
     if verdict is None:  # the cfg was checked at upload, before this job kind was registered
-        raise Problem(422, f"config {config.id} was uploaded before the job kind {body.kind} existed; "
-                      "upload it again to have it checked for that kind", field="config_id")
+        raise Problem(
+            422,
+            f"config {config.id} was uploaded before the job kind {body.kind} existed; "
+            "upload it again to have it checked for that kind",
+            field="config_id",
+        )
     if not verdict["ok"]:
-        raise Problem(422, f"config {config.id} does not suit {body.kind}: {verdict['detail']}", field="config_id",
-                      line=verdict.get("line"), column=verdict.get("column"))
+        raise Problem(
+            422,
+            f"config {config.id} does not suit {body.kind}: {verdict['detail']}",
+            field="config_id",
+            line=verdict.get("line"),
+            column=verdict.get("column"),
+        )
     if body.bn_recalibration_batches and not kind.prunes:
-        raise Problem(422, f"bn_recalibration_batches recalibrates a pruned model's BatchNorms; a {body.kind} job "
-                      "does not prune (compressed_retrain and prune_retrain do)", field="bn_recalibration_batches")
+        raise Problem(
+            422,
+            f"bn_recalibration_batches recalibrates a pruned model's BatchNorms; a {body.kind} job "
+            "does not prune (compressed_retrain and prune_retrain do)",
+            field="bn_recalibration_batches",
+        )
     objective = job_objective(body, dataset) if kind.needs_labels else None
     try:
         check_against_model(dataset.description, model.signature, model.outputs, objective or "")
     except DatasetError as e:
-        raise Problem(422, f"dataset {dataset.id} does not suit model {model.id}: {e}", field="dataset_id",
-                      **({"array": e.array} if e.array else {})) from None
+        raise Problem(
+            422,
+            f"dataset {dataset.id} does not suit model {model.id}: {e}",
+            field="dataset_id",
+            **({"array": e.array} if e.array else {}),
+        ) from None
     if body.max_accuracy_drop is not None and not dataset.description["has_labels"]:
-        raise Problem(422, "max_accuracy_drop compares top-1 on the dataset's labels, which it lacks; use "
-                      "min_output_cosine", field="max_accuracy_drop")
+        raise Problem(
+            422,
+            "max_accuracy_drop compares top-1 on the dataset's labels, which it lacks; use min_output_cosine",
+            field="max_accuracy_drop",
+        )
     return objective
 
 
@@ -106,8 +149,12 @@ def check_world(body: JobCreate, settings: Settings) -> None:
     if body.world_size % body.nodes:
         raise Problem(422, f"world_size {body.world_size} is not a multiple of nodes {body.nodes}", field="nodes")
     if body.nodes > 1 and not settings.multinode:
-        raise Problem(422, "this server runs every job on one node (jobs across several nodes share the host "
-                           "network in their sandboxes: AMCT_MULTINODE, docs/security.md)", field="nodes")
+        raise Problem(
+            422,
+            "this server runs every job on one node (jobs across several nodes share the host "
+            "network in their sandboxes: AMCT_MULTINODE, docs/security.md)",
+            field="nodes",
+        )
 
 
 def job_objective(body: JobCreate, dataset: Dataset) -> str:
@@ -145,27 +192,50 @@ def lock_project(session: Session, project: str) -> None:
 
 def check_quota(session: Session, project: str, settings: Settings) -> None:
     """At most `max_active_jobs` queued + running jobs per project; the caller holds lock_project."""
-    active = session.scalar(select(func.count()).select_from(Job).where(
-        Job.project_id == project, Job.status.in_((jobstate.QUEUED, jobstate.RUNNING))))
+    active = session.scalar(
+        select(func.count())
+        .select_from(Job)
+        .where(Job.project_id == project, Job.status.in_((jobstate.QUEUED, jobstate.RUNNING)))
+    )
     if active >= settings.max_active_jobs:
-        raise Problem(429, f"project {project!r} has {active} queued or running jobs; the limit is "
-                      f"{settings.max_active_jobs}. Submit again when one has finished.",
-                      title="Too Many Requests", type_="/problems/quota-exceeded", field="max_active_jobs",
-                      limit=settings.max_active_jobs, active=active,
-                      headers={"Retry-After": str(settings.quota_retry_after_s)})
+        raise Problem(
+            429,
+            f"project {project!r} has {active} queued or running jobs; the limit is "
+            f"{settings.max_active_jobs}. Submit again when one has finished.",
+            title="Too Many Requests",
+            type_="/problems/quota-exceeded",
+            field="max_active_jobs",
+            limit=settings.max_active_jobs,
+            active=active,
+            headers={"Retry-After": str(settings.quota_retry_after_s)},
+        )
 
 
-@router.post("", status_code=202, response_model=JobOut,
-             responses={404: {"description": "model, config or dataset not found"},
-                        409: {"description": "no live worker serves the job's device; `served_devices` lists those "
-                                             "that are served"},
-                        422: {"description": "invalid parameters, or an Idempotency-Key reused with another body"},
-                        429: {"description": "the project's queued + running jobs are at the quota",
-                              "headers": {"Retry-After": {"description": "seconds to wait before submitting again",
-                                                          "schema": {"type": "integer"}}}}})
-def submit_job(body: JobCreate, response: Response, session: SessionDep, settings: SettingsDep,
-               dispatcher: DispatcherDep, caller: WriteCaller,
-               idempotency_key: Annotated[str | None, Header(max_length=200)] = None) -> JobOut:
+@router.post(
+    "",
+    status_code=202,
+    response_model=JobOut,
+    responses={
+        404: {"description": "model, config or dataset not found"},
+        409: {"description": "no live worker serves the job's device; `served_devices` lists those that are served"},
+        422: {"description": "invalid parameters, or an Idempotency-Key reused with another body"},
+        429: {
+            "description": "the project's queued + running jobs are at the quota",
+            "headers": {
+                "Retry-After": {"description": "seconds to wait before submitting again", "schema": {"type": "integer"}}
+            },
+        },
+    },
+)
+def submit_job(
+    body: JobCreate,
+    response: Response,
+    session: SessionDep,
+    settings: SettingsDep,
+    dispatcher: DispatcherDep,
+    caller: WriteCaller,
+    idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
+) -> JobOut:
     if idempotency_key is not None:
         refuse_control_characters(idempotency_key, "Idempotency-Key")
     digest = request_hash(body)
@@ -176,22 +246,49 @@ def submit_job(body: JobCreate, response: Response, session: SessionDep, setting
         return job_out(job)
     objective = check_inputs(session, body, caller.project, settings)
     if (served := workers.unserved(session, body.device, settings)) is not None:
-        raise Problem(409, workers.unserved_message(body.device, served), type_="/problems/device-not-served",
-                      field="device", served_devices=served)
+        raise Problem(
+            409,
+            workers.unserved_message(body.device, served),
+            type_="/problems/device-not-served",
+            field="device",
+            served_devices=served,
+        )
     lock_project(session, caller.project)
     check_quota(session, caller.project, settings)
-    params = body.model_dump(include={"epochs", "batch_size", "lr", "eval_fraction", "seed", "deploy_format",
-                                      "deploy_target", "max_accuracy_drop", "min_output_cosine"}, exclude_none=True)
+    params = body.model_dump(
+        include={
+            "epochs",
+            "batch_size",
+            "lr",
+            "eval_fraction",
+            "seed",
+            "deploy_format",
+            "deploy_target",
+            "max_accuracy_drop",
+            "min_output_cosine",
+        },
+        exclude_none=True,
+    )
     if body.world_size > 1:
         params.update(world_size=body.world_size, nodes=body.nodes)
     if body.bn_recalibration_batches:
         params["bn_recalibration_batches"] = body.bn_recalibration_batches
     if objective is not None:
         params.update(objective=objective, distill_loss=body.distill_loss, temperature=body.temperature)
-    job = Job(project_id=caller.project, kind=body.kind, status=jobstate.QUEUED, model_id=body.model_id,
-              config_id=body.config_id, dataset_id=body.dataset_id, params=params, device=body.device,
-              queue=settings.queue_for(body.device), max_attempts=settings.max_attempts,
-              idempotency_key=idempotency_key, request_hash=digest)
+    job = Job(
+        project_id=caller.project,
+        kind=body.kind,
+        status=jobstate.QUEUED,
+        model_id=body.model_id,
+        config_id=body.config_id,
+        dataset_id=body.dataset_id,
+        params=params,
+        device=body.device,
+        queue=settings.queue_for(body.device),
+        max_attempts=settings.max_attempts,
+        idempotency_key=idempotency_key,
+        request_hash=digest,
+    )
     session.add(job)
     try:
         session.flush()
@@ -225,8 +322,7 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
         created, id_ = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
         stamp = datetime.fromisoformat(created)
         stamp = (stamp if stamp.tzinfo else stamp.replace(tzinfo=UTC)).astimezone(UTC)
-        if not (CURSOR_RANGE[0] <= stamp < CURSOR_RANGE[1] and isinstance(id_, str)
-                and control_character(id_) is None):
+        if not (CURSOR_RANGE[0] <= stamp < CURSOR_RANGE[1] and isinstance(id_, str) and control_character(id_) is None):
             raise ValueError(created)
         return stamp, id_
     except (ValueError, TypeError, OverflowError):
@@ -236,10 +332,30 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
 # What JobOut shows of a job: the polled reads select these columns on a Connection, not Job entities on a
 # Session (loading ORM entities cost more than the query; docs/scaling.md, "The API"). job_out reads a Row
 # of them as it reads a Job.
-JOB_OUT_COLUMNS = tuple(getattr(Job, name) for name in (
-    "id", "kind", "status", "phase", "progress", "model_id", "config_id", "dataset_id", "params", "device", "queue",
-    "attempt", "metrics", "error_type", "error_detail", "cancel_requested_at", "created_at", "started_at",
-    "finished_at"))
+JOB_OUT_COLUMNS = tuple(
+    getattr(Job, name)
+    for name in (
+        "id",
+        "kind",
+        "status",
+        "phase",
+        "progress",
+        "model_id",
+        "config_id",
+        "dataset_id",
+        "params",
+        "device",
+        "queue",
+        "attempt",
+        "metrics",
+        "error_type",
+        "error_detail",
+        "cancel_requested_at",
+        "created_at",
+        "started_at",
+        "finished_at",
+    )
+)
 # Built once: the same statement object each time skips building it and adapting its cached result columns.
 _JOB_BY_ID = select(*JOB_OUT_COLUMNS).where(Job.id == bindparam("id"), Job.project_id == bindparam("project"))
 
@@ -261,21 +377,26 @@ def _list_statement(by_status: bool, by_kind: bool, after: bool) -> Select:
 
 
 @router.get("", response_model=JobPage, responses=NOT_MODIFIED)
-async def list_jobs(request: Request, credentials: Credentials,
-                    status: Annotated[list[JobStatus] | None, Query()] = None,
-                    kind: Annotated[list[JobKind] | None, Query()] = None,
-                    limit: Annotated[int, Query(ge=1, le=200)] = 50,
-                    cursor: str | None = None) -> Response:
+async def list_jobs(
+    request: Request,
+    credentials: Credentials,
+    status: Annotated[list[JobStatus] | None, Query()] = None,
+    kind: Annotated[list[JobKind] | None, Query()] = None,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    cursor: str | None = None,
+) -> Response:
     """Newest first. Filters repeat (`?status=queued&status=running`); `next_cursor` pages on. The response
     has an ETag; send it back as `If-None-Match` and an unchanged page is a 304 without a body."""
+
     def read(connection: Connection, caller: Caller) -> JobPage:
         params = {"project": caller.project, "status": status, "kind": kind, "limit": limit + 1}
         if cursor:
             params["created"], params["after_id"] = decode_cursor(cursor)
         rows = connection.execute(_list_statement(bool(status), bool(kind), bool(cursor)), params).all()
         page = rows[:limit]
-        return JobPage(items=[job_out(j) for j in page],
-                       next_cursor=encode_cursor(page[-1]) if len(rows) > limit else None)
+        return JobPage(
+            items=[job_out(j) for j in page], next_cursor=encode_cursor(page[-1]) if len(rows) > limit else None
+        )
 
     return conditional_json(request, await read_as_caller(request, credentials, read))
 
@@ -283,6 +404,7 @@ async def list_jobs(request: Request, credentials: Credentials,
 @router.get("/{job_id}", response_model=JobOut, responses=NOT_MODIFIED)
 async def get_job(request: Request, job_id: CleanStr, credentials: Credentials) -> Response:
     """One row read by its key (nothing else is loaded); with an ETag, and 304 for a matching `If-None-Match`."""
+
     def read(connection: Connection, caller: Caller) -> JobOut:
         row = connection.execute(_JOB_BY_ID, {"id": job_id, "project": caller.project}).first()
         if row is None:
@@ -292,8 +414,12 @@ async def get_job(request: Request, job_id: CleanStr, credentials: Credentials) 
     return conditional_json(request, await read_as_caller(request, credentials, read))
 
 
-@router.post("/{job_id}/cancel", status_code=202, response_model=JobOut,
-             responses={409: {"description": "the job already finished"}})
+@router.post(
+    "/{job_id}/cancel",
+    status_code=202,
+    response_model=JobOut,
+    responses={409: {"description": "the job already finished"}},
+)
 def cancel_job(job_id: CleanStr, session: SessionDep, caller: WriteCaller) -> JobOut:
     """Queued jobs are cancelled at once; a running job's worker stops it within a heartbeat."""
     job = get_or_404(session, Job, job_id, caller.project, "job")

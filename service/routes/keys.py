@@ -32,8 +32,9 @@ def create_key(body: KeyCreate, request: Request, session: SessionDep, caller: A
 @router.get("/v1/keys", response_model=KeyList)
 def list_keys(session: SessionDep, caller: AdminCaller) -> KeyList:
     """The project's keys, revoked ones included; never their secrets."""
-    rows = session.scalars(select(ApiKey).where(ApiKey.project_id == caller.project)
-                           .order_by(ApiKey.created_at, ApiKey.id)).all()
+    rows = session.scalars(
+        select(ApiKey).where(ApiKey.project_id == caller.project).order_by(ApiKey.created_at, ApiKey.id)
+    ).all()
     return KeyList(items=[KeyOut.model_validate(k) for k in rows])
 
 

@@ -25,8 +25,10 @@ router = APIRouter(prefix="/v1/meta", tags=["meta"])
 @router.get("", response_model=Meta)
 def get_meta(caller: ReadCaller) -> Meta:
     return Meta(
-        job_kinds=[JobKindInfo(name=k.name, cfg_kind=k.cfg_kind, needs_labels=k.needs_labels,
-                               description=k.description) for k in JOB_KINDS.values()],
+        job_kinds=[
+            JobKindInfo(name=k.name, cfg_kind=k.cfg_kind, needs_labels=k.needs_labels, description=k.description)
+            for k in JOB_KINDS.values()
+        ],
         deploy_formats=[DeployFormatInfo(name=f.name, summary=f.summary) for f in DEPLOY_FORMATS.values()],
         deploy_targets=list(DEPLOY_TARGETS),
         devices=list(DEVICES),
@@ -34,7 +36,12 @@ def get_meta(caller: ReadCaller) -> Meta:
         distill_losses=list(DISTILL_LOSSES),
         job_states=list(STATES),
         terminal_states=[s for s in STATES if s in TERMINAL],
-        defaults={"kind": DEFAULT_JOB_KIND, **{name: JobCreate.model_fields[name].default for name in
-                                               ("device", "deploy_format", "deploy_target", "distill_loss")}},
+        defaults={
+            "kind": DEFAULT_JOB_KIND,
+            **{
+                name: JobCreate.model_fields[name].default
+                for name in ("device", "deploy_format", "deploy_target", "distill_loss")
+            },
+        },
         sandbox=SandboxInfo(**bubblewrap.state().as_dict()),
     )

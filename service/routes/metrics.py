@@ -9,8 +9,11 @@ from starlette.concurrency import run_in_threadpool
 router = APIRouter(tags=["health"])
 
 
-@router.get("/metrics", response_class=Response,
-            responses={200: {"content": {CONTENT_TYPE_LATEST: {}}, "description": "Prometheus exposition"}})
+@router.get(
+    "/metrics",
+    response_class=Response,
+    responses={200: {"content": {CONTENT_TYPE_LATEST: {}}, "description": "Prometheus exposition"}},
+)
 async def metrics(request: Request) -> Response:
     # The job collector queries the database: off the event loop.
     body = await run_in_threadpool(generate_latest, request.app.state.metrics)

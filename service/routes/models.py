@@ -43,21 +43,26 @@ MAX_ELEMENTS = 10**8
 
 def parse_input_shape(text: str | None) -> list[int]:
     if not text:
-        raise Problem(422, "input_shape (e.g. 1,1,28,28) or inputs (a JSON list of {name, shape, dtype}) is required",
-                      field="input_shape")
+        raise Problem(
+            422,
+            "input_shape (e.g. 1,1,28,28) or inputs (a JSON list of {name, shape, dtype}) is required",
+            field="input_shape",
+        )
     try:
         shape = [int(d) for d in text.replace("x", ",").split(",")]
     except ValueError:
-        raise Problem(422, f"input_shape {text!r} is not a comma-separated list of integers",
-                      field="input_shape") from None
+        raise Problem(
+            422, f"input_shape {text!r} is not a comma-separated list of integers", field="input_shape"
+        ) from None
     if not 1 <= len(shape) <= 8 or any(d < 1 for d in shape):
         raise Problem(422, f"input_shape {text!r} needs 1 to 8 dimensions, each >= 1", field="input_shape")
     elements = 1
     for d in shape:
         elements *= d
     if elements > MAX_ELEMENTS:
-        raise Problem(422, f"input_shape {text!r} has {elements} elements; the limit is {MAX_ELEMENTS}",
-                      field="input_shape")
+        raise Problem(
+            422, f"input_shape {text!r} has {elements} elements; the limit is {MAX_ELEMENTS}", field="input_shape"
+        )
     return shape
 
 
@@ -90,13 +95,21 @@ def validate_in_child(upload: Upload, inputs: list[dict], batch: int, settings: 
     """
     folder = Path(tempfile.mkdtemp(prefix="check-", dir=settings.tmp_dir))
     try:
-        result = sandbox.run("job_process.validate_model", [str(upload.path), json.dumps(inputs), str(batch)],
-                             cwd=folder, timeout_s=settings.validate_timeout_s,
-                             memory_bytes=settings.validate_memory_bytes, read_only=[upload.path],
-                             cpu_seconds=int(settings.validate_timeout_s * (os.cpu_count() or 1)))
+        result = sandbox.run(
+            "job_process.validate_model",
+            [str(upload.path), json.dumps(inputs), str(batch)],
+            cwd=folder,
+            timeout_s=settings.validate_timeout_s,
+            memory_bytes=settings.validate_memory_bytes,
+            read_only=[upload.path],
+            cpu_seconds=int(settings.validate_timeout_s * (os.cpu_count() or 1)),
+        )
     except subprocess.TimeoutExpired:
-        return {"ok": False, "stage": "timeout",
-                "error": f"validation took longer than {settings.validate_timeout_s:.0f} s"}
+        return {
+            "ok": False,
+            "stage": "timeout",
+            "error": f"validation took longer than {settings.validate_timeout_s:.0f} s",
+        }
     except SandboxUnavailable as e:
         raise Problem(503, str(e), field="file") from None
     finally:
@@ -130,20 +143,41 @@ def _exit_reason(returncode: int) -> str:
     return f"exit code {returncode}"
 
 
-@router.post("", status_code=201, response_model=ModelOut, responses={**UPLOAD_ERRORS, **BUSY_RESPONSE},
-             openapi_extra=multipart([], {
-                 **NAME_FIELD,
-                 "inputs": {"type": "string", "examples": [INPUTS_EXAMPLE],
-                            "description": "the signature: a JSON list of {name, shape, dtype}; a dimension is "
-                                           "an integer or an axis name (dynamic, e.g. batch, seq); dtype one of "
-                                           + ", ".join(signature.DTYPES) + "; the first dimension is the batch"},
-                 "input_shape": {"type": "string", "examples": ["1,1,28,28"],
-                                 "description": "one-input shorthand for inputs: comma-separated, batch first"},
-                 "input_dtype": {"type": "string", "enum": list(DTYPES), "default": "float32",
-                                 "description": "the dtype of the input_shape shorthand"}},
-                 "TorchScript (torch.jit.save)"))
-async def upload_model(request: Request, session: SessionDep, store: StoreDep, settings: SettingsDep,
-                       caller: WriteCaller) -> Model:
+@router.post(
+    "",
+    status_code=201,
+    response_model=ModelOut,
+    responses={**UPLOAD_ERRORS, **BUSY_RESPONSE},
+    openapi_extra=multipart(
+        [],
+        {
+            **NAME_FIELD,
+            "inputs": {
+                "type": "string",
+                "examples": [INPUTS_EXAMPLE],
+                "description": "the signature: a JSON list of {name, shape, dtype}; a dimension is "
+                "an integer or an axis name (dynamic, e.g. batch, seq); dtype one of "
+                + ", ".join(signature.DTYPES)
+                + "; the first dimension is the batch",
+            },
+            "input_shape": {
+                "type": "string",
+                "examples": ["1,1,28,28"],
+                "description": "one-input shorthand for inputs: comma-separated, batch first",
+            },
+            "input_dtype": {
+                "type": "string",
+                "enum": list(DTYPES),
+                "default": "float32",
+                "description": "the dtype of the input_shape shorthand",
+            },
+        },
+        "TorchScript (torch.jit.save)",
+    ),
+)
+async def upload_model(
+    request: Request, session: SessionDep, store: StoreDep, settings: SettingsDep, caller: WriteCaller
+) -> Model:
     """Multipart: `file` (TorchScript), `name`, and `inputs` (the signature, JSON) or `input_shape`
     (e.g. `1,1,28,28`) with optional `input_dtype`. The model runs once on example tensors made from the
     signature in a sandboxed child; its output structure is recorded as `outputs`."""
@@ -158,24 +192,41 @@ async def upload_model(request: Request, session: SessionDep, store: StoreDep, s
                 raise Problem(422, f"{e}; upload a TorchScript file (torch.jit.save)", field="file") from None
             report = await run_in_threadpool(validate_in_child, upload, inputs, batch, settings)
             if not report["ok"]:
-                raise Problem(422, f"the model does not {_STAGE_VERB.get(report['stage'], 'validate')}: "
-                              f"{report['error']}", field="file", stage=report["stage"])
+                raise Problem(
+                    422,
+                    f"the model does not {_STAGE_VERB.get(report['stage'], 'validate')}: {report['error']}",
+                    field="file",
+                    stage=report["stage"],
+                )
             blob = await run_in_threadpool(store.put_file, upload.path, upload.sha256)
         finally:
             upload.discard()
-    model = Model(project_id=caller.project, name=name, input_shape=shape, input_dtype=inputs[0]["dtype"],
-                  inputs=inputs, outputs=report["outputs"], status="ready",
-                  sha256=blob.sha256, size_bytes=blob.size_bytes, uri=blob.uri,
-                  layers={**report["layers"], "parameters": report["parameters"],
-                          "output_shapes": report["output_shapes"]})
+    model = Model(
+        project_id=caller.project,
+        name=name,
+        input_shape=shape,
+        input_dtype=inputs[0]["dtype"],
+        inputs=inputs,
+        outputs=report["outputs"],
+        status="ready",
+        sha256=blob.sha256,
+        size_bytes=blob.size_bytes,
+        uri=blob.uri,
+        layers={**report["layers"], "parameters": report["parameters"], "output_shapes": report["output_shapes"]},
+    )
     session.add(model)
     session.commit()
     return model
 
 
-_STAGE_VERB = {"load": "load as TorchScript", "forward": "run on example inputs of its signature",
-               "outputs": "return tensors", "capture": "capture as a graph",
-               "timeout": "validate in time", "crash": "validate"}
+_STAGE_VERB = {
+    "load": "load as TorchScript",
+    "forward": "run on example inputs of its signature",
+    "outputs": "return tensors",
+    "capture": "capture as a graph",
+    "timeout": "validate in time",
+    "crash": "validate",
+}
 
 
 @router.get("/{model_id}", response_model=ModelOut)

@@ -14,8 +14,10 @@ from fastapi.responses import RedirectResponse
 from starlette.staticfiles import StaticFiles
 
 UI_DIR = Path(__file__).resolve().parents[1] / "ui"
-CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data: blob:; "
-       "connect-src 'self'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'; form-action 'self'")
+CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data: blob:; "
+    "connect-src 'self'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'; form-action 'self'"
+)
 
 router = APIRouter(include_in_schema=False)
 

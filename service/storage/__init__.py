@@ -12,7 +12,7 @@ def open_store(uri: str, s3_endpoint_url: str | None = None) -> BlobStore:
         from service.storage.s3 import S3Store  # boto3 only when S3 is configured
 
         return S3Store.from_uri(uri, endpoint_url=s3_endpoint_url)
-    path = uri[len("file://"):] if uri.startswith("file://") else uri
+    path = uri[len("file://") :] if uri.startswith("file://") else uri
     return LocalStore(path)
 
 

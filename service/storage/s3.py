@@ -22,7 +22,7 @@ class S3Store:
 
     @classmethod
     def from_uri(cls, uri: str, endpoint_url: str | None = None) -> S3Store:
-        bucket, _, prefix = uri[len("s3://"):].partition("/")
+        bucket, _, prefix = uri[len("s3://") :].partition("/")
         if not bucket:
             raise ValueError(f"ARTIFACT_STORE {uri!r} names no bucket (s3://bucket/prefix)")
         return cls(bucket, prefix, endpoint_url)

@@ -14,6 +14,7 @@ from tests.service.support import PG_ADMIN_URL, QUANT_CFG, REDIS_URL, RUN_ID, Ap
 
 # -- data and model ---------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="session")
 def assets(tmp_path_factory):
     """A TorchScript SmallFashionCnn trained 1 epoch on 3,000 images, a quant cfg, and job datasets.
@@ -43,6 +44,7 @@ def assets(tmp_path_factory):
 
 
 # -- databases ----------------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="session")
 def pg_url():
@@ -76,6 +78,7 @@ def redis_url():
 
 # -- processes ------------------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="session")
 def live_server(tmp_path_factory):
     """One real `python -m service serve` (embedded: SQLite, filesystem queue, a Celery worker) per session,
@@ -86,7 +89,9 @@ def live_server(tmp_path_factory):
     yield server
     server.stop()
 
+
 # -- the API in process, on each database -----------------------------------------------------------
+
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
 def api(request, tmp_path_factory):
@@ -107,5 +112,9 @@ def uploaded(api, assets):
     assert config.status_code == 201, config.text
     dataset = api.upload_dataset((assets / "small.npz").read_bytes())
     assert dataset.status_code == 201, dataset.text
-    return {"model_id": model.json()["id"], "config_id": config.json()["id"], "dataset_id": dataset.json()["id"],
-            "model": model.json()}
+    return {
+        "model_id": model.json()["id"],
+        "config_id": config.json()["id"],
+        "dataset_id": dataset.json()["id"],
+        "model": model.json(),
+    }

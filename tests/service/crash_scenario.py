@@ -29,8 +29,13 @@ from tests.service.support import QUANT_CFG, ROOT, Api, Worker, wait_until
 from worker.fork_server import job_marker
 
 # Recovery in seconds, not minutes: a lost lease is noticed after 3 s, the reaper looks every second.
-FAST_RECOVERY = {"lease_s": 3.0, "heartbeat_s": 0.5, "reap_interval_s": 1.0, "requeue_after_s": 3.0,
-                 "checkpoint_every_steps": 0}
+FAST_RECOVERY = {
+    "lease_s": 3.0,
+    "heartbeat_s": 0.5,
+    "reap_interval_s": 1.0,
+    "requeue_after_s": 3.0,
+    "checkpoint_every_steps": 0,
+}
 TERMINAL = ("succeeded", "failed", "cancelled")
 
 
@@ -57,8 +62,23 @@ class RedisServer:
         self.folder.mkdir(parents=True, exist_ok=True)
         with open(self.folder / "redis.log", "ab") as log:
             self.proc = subprocess.Popen(
-                ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                 "--dir", str(self.folder)], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                [
+                    "redis-server",
+                    "--port",
+                    str(self.port),
+                    "--bind",
+                    "127.0.0.1",
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                    "--dir",
+                    str(self.folder),
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         client = redis.Redis(port=self.port, socket_connect_timeout=0.5)
 
         def up() -> bool:
@@ -94,8 +114,12 @@ def get_job(api: Api, job_id: str) -> dict:
 
 
 def wait_terminal(api: Api, job_id: str, timeout: float) -> dict:
-    return wait_until(lambda: (j := get_job(api, job_id))["status"] in TERMINAL and j, timeout, interval=0.2,
-                      what=f"job {job_id} finished")
+    return wait_until(
+        lambda: (j := get_job(api, job_id))["status"] in TERMINAL and j,
+        timeout,
+        interval=0.2,
+        what=f"job {job_id} finished",
+    )
 
 
 def engine_processes(job_id: str) -> list[int]:
@@ -176,16 +200,29 @@ def trial_summary(trial: Trial, queued_limit_s: float = 30.0) -> dict[str, bool]
     step at or before the resume point trained again, or two attempts' steps interleaved); left
     queued (a wait from requeued to the next claim longer than `queued_limit_s`, or never claimed)."""
     resumed, killed = trial.resumed, trial.killed_after
-    steps = [e["step"] for e in trial.events[trial.events.index(resumed):] if e["type"] == "progress"
-             and "step" in e] if resumed else []
-    return {"succeeded": trial.job["status"] == "succeeded",
-            "resumed": resumed is not None and (resumed["epoch"], resumed["step"]) == (killed["epoch"], killed["step"]),
-            "ran_twice": resumed is None or any(s <= killed["step"] for s in steps) or steps != sorted(steps),
-            "left_queued": any(w > queued_limit_s for w in queued_waits(trial.events))}
+    steps = (
+        [e["step"] for e in trial.events[trial.events.index(resumed) :] if e["type"] == "progress" and "step" in e]
+        if resumed
+        else []
+    )
+    return {
+        "succeeded": trial.job["status"] == "succeeded",
+        "resumed": resumed is not None and (resumed["epoch"], resumed["step"]) == (killed["epoch"], killed["step"]),
+        "ran_twice": resumed is None or any(s <= killed["step"] for s in steps) or steps != sorted(steps),
+        "left_queued": any(w > queued_limit_s for w in queued_waits(trial.events)),
+    }
 
 
-def kill_and_resume(api: Api, ids: dict, log_dir: Path, *, epochs: int = 3, batch_size: int = 8,
-                    kill_after_epoch: int = 1, timeout: float = 240) -> Trial:
+def kill_and_resume(
+    api: Api,
+    ids: dict,
+    log_dir: Path,
+    *,
+    epochs: int = 3,
+    batch_size: int = 8,
+    kill_after_epoch: int = 1,
+    timeout: float = 240,
+) -> Trial:
     """Submit a quant_retrain job, SIGKILL its worker's whole process group once the checkpoint of
     epoch `kill_after_epoch` is stored, start a fresh worker, and wait for the job to end."""
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -196,9 +233,18 @@ def kill_and_resume(api: Api, ids: dict, log_dir: Path, *, epochs: int = 3, batc
         assert submit.status_code == 202, submit.text
         job_id = submit.json()["id"]
         checkpoint = wait_until(
-            lambda: next((e for e in reversed(job_events(api, job_id))
-                          if e["type"] == "checkpoint" and e["epoch"] >= kill_after_epoch), None),
-            timeout, interval=0.05, what=f"the checkpoint of epoch {kill_after_epoch}")
+            lambda: next(
+                (
+                    e
+                    for e in reversed(job_events(api, job_id))
+                    if e["type"] == "checkpoint" and e["epoch"] >= kill_after_epoch
+                ),
+                None,
+            ),
+            timeout,
+            interval=0.05,
+            what=f"the checkpoint of epoch {kill_after_epoch}",
+        )
         os.killpg(first.proc.pid, signal.SIGKILL)  # the worker, its pool, its beat: no goodbye
         first.proc.wait()
         killed_at = time.monotonic()
@@ -211,13 +257,23 @@ def kill_and_resume(api: Api, ids: dict, log_dir: Path, *, epochs: int = 3, batc
             with contextlib.suppress(ProcessLookupError):  # it may end between the listing and the kill
                 os.kill(pid, signal.SIGKILL)
         second = Worker(api.settings, log_dir / "worker-2.log", beat=True)
-        resumed_at = wait_until(lambda: any(e["type"] == "resumed" for e in job_events(api, job_id))
-                                and time.monotonic(), timeout, interval=0.1, what="the resumed attempt")
+        resumed_at = wait_until(
+            lambda: any(e["type"] == "resumed" for e in job_events(api, job_id)) and time.monotonic(),
+            timeout,
+            interval=0.1,
+            what="the resumed attempt",
+        )
         job = wait_terminal(api, job_id, timeout)
         finish_s = time.monotonic() - killed_at
-        return Trial(job=job, events=job_events(api, job_id), killed_after=checkpoint,
-                     recover_s=resumed_at - killed_at, finish_s=finish_s, orphans=orphans,
-                     artifacts=verify_artifacts(api, job_id))
+        return Trial(
+            job=job,
+            events=job_events(api, job_id),
+            killed_after=checkpoint,
+            recover_s=resumed_at - killed_at,
+            finish_s=finish_s,
+            orphans=orphans,
+            artifacts=verify_artifacts(api, job_id),
+        )
     finally:
         first.stop()
         if second is not None:
@@ -226,19 +282,25 @@ def kill_and_resume(api: Api, ids: dict, log_dir: Path, *, epochs: int = 3, batc
 
 # -- the engine child killed under a live worker ----------------------------------------------------
 
+
 def kill_engine_at_checkpoint(api: Api, job_id: str, timeout: float) -> dict:
     """Wait for the job's first checkpoint, then SIGKILL its engine processes (not its worker); the checkpoint
     event."""
-    checkpoint = wait_until(lambda: next((e for e in job_events(api, job_id) if e["type"] == "checkpoint"), None),
-                            timeout, interval=0.05, what="the checkpoint of epoch 1")
+    checkpoint = wait_until(
+        lambda: next((e for e in job_events(api, job_id) if e["type"] == "checkpoint"), None),
+        timeout,
+        interval=0.05,
+        what="the checkpoint of epoch 1",
+    )
     for pid in wait_until(lambda: engine_processes(job_id), 10, interval=0.05, what="the engine process"):
         with contextlib.suppress(ProcessLookupError):  # bwrap and its child: killing one may end the other
             os.kill(pid, signal.SIGKILL)
     return checkpoint
 
 
-def kill_engine_and_resume(api: Api, ids: dict, log_dir: Path, *, epochs: int = 2, batch_size: int = 16,
-                           timeout: float = 240) -> Trial:
+def kill_engine_and_resume(
+    api: Api, ids: dict, log_dir: Path, *, epochs: int = 2, batch_size: int = 16, timeout: float = 240
+) -> Trial:
     """Submit a job to a real Celery worker, SIGKILL its engine child once the checkpoint of epoch 1 is
     stored; the worker itself retries the job from that checkpoint."""
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -250,21 +312,31 @@ def kill_engine_and_resume(api: Api, ids: dict, log_dir: Path, *, epochs: int = 
         kill_engine_at_checkpoint(api, job_id, timeout)
         killed_at = time.monotonic()
         checkpoint = [e for e in job_events(api, job_id) if e["type"] == "checkpoint"][-1]
-        resumed_at = wait_until(lambda: any(e["type"] == "resumed" for e in job_events(api, job_id))
-                                and time.monotonic(), timeout, interval=0.1, what="the resumed attempt")
+        resumed_at = wait_until(
+            lambda: any(e["type"] == "resumed" for e in job_events(api, job_id)) and time.monotonic(),
+            timeout,
+            interval=0.1,
+            what="the resumed attempt",
+        )
         job = wait_terminal(api, job_id, timeout)
         events = job_events(api, job_id)
-        return Trial(job=job, events=events, killed_after=checkpoint, recover_s=resumed_at - killed_at,
-                     finish_s=time.monotonic() - killed_at, orphans=engine_processes(job_id),
-                     artifacts=verify_artifacts(api, job_id), max_queued_s=max(queued_waits(events), default=0.0))
+        return Trial(
+            job=job,
+            events=events,
+            killed_after=checkpoint,
+            recover_s=resumed_at - killed_at,
+            finish_s=time.monotonic() - killed_at,
+            orphans=engine_processes(job_id),
+            artifacts=verify_artifacts(api, job_id),
+            max_queued_s=max(queued_waits(events), default=0.0),
+        )
     finally:
         worker.stop()
 
 
 # -- the embedded server's worker killed ---------------------------------------------------------------
 
-WIRING = ("DATABASE_URL", "BROKER_URL", "ARTIFACT_STORE", "AMCT_DATABASE_URL", "AMCT_BROKER_URL",
-          "AMCT_ARTIFACT_STORE")
+WIRING = ("DATABASE_URL", "BROKER_URL", "ARTIFACT_STORE", "AMCT_DATABASE_URL", "AMCT_BROKER_URL", "AMCT_ARTIFACT_STORE")
 FAST_RECOVERY_ENV = {f"AMCT_{k.upper()}": str(v) for k, v in FAST_RECOVERY.items()}
 
 
@@ -291,8 +363,7 @@ class EmbeddedServer:
         self.folder, self.data_dir = folder, folder / "data"
         self.env = {k: v for k, v in os.environ.items() if k not in WIRING}
         self.env.update({"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "2", "AMCT_BROKER_POLL_S": "0.05", **env})
-        self.command = [sys.executable, "-m", "service", "serve", "--port", str(port), "--data-dir",
-                        str(self.data_dir)]
+        self.command = [sys.executable, "-m", "service", "serve", "--port", str(port), "--data-dir", str(self.data_dir)]
         self.client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60)
         self.proc: subprocess.Popen | None = None
 
@@ -303,8 +374,9 @@ class EmbeddedServer:
 
         self.folder.mkdir(parents=True, exist_ok=True)
         self._log = open(self.folder / "serve.log", "wb")  # noqa: SIM115 - the server's whole life
-        self.proc = subprocess.Popen(self.command, cwd=ROOT, env=self.env, stdout=self._log,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(
+            self.command, cwd=ROOT, env=self.env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         wait_until(self._ready, 120, interval=0.2, what="the embedded server answers /readyz")
         self.client.headers["Authorization"] = f"Bearer {(self.data_dir / 'api-key').read_text().strip()}"
         self.engine = make_engine(f"sqlite:///{self.data_dir / 'amct.db'}")
@@ -323,13 +395,15 @@ class EmbeddedServer:
 
     def worker(self) -> int | None:
         """The pid of the embedded Celery worker (the server's child)."""
-        return next((pid for pid, (ppid, _, cmd) in processes().items()
-                     if ppid == self.proc.pid and b"celery" in cmd), None)
+        return next(
+            (pid for pid, (ppid, _, cmd) in processes().items() if ppid == self.proc.pid and b"celery" in cmd), None
+        )
 
     def upload(self, assets: Path) -> dict:
         with open(assets / "cnn.pt", "rb") as f:
-            model = self.client.post("/v1/models", files={"file": ("cnn.pt", f)},
-                                     data={"name": "cnn", "input_shape": "1,1,28,28"})
+            model = self.client.post(
+                "/v1/models", files={"file": ("cnn.pt", f)}, data={"name": "cnn", "input_shape": "1,1,28,28"}
+            )
         assert model.status_code == 201, model.text
         config = self.client.post("/v1/configs", files={"file": ("q.cfg", QUANT_CFG)}, data={"kind": "retrain"})
         dataset = self.client.post("/v1/datasets", files={"file": ("d.npz", (assets / "small.npz").read_bytes())})
@@ -344,17 +418,23 @@ class EmbeddedServer:
         self._log.close()
 
 
-def kill_embedded_worker_and_resume(server: EmbeddedServer, ids: dict, *, epochs: int = 2, batch_size: int = 16,
-                                    timeout: float = 240) -> Trial:
+def kill_embedded_worker_and_resume(
+    server: EmbeddedServer, ids: dict, *, epochs: int = 2, batch_size: int = 16, timeout: float = 240
+) -> Trial:
     """Submit a job, SIGKILL the embedded worker's main process once the checkpoint of epoch 1 is stored;
     the server kills what is left of its group, releases its jobs and starts a new worker."""
     client = server.client
-    submit = client.post("/v1/jobs", json={"kind": "quant_retrain", "epochs": epochs, "batch_size": batch_size,
-                                           "lr": 5e-4, **ids})
+    submit = client.post(
+        "/v1/jobs", json={"kind": "quant_retrain", "epochs": epochs, "batch_size": batch_size, "lr": 5e-4, **ids}
+    )
     assert submit.status_code == 202, submit.text
     job_id = submit.json()["id"]
-    wait_until(lambda: any(e["type"] == "checkpoint" for e in _events(server.sessions, job_id)), timeout,
-               interval=0.05, what="the checkpoint of epoch 1")
+    wait_until(
+        lambda: any(e["type"] == "checkpoint" for e in _events(server.sessions, job_id)),
+        timeout,
+        interval=0.05,
+        what="the checkpoint of epoch 1",
+    )
     worker = server.worker()
     group = [pid for pid, (_, pgid, _) in processes().items() if pgid == worker]
     os.kill(worker, signal.SIGKILL)
@@ -363,15 +443,31 @@ def kill_embedded_worker_and_resume(server: EmbeddedServer, ids: dict, *, epochs
     deadline = killed_at + 15  # the pool and the beat die with the worker (PR_SET_PDEATHSIG, then killpg)
     while (orphans := sorted(set(group) & set(processes()))) and time.monotonic() < deadline:
         time.sleep(0.1)
-    resumed_at = wait_until(lambda: any(e["type"] == "resumed" for e in _events(server.sessions, job_id))
-                            and time.monotonic(), timeout, interval=0.1, what="the resumed attempt")
-    job = wait_until(lambda: (j := client.get(f"/v1/jobs/{job_id}").json())["status"] in TERMINAL and j, timeout,
-                     interval=0.2, what=f"job {job_id} finished")
+    resumed_at = wait_until(
+        lambda: any(e["type"] == "resumed" for e in _events(server.sessions, job_id)) and time.monotonic(),
+        timeout,
+        interval=0.1,
+        what="the resumed attempt",
+    )
+    job = wait_until(
+        lambda: (j := client.get(f"/v1/jobs/{job_id}").json())["status"] in TERMINAL and j,
+        timeout,
+        interval=0.2,
+        what=f"job {job_id} finished",
+    )
     events = _events(server.sessions, job_id)
     artifacts = {}
     for a in client.get(f"/v1/jobs/{job_id}/artifacts").json()["items"]:
         body = client.get(a["content_url"]).content
         artifacts[a["kind"]] = hashlib.sha256(body).hexdigest() == a["sha256"] and len(body) == a["size_bytes"]
-    return Trial(job=job, events=events, killed_after=checkpoint, recover_s=resumed_at - killed_at,
-                 finish_s=time.monotonic() - killed_at, orphans=orphans, artifacts=artifacts,
-                 old_worker_group=group, max_queued_s=max(queued_waits(events), default=0.0))
+    return Trial(
+        job=job,
+        events=events,
+        killed_after=checkpoint,
+        recover_s=resumed_at - killed_at,
+        finish_s=time.monotonic() - killed_at,
+        orphans=orphans,
+        artifacts=artifacts,
+        old_worker_group=group,
+        max_queued_s=max(queued_waits(events), default=0.0),
+    )

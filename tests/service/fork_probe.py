@@ -35,13 +35,18 @@ def look(folder: Path) -> dict:
     server = os.getppid()
     fds = {fd: _try(lambda fd=fd: os.readlink(f"/proc/self/fd/{fd}")) for fd in _listing("/proc/self/fd")}
     return {
-        "pids": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()), "self": os.getpid(), "server": server,
-        "tmp": _listing("/tmp"), "shm": _listing("/dev/shm"), "slot": _listing(str(folder.parent)),
+        "pids": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()),
+        "self": os.getpid(),
+        "server": server,
+        "tmp": _listing("/tmp"),
+        "shm": _listing("/dev/shm"),
+        "slot": _listing(str(folder.parent)),
         "server_mem": _try(lambda: open(f"/proc/{server}/mem", "rb").close()),
         "server_fd": _try(lambda: os.readlink(f"/proc/{server}/fd/0")),
-        "server_environ": _try(
-            lambda: open(f"/proc/{server}/environ", "rb").read()),
-        "own_fds": fds, "stdin": os.readlink("/proc/self/fd/0"), "cwd": os.getcwd(),
+        "server_environ": _try(lambda: open(f"/proc/{server}/environ", "rb").read()),
+        "own_fds": fds,
+        "stdin": os.readlink("/proc/self/fd/0"),
+        "cwd": os.getcwd(),
     }
 
 
@@ -56,8 +61,13 @@ def job(folder: Path) -> int:
         for place in ("/tmp/planted", "/tmp/planted-dir/inner", "/dev/shm/planted", str(folder.parent / "planted")):
             Path(place).write_text("left by an earlier job")
         # A process in a session of its own, not waited for: it would outlive the job.
-        subprocess.Popen(["sleep", "300"], start_new_session=True, stdin=subprocess.DEVNULL,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        subprocess.Popen(
+            ["sleep", "300"],
+            start_new_session=True,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         print('{"type": "exit", "code": 0}', flush=True)  # a forged server message, on its stdout
     (folder / RESULT_FILE).write_text(json.dumps({"metrics": seen, "artifacts": []}))
     return 0

@@ -17,8 +17,7 @@ from job_process.sandbox import stop_group
 from tests.service.support import ROOT, wait_until
 
 # Unset so the server falls back to its embedded defaults under --data-dir.
-WIRING = ("DATABASE_URL", "BROKER_URL", "ARTIFACT_STORE", "AMCT_DATABASE_URL", "AMCT_BROKER_URL",
-          "AMCT_ARTIFACT_STORE")
+WIRING = ("DATABASE_URL", "BROKER_URL", "ARTIFACT_STORE", "AMCT_DATABASE_URL", "AMCT_BROKER_URL", "AMCT_ARTIFACT_STORE")
 
 
 def free_port() -> int:
@@ -36,15 +35,37 @@ class LiveServer:
         self.config_dir = folder / "config"
         self.base_url = f"http://127.0.0.1:{self.port}"
         environ = {k: v for k, v in os.environ.items() if k not in WIRING}
-        environ.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="2", AMCT_HEARTBEAT_S="1", AMCT_BROKER_POLL_S="0.05",
-                       AMCT_SSE_POLL_S="0.05", AMCT_CONFIG_DIR=str(self.config_dir), **env)
+        environ.update(
+            PYTHONPATH=str(ROOT),
+            OMP_NUM_THREADS="2",
+            AMCT_HEARTBEAT_S="1",
+            AMCT_BROKER_POLL_S="0.05",
+            AMCT_SSE_POLL_S="0.05",
+            AMCT_CONFIG_DIR=str(self.config_dir),
+            **env,
+        )
         self.log = open(folder / "serve.log", "wb")  # noqa: SIM115 - open for the server's whole life
-        self.proc = subprocess.Popen([sys.executable, "-m", "service", "serve", "--port", str(self.port),
-                                      "--data-dir", str(self.data_dir),
-                                      # npu too: a claimed device without torch_npu fails its jobs clearly
-                                      # (test_cli, test_dashboard), where an unserved one is refused at submit
-                                      "--worker-devices", "cpu,npu"], cwd=ROOT, env=environ, stdout=self.log,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "service",
+                "serve",
+                "--port",
+                str(self.port),
+                "--data-dir",
+                str(self.data_dir),
+                # npu too: a claimed device without torch_npu fails its jobs clearly
+                # (test_cli, test_dashboard), where an unserved one is refused at submit
+                "--worker-devices",
+                "cpu,npu",
+            ],
+            cwd=ROOT,
+            env=environ,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         try:
             wait_until(self._ready, 120, interval=0.2, what="the server answers /readyz")
         except BaseException:

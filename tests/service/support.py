@@ -26,34 +26,57 @@ retrain_data_quant_config { ulq_quantize { dst_type: INT8 } }
 RUN_ID = uuid.uuid4().hex[:8]
 
 
-
 def npz_bytes(**arrays) -> bytes:
     buf = io.BytesIO()
     np.savez(buf, **arrays)
     return buf.getvalue()
 
 
-def make_settings(data_dir: Path, database_url: str | None = None, broker_url: str | None = None,
-                  **overrides) -> Settings:
-    values = {"data_dir": data_dir, "database_url": database_url, "broker_url": broker_url,
-              "queue_prefix": f"amct.test.{RUN_ID}.{uuid.uuid4().hex[:6]}", "heartbeat_s": 1.0,
-              "broker_poll_s": 0.05, "sse_poll_s": 0.05,
-              # The session's PostgreSQL database keeps every module's queued jobs in one project:
-              # the quota would refuse later modules' jobs. test_auth.py sets its own limit.
-              "max_active_jobs": 100_000, **overrides}
+def make_settings(
+    data_dir: Path, database_url: str | None = None, broker_url: str | None = None, **overrides
+) -> Settings:
+    values = {
+        "data_dir": data_dir,
+        "database_url": database_url,
+        "broker_url": broker_url,
+        "queue_prefix": f"amct.test.{RUN_ID}.{uuid.uuid4().hex[:6]}",
+        "heartbeat_s": 1.0,
+        "broker_poll_s": 0.05,
+        "sse_poll_s": 0.05,
+        # The session's PostgreSQL database keeps every module's queued jobs in one project:
+        # the quota would refuse later modules' jobs. test_auth.py sets its own limit.
+        "max_active_jobs": 100_000,
+        **overrides,
+    }
     return Settings(**values)
 
 
 def settings_env(settings: Settings) -> dict[str, str]:
     """The environment that makes a worker process build the same Settings."""
-    env = {"AMCT_DATA_DIR": str(settings.data_dir), "AMCT_QUEUE_PREFIX": settings.queue_prefix,
-           "AMCT_HEARTBEAT_S": str(settings.heartbeat_s), "AMCT_BROKER_POLL_S": str(settings.broker_poll_s),
-           "DATABASE_URL": settings.resolved_database_url, "BROKER_URL": settings.resolved_broker_url,
-           "ARTIFACT_STORE": settings.resolved_artifact_store}
+    env = {
+        "AMCT_DATA_DIR": str(settings.data_dir),
+        "AMCT_QUEUE_PREFIX": settings.queue_prefix,
+        "AMCT_HEARTBEAT_S": str(settings.heartbeat_s),
+        "AMCT_BROKER_POLL_S": str(settings.broker_poll_s),
+        "DATABASE_URL": settings.resolved_database_url,
+        "BROKER_URL": settings.resolved_broker_url,
+        "ARTIFACT_STORE": settings.resolved_artifact_store,
+    }
     # The recovery timings (test_recovery.py shortens them so a crash heals in seconds).
-    for name in ("lease_s", "cancel_grace_s", "reap_interval_s", "requeue_after_s", "checkpoint_every_steps",
-                 "worker_heartbeat_s", "worker_stale_s", "unserved_wait_s", "warm_start", "fork_server", "multinode",
-                 "node_join_timeout_s"):
+    for name in (
+        "lease_s",
+        "cancel_grace_s",
+        "reap_interval_s",
+        "requeue_after_s",
+        "checkpoint_every_steps",
+        "worker_heartbeat_s",
+        "worker_stale_s",
+        "unserved_wait_s",
+        "warm_start",
+        "fork_server",
+        "multinode",
+        "node_join_timeout_s",
+    ):
         env[f"AMCT_{name.upper()}"] = str(getattr(settings, name))
     if settings.node_address:
         env["AMCT_NODE_ADDRESS"] = settings.node_address
@@ -71,8 +94,9 @@ class Worker:
         cmd = worker_command(settings, list(devices), beat=beat)  # beat: the reaper's schedule too
         cmd += ["-n", f"test-{uuid.uuid4().hex[:6]}@%h", "--without-heartbeat"]
         self.log = open(log_path, "wb")  # noqa: SIM115 - open for the worker's whole life
-        self.proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            cmd, env=env, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         self.wait_for("ready", timeout=60)
 
     def text(self) -> str:
@@ -111,8 +135,9 @@ class Api:
 
     def upload_model(self, path: Path, input_shape: str = "1,1,28,28", name: str = "cnn", **fields):
         with open(path, "rb") as f:
-            return self.client.post("/v1/models", files={"file": (path.name, f)},
-                                    data={"name": name, "input_shape": input_shape, **fields})
+            return self.client.post(
+                "/v1/models", files={"file": (path.name, f)}, data={"name": name, "input_shape": input_shape, **fields}
+            )
 
     def upload_config(self, data: bytes, kind: str = "retrain", filename: str = "job.cfg"):
         return self.client.post("/v1/configs", files={"file": (filename, data)}, data={"kind": kind})
@@ -148,8 +173,12 @@ TERMINAL = ("succeeded", "failed", "cancelled")
 
 def wait_terminal(api: Api, job_id: str, timeout: float = 240) -> dict:
     """The job once it has ended (succeeded, failed or cancelled)."""
-    return wait_until(lambda: (j := api.client.get(f"/v1/jobs/{job_id}").json())["status"] in TERMINAL and j,
-                      timeout, interval=0.25, what=f"job {job_id} finished")
+    return wait_until(
+        lambda: (j := api.client.get(f"/v1/jobs/{job_id}").json())["status"] in TERMINAL and j,
+        timeout,
+        interval=0.25,
+        what=f"job {job_id} finished",
+    )
 
 
 @contextmanager
@@ -162,12 +191,23 @@ def api_with_ready_model(settings: Settings, assets: Path) -> Iterator[tuple[Api
         api = Api(client, settings)
         blob = client.app.state.store.put_file(assets / "cnn.pt")
         with client.app.state.sessions() as session:
-            model = Model(project_id=settings.project, name="cnn", input_shape=[1, 1, 28, 28], status="ready",
-                          layers={}, sha256=blob.sha256, size_bytes=blob.size_bytes, uri=blob.uri)
+            model = Model(
+                project_id=settings.project,
+                name="cnn",
+                input_shape=[1, 1, 28, 28],
+                status="ready",
+                layers={},
+                sha256=blob.sha256,
+                size_bytes=blob.size_bytes,
+                uri=blob.uri,
+            )
             session.add(model)
             session.commit()
-        ids = {"model_id": model.id, "config_id": api.upload_config(QUANT_CFG).json()["id"],
-               "dataset_id": api.upload_dataset((assets / "small.npz").read_bytes()).json()["id"]}
+        ids = {
+            "model_id": model.id,
+            "config_id": api.upload_config(QUANT_CFG).json()["id"],
+            "dataset_id": api.upload_dataset((assets / "small.npz").read_bytes()).json()["id"],
+        }
         yield api, ids
 
 

@@ -43,8 +43,14 @@ class Tenant:
     ids: dict[str, str] = field(default_factory=dict)
 
     def job_body(self, **overrides) -> dict:
-        body = {"kind": "quant_retrain", "model_id": self.ids["model_id"], "config_id": self.ids["config_id"],
-                "dataset_id": self.ids["dataset_id"], "epochs": 1, "batch_size": 4}
+        body = {
+            "kind": "quant_retrain",
+            "model_id": self.ids["model_id"],
+            "config_id": self.ids["config_id"],
+            "dataset_id": self.ids["dataset_id"],
+            "epochs": 1,
+            "batch_size": 4,
+        }
         return {**body, **overrides}
 
 
@@ -73,8 +79,11 @@ def populate(tenant: Tenant, model_bytes: bytes | None = None) -> Tenant:
     if model_bytes is None:
         tenant.ids["model_id"] = add_model(api, tenant.project)
     else:
-        model = api.client.post("/v1/models", files={"file": ("tiny.pt", model_bytes)},
-                                data={"name": "tiny", "input_shape": f"1,{FEATURES}"})
+        model = api.client.post(
+            "/v1/models",
+            files={"file": ("tiny.pt", model_bytes)},
+            data={"name": "tiny", "input_shape": f"1,{FEATURES}"},
+        )
         assert model.status_code == 201, model.text
         tenant.ids["model_id"] = model.json()["id"]
     config = api.upload_config(QUANT_CFG)
@@ -99,8 +108,15 @@ def add_artifact(api: Api, job_id: str, payload: bytes) -> str:
     path.write_bytes(payload)
     blob = app.state.store.put_file(path)
     with app.state.sessions() as session:
-        artifact = Artifact(job_id=job_id, kind="report", filename="report.json", media_type="application/json",
-                            sha256=blob.sha256, size_bytes=blob.size_bytes, uri=blob.uri)
+        artifact = Artifact(
+            job_id=job_id,
+            kind="report",
+            filename="report.json",
+            media_type="application/json",
+            sha256=blob.sha256,
+            size_bytes=blob.size_bytes,
+            uri=blob.uri,
+        )
         session.add(artifact)
         session.commit()
         return artifact.id
@@ -113,10 +129,21 @@ def add_model(api: Api, project: str) -> str:
     path.write_bytes(tiny_model_bytes())
     blob = app.state.store.put_file(path)
     with app.state.sessions() as session:
-        model = Model(project_id=project, name="tiny", input_shape=[1, FEATURES], input_dtype="float32",
-                      status="ready", sha256=blob.sha256, size_bytes=blob.size_bytes, uri=blob.uri,
-                      layers={"quantizable": [{"name": "1", "type": "Linear"}], "parameters": FEATURES * 3 + 3,
-                              "output_shapes": [[1, 3]]})
+        model = Model(
+            project_id=project,
+            name="tiny",
+            input_shape=[1, FEATURES],
+            input_dtype="float32",
+            status="ready",
+            sha256=blob.sha256,
+            size_bytes=blob.size_bytes,
+            uri=blob.uri,
+            layers={
+                "quantizable": [{"name": "1", "type": "Linear"}],
+                "parameters": FEATURES * 3 + 3,
+                "output_shapes": [[1, 3]],
+            },
+        )
         session.add(model)
         session.commit()
         return model.id

@@ -18,8 +18,15 @@ PRUNE_CFG = b"""prune_config {
 
 
 def job_body(uploaded, **overrides):
-    body = {"kind": "quant_retrain", "model_id": uploaded["model_id"], "config_id": uploaded["config_id"],
-            "dataset_id": uploaded["dataset_id"], "epochs": 1, "batch_size": 64, "lr": 5e-4}
+    body = {
+        "kind": "quant_retrain",
+        "model_id": uploaded["model_id"],
+        "config_id": uploaded["config_id"],
+        "dataset_id": uploaded["dataset_id"],
+        "epochs": 1,
+        "batch_size": 64,
+        "lr": 5e-4,
+    }
     return {**body, **overrides}
 
 
@@ -76,13 +83,20 @@ def test_unknown_cfg_kind_is_422_naming_kind(api):
 
 
 def test_dataset_is_described(api):
-    body = api.upload_dataset(npz_bytes(inputs=__import__("numpy").zeros((5, 1, 28, 28), "float32"),
-                                        labels=__import__("numpy").arange(5)))
+    body = api.upload_dataset(
+        npz_bytes(inputs=__import__("numpy").zeros((5, 1, 28, 28), "float32"), labels=__import__("numpy").arange(5))
+    )
     assert body.status_code == 201, body.text
     description = body.json()["description"]
-    assert description == {"samples": 5, "has_labels": True, "num_classes": 5,
-                           "arrays": {"inputs": {"shape": [5, 1, 28, 28], "dtype": "float32", "finite": True},
-                                      "labels": {"shape": [5], "dtype": "int64", "min": 0, "max": 4}}}
+    assert description == {
+        "samples": 5,
+        "has_labels": True,
+        "num_classes": 5,
+        "arrays": {
+            "inputs": {"shape": [5, 1, 28, 28], "dtype": "float32", "finite": True},
+            "labels": {"shape": [5], "dtype": "int64", "min": 0, "max": 4},
+        },
+    }
 
 
 def test_submit_returns_202_location_and_a_queued_job_on_the_device_queue(api, uploaded):
@@ -92,9 +106,18 @@ def test_submit_returns_202_location_and_a_queued_job_on_the_device_queue(api, u
     assert response.headers["location"] == f"/v1/jobs/{job['id']}"
     assert (job["status"], job["progress"], job["attempt"]) == ("queued", 0.0, 0)
     assert job["queue"] == api.settings.queue_for("cpu")
-    assert job["params"] == {"epochs": 1, "batch_size": 64, "lr": 5e-4, "eval_fraction": 0.1, "seed": 0,
-                             "deploy_format": "onnx", "deploy_target": "auto", "objective": "cross_entropy",
-                             "distill_loss": "auto", "temperature": 4.0}
+    assert job["params"] == {
+        "epochs": 1,
+        "batch_size": 64,
+        "lr": 5e-4,
+        "eval_fraction": 0.1,
+        "seed": 0,
+        "deploy_format": "onnx",
+        "deploy_target": "auto",
+        "objective": "cross_entropy",
+        "distill_loss": "auto",
+        "temperature": 4.0,
+    }
     assert api.client.get(response.headers["location"]).json()["id"] == job["id"]
 
 
@@ -123,15 +146,18 @@ def test_idempotency_key_with_another_body_is_422(api, uploaded):
     assert_problem(api.submit(headers=headers, **job_body(uploaded, epochs=2)), 422, "Idempotency-Key")
 
 
-@pytest.mark.parametrize("overrides, field", [
-    ({"epochs": 0}, "epochs"),
-    ({"lr": -1}, "lr"),
-    ({"device": "tpu"}, "device"),
-    ({"eval_fraction": 1.0}, "eval_fraction"),
-    ({"colour": "red"}, "colour"),
-    ({"deploy_format": "tensorrt"}, "deploy_format"),
-    ({"deploy_target": "tpu"}, "deploy_target"),
-])
+@pytest.mark.parametrize(
+    "overrides, field",
+    [
+        ({"epochs": 0}, "epochs"),
+        ({"lr": -1}, "lr"),
+        ({"device": "tpu"}, "device"),
+        ({"eval_fraction": 1.0}, "eval_fraction"),
+        ({"colour": "red"}, "colour"),
+        ({"deploy_format": "tensorrt"}, "deploy_format"),
+        ({"deploy_target": "tpu"}, "deploy_target"),
+    ],
+)
 def test_bad_job_parameters_are_422_naming_the_field(api, uploaded, overrides, field):
     assert_problem(api.submit(**job_body(uploaded, **overrides)), 422, field)
 
@@ -157,8 +183,9 @@ def test_dataset_whose_samples_do_not_fit_the_model_is_422(api, uploaded):
 
 def test_cross_entropy_needs_labels_and_distill_outputs_is_the_default_without(api, uploaded, assets):
     unlabelled = api.upload_dataset((assets / "unlabelled.npz").read_bytes()).json()["id"]
-    body = assert_problem(api.submit(**job_body(uploaded, dataset_id=unlabelled, objective="cross_entropy")), 422,
-                          "dataset_id")
+    body = assert_problem(
+        api.submit(**job_body(uploaded, dataset_id=unlabelled, objective="cross_entropy")), 422, "dataset_id"
+    )
     assert body["array"] == "labels" and "distill_outputs" in body["detail"]
     job = api.submit(**job_body(uploaded, dataset_id=unlabelled))
     assert job.status_code == 202 and job.json()["params"]["objective"] == "distill_outputs"
@@ -211,25 +238,36 @@ def test_events_stream_and_resume_after_last_event_id(api, uploaded):
     assert response.headers["content-type"].startswith("text/event-stream")
     events = _sse(response.text)
     assert [(e["id"], e["event"], json.loads(e["data"])["status"]) for e in events] == [
-        ("1", "state", "queued"), ("2", "state", "cancelled")]
+        ("1", "state", "queued"),
+        ("2", "state", "cancelled"),
+    ]
     resumed = _sse(api.client.get(f"/v1/jobs/{job_id}/events", headers={"Last-Event-ID": "1"}).text)
     assert [e["id"] for e in resumed] == ["2"]
-    assert_problem(api.client.get(f"/v1/jobs/{job_id}/events", headers={"Last-Event-ID": "x"}), 422,
-                   "Last-Event-ID")
+    assert_problem(api.client.get(f"/v1/jobs/{job_id}/events", headers={"Last-Event-ID": "x"}), 422, "Last-Event-ID")
 
 
 def test_artifacts_are_listed_and_streamed_from_the_store(api, uploaded, tmp_path):
     job_id = api.submit(**job_body(uploaded)).json()["id"]
-    payload = b"{\"accuracy\": 0.9}"
+    payload = b'{"accuracy": 0.9}'
     (tmp_path / "report.json").write_bytes(payload)
     blob = api.client.app.state.store.put_file(tmp_path / "report.json")
     with api.client.app.state.sessions() as session:
-        session.add(Artifact(job_id=job_id, kind="report", filename="report.json", media_type="application/json",
-                             sha256=blob.sha256, size_bytes=blob.size_bytes, uri=blob.uri))
+        session.add(
+            Artifact(
+                job_id=job_id,
+                kind="report",
+                filename="report.json",
+                media_type="application/json",
+                sha256=blob.sha256,
+                size_bytes=blob.size_bytes,
+                uri=blob.uri,
+            )
+        )
         session.commit()
     items = api.client.get(f"/v1/jobs/{job_id}/artifacts").json()["items"]
     assert [(a["kind"], a["size_bytes"], a["sha256"]) for a in items] == [
-        ("report", len(payload), hashlib.sha256(payload).hexdigest())]
+        ("report", len(payload), hashlib.sha256(payload).hexdigest())
+    ]
     content = api.client.get(items[0]["content_url"])
     assert content.content == payload and content.headers["etag"] == f'"{blob.sha256}"'
     assert_problem(api.client.get("/v1/artifacts/nope/content"), 404, "artifact_id")

@@ -17,6 +17,7 @@ from service.api_processes import APP, TcpConfig
 def _nodelay_of_an_accepted_connection(listener: socket.socket) -> int:
     """Serve `listener` as uvicorn's worker does (asyncio's create_server with `sock=`); connect once and read
     TCP_NODELAY off the connection the server accepted."""
+
     async def accept_one() -> int:
         loop = asyncio.get_running_loop()
         seen: asyncio.Future[int] = loop.create_future()

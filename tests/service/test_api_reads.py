@@ -141,9 +141,13 @@ def test_the_list_filters_have_indexes(env):
         session.execute(text("SET LOCAL enable_seqscan = off"))  # a small table: make the planner show its index
         plans = {}
         for column, value in (("status", "queued"), ("kind", "quant_retrain")):
-            rows = session.execute(text(
-                f"EXPLAIN SELECT id FROM jobs WHERE project_id = :p AND {column} = :v "
-                "ORDER BY created_at DESC, id DESC LIMIT 51"), {"p": api.settings.project, "v": value})
+            rows = session.execute(
+                text(
+                    f"EXPLAIN SELECT id FROM jobs WHERE project_id = :p AND {column} = :v "
+                    "ORDER BY created_at DESC, id DESC LIMIT 51"
+                ),
+                {"p": api.settings.project, "v": value},
+            )
             plans[column] = "\n".join(r[0] for r in rows)
     assert "ix_jobs_list_status" in plans["status"], plans["status"]
     assert "ix_jobs_list_kind" in plans["kind"], plans["kind"]
@@ -156,8 +160,14 @@ def test_the_production_api_command_serves_from_several_processes(env, tmp_path)
     port = _free_port()
     environment = dict(os.environ, **settings_env(api.settings), PYTHONPATH=str(ROOT))
     log = open(tmp_path / "api.log", "wb")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen([sys.executable, "-m", "service", "api", "--workers", "2", "--port", str(port)],
-                            cwd=ROOT, env=environment, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "service", "api", "--workers", "2", "--port", str(port)],
+        cwd=ROOT,
+        env=environment,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 120

@@ -23,8 +23,15 @@ from tests.service.support import QUANT_CFG, make_settings, open_api
 from tests.service.tenants import keyed_client, make_tenant, populate, tiny_model_bytes
 from tests.service.test_api import assert_problem
 
-WIRING = ("DATABASE_URL", "BROKER_URL", "ARTIFACT_STORE", "AMCT_DATABASE_URL", "AMCT_BROKER_URL",
-          "AMCT_ARTIFACT_STORE", "AMCT_AUTH")
+WIRING = (
+    "DATABASE_URL",
+    "BROKER_URL",
+    "ARTIFACT_STORE",
+    "AMCT_DATABASE_URL",
+    "AMCT_BROKER_URL",
+    "AMCT_ARTIFACT_STORE",
+    "AMCT_AUTH",
+)
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +46,7 @@ def world(tmp_path_factory):
 
 
 # -- keys and scopes ---------------------------------------------------------------------------------------
+
 
 def test_a_key_is_shown_once_and_only_its_hash_is_stored(world):
     a = world["a"]
@@ -76,13 +84,18 @@ def test_scopes_nest_read_write_admin(world, scope):
     _id, secret = auth.create_key(app.state.sessions, "proj-a", [scope], f"{scope} only")
     client = keyed_client(app, secret)
     # (request, the scope it needs, its status when allowed)
-    calls = [(lambda: client.get(f"/v1/models/{a.ids['model_id']}"), "read", 200),
-             (lambda: client.get("/v1/jobs"), "read", 200),
-             (lambda: client.post("/v1/configs", files={"file": ("q.cfg", QUANT_CFG)}, data={"kind": "retrain"}),
-              "write", 201),
-             (lambda: client.post("/v1/jobs/no-such-job/cancel"), "write", 404),
-             (lambda: client.get("/v1/keys"), "admin", 200),
-             (lambda: client.post("/v1/keys", json={"scopes": ["read"]}), "admin", 201)]
+    calls = [
+        (lambda: client.get(f"/v1/models/{a.ids['model_id']}"), "read", 200),
+        (lambda: client.get("/v1/jobs"), "read", 200),
+        (
+            lambda: client.post("/v1/configs", files={"file": ("q.cfg", QUANT_CFG)}, data={"kind": "retrain"}),
+            "write",
+            201,
+        ),
+        (lambda: client.post("/v1/jobs/no-such-job/cancel"), "write", 404),
+        (lambda: client.get("/v1/keys"), "admin", 200),
+        (lambda: client.post("/v1/keys", json={"scopes": ["read"]}), "admin", 201),
+    ]
     granted = {"read": {"read"}, "write": {"read", "write"}, "admin": {"read", "write", "admin"}}[scope]
     for call, needs, ok in calls:
         response = call()
@@ -113,9 +126,9 @@ def test_last_used_at_is_recorded(world):
 
 # -- project isolation ----------------------------------------------------------------------------------
 
+
 def _id_routes(app) -> list[tuple[str, str]]:
-    return [(method.upper(), path) for path, ops in app.openapi()["paths"].items() if "{" in path
-            for method in ops]
+    return [(method.upper(), path) for path, ops in app.openapi()["paths"].items() if "{" in path for method in ops]
 
 
 def test_every_route_with_an_id_answers_404_to_another_project(world):
@@ -151,8 +164,11 @@ def test_another_projects_inputs_cannot_be_submitted(world):
 
 def test_lists_show_only_the_callers_project(world):
     app, a, b = world["app"], world["a"], world["b"]
-    lists = [path for path, ops in app.openapi()["paths"].items()
-             if "{" not in path and path.startswith("/v1/") and "get" in ops and path not in ("/v1/me", "/v1/meta")]
+    lists = [
+        path
+        for path, ops in app.openapi()["paths"].items()
+        if "{" not in path and path.startswith("/v1/") and "get" in ops and path not in ("/v1/me", "/v1/meta")
+    ]
     assert {"/v1/jobs", "/v1/keys"} <= set(lists)
     for path in lists:
         mine, theirs = a.api.client.get(path), b.api.client.get(path)
@@ -172,12 +188,17 @@ def test_artifact_content_of_another_project_is_never_streamed(world):
 
 # -- quota --------------------------------------------------------------------------------------------------
 
+
 def test_quota_counts_queued_and_running_jobs_and_answers_429_with_retry_after(world, monkeypatch):
     app, settings, b = world["app"], world["settings"], world["b"]
+
     def active_jobs(project: str) -> int:
         with app.state.sessions() as session:
-            return session.scalar(select(func.count()).select_from(Job).where(
-                Job.project_id == project, Job.status.in_(("queued", "running"))))
+            return session.scalar(
+                select(func.count())
+                .select_from(Job)
+                .where(Job.project_id == project, Job.status.in_(("queued", "running")))
+            )
 
     active = active_jobs("proj-b")
     monkeypatch.setattr(settings, "max_active_jobs", active + 1)
@@ -201,14 +222,14 @@ def test_quota_counts_queued_and_running_jobs_and_answers_429_with_retry_after(w
 
 # -- open mode, the embedded bootstrap, the admin CLI ----------------------------------------------------
 
+
 def test_open_mode_acts_as_the_local_project_from_localhost_only(tmp_path, caplog):
     from fastapi.testclient import TestClient
 
     settings = make_settings(tmp_path, auth="open", project="local")
     app = create_app(settings)
     with caplog.at_level("WARNING", logger="amct.auth"), TestClient(app, client=("127.0.0.1", 5000)) as local:
-        assert local.get("/v1/me").json() == {"project": "local", "scopes": ["admin", "read", "write"],
-                                              "key_id": None}
+        assert local.get("/v1/me").json() == {"project": "local", "scopes": ["admin", "read", "write"], "key_id": None}
         assert local.get("/v1/jobs").status_code == 200
         remote = TestClient(app, client=("203.0.113.9", 5000), raise_server_exceptions=False)
         assert_problem(remote.get("/v1/jobs"), 403, "Authorization")
@@ -225,7 +246,10 @@ def test_embedded_first_start_writes_one_admin_key_0600(tmp_path, capfd):
         secret = key_file.read_text().strip()
         assert stat.S_IMODE(os.stat(key_file).st_mode) == 0o600
         assert client.get("/v1/me", headers={"Authorization": f"Bearer {secret}"}).json()["scopes"] == [
-            "admin", "read", "write"]
+            "admin",
+            "read",
+            "write",
+        ]
     printed = capfd.readouterr().err
     assert secret in printed and "shown only this once" in printed and str(key_file) in printed
     # A restart finds the key: no second key, nothing printed, the file untouched.

@@ -42,9 +42,23 @@ def _accuracy(onnx_path, npz_path) -> float:
 @pytest.mark.slow
 def test_compress_runs_the_engine_here_and_prints_the_report(assets, tmp_path):
     out = tmp_path / "out"
-    result = amct("compress", "--model", assets / "cnn.pt", "--cfg", assets / "quant.cfg", "--data",
-                  assets / "small.npz", "--kind", "compressed_retrain", "--out", out, "--batch-size", 32,
-                  "--eval-fraction", 0.25)
+    result = amct(
+        "compress",
+        "--model",
+        assets / "cnn.pt",
+        "--cfg",
+        assets / "quant.cfg",
+        "--data",
+        assets / "small.npz",
+        "--kind",
+        "compressed_retrain",
+        "--out",
+        out,
+        "--batch-size",
+        32,
+        "--eval-fraction",
+        0.25,
+    )
     assert result.exit_code == 0, result.output
 
     report = json.loads((out / "report.json").read_text())
@@ -65,15 +79,28 @@ def test_compress_runs_the_engine_here_and_prints_the_report(assets, tmp_path):
 
 
 def test_compress_refuses_a_dataset_that_does_not_fit_the_input_shape(assets, tmp_path):
-    result = amct("compress", "--model", assets / "cnn.pt", "--cfg", assets / "quant.cfg", "--data",
-                  assets / "small.npz", "--out", tmp_path / "out", "--input-shape", "1,3,32,32")
+    result = amct(
+        "compress",
+        "--model",
+        assets / "cnn.pt",
+        "--cfg",
+        assets / "quant.cfg",
+        "--data",
+        assets / "small.npz",
+        "--out",
+        tmp_path / "out",
+        "--input-shape",
+        "1,3,32,32",
+    )
     assert result.exit_code == 1
     assert "array 'inputs' has per-sample shape [1, 28, 28] but input 'input' is [3, 32, 32]" in result.stderr
 
 
 # Two int64 inputs whose second axis is dynamic (`seq`), as tests/service/test_signatures.py uploads them.
-TOKENS = [{"name": "input_ids", "shape": ["batch", "seq"], "dtype": "int64"},
-          {"name": "attention_mask", "shape": ["batch", "seq"], "dtype": "int64"}]
+TOKENS = [
+    {"name": "input_ids", "shape": ["batch", "seq"], "dtype": "int64"},
+    {"name": "attention_mask", "shape": ["batch", "seq"], "dtype": "int64"},
+]
 
 
 @pytest.fixture(scope="module")
@@ -84,8 +111,9 @@ def encoder(tmp_path_factory):
     torch.manual_seed(0)
     model = TinyEncoder().eval()
     example = token_data(2)
-    torch.jit.trace(model, (torch.from_numpy(example["input_ids"]),
-                            torch.from_numpy(example["attention_mask"]))).save(str(folder / "encoder.pt"))
+    torch.jit.trace(model, (torch.from_numpy(example["input_ids"]), torch.from_numpy(example["attention_mask"]))).save(
+        str(folder / "encoder.pt")
+    )
     np.savez(folder / "tokens.npz", **token_data(256, seed=1))
     (folder / "quant.cfg").write_bytes(QUANT_CFG)
     return folder, model
@@ -95,10 +123,35 @@ def encoder(tmp_path_factory):
 def test_compress_runs_a_two_int64_input_model_by_its_signature_with_distill_outputs(encoder, tmp_path):
     folder, eager = encoder
     out = tmp_path / "out"
-    result = amct("compress", "--model", folder / "encoder.pt", "--cfg", folder / "quant.cfg", "--data",
-                  folder / "tokens.npz", "--kind", "quant_retrain", "--inputs", json.dumps(TOKENS),
-                  "--objective", "distill_outputs", "--distill-loss", "cosine", "--epochs", 2, "--batch-size", 32,
-                  "--lr", 1e-3, "--eval-fraction", 0.25, "--min-output-cosine", 0.9, "--out", out)
+    result = amct(
+        "compress",
+        "--model",
+        folder / "encoder.pt",
+        "--cfg",
+        folder / "quant.cfg",
+        "--data",
+        folder / "tokens.npz",
+        "--kind",
+        "quant_retrain",
+        "--inputs",
+        json.dumps(TOKENS),
+        "--objective",
+        "distill_outputs",
+        "--distill-loss",
+        "cosine",
+        "--epochs",
+        2,
+        "--batch-size",
+        32,
+        "--lr",
+        1e-3,
+        "--eval-fraction",
+        0.25,
+        "--min-output-cosine",
+        0.9,
+        "--out",
+        out,
+    )
     assert result.exit_code == 0, result.output
     report = json.loads((out / "report.json").read_text())
     assert report["training"]["objective"] == "distill_outputs"
@@ -110,8 +163,10 @@ def test_compress_runs_a_two_int64_input_model_by_its_signature_with_distill_out
 
     # The deploy ONNX takes the two int64 inputs by name, `seq` dynamic: tokens of another length than trained on.
     session = ort.InferenceSession(str(out / "model_deploy_model.onnx"), providers=["CPUExecutionProvider"])
-    assert [(i.name, i.type) for i in session.get_inputs()] == [("input_ids", "tensor(int64)"),
-                                                               ("attention_mask", "tensor(int64)")]
+    assert [(i.name, i.type) for i in session.get_inputs()] == [
+        ("input_ids", "tensor(int64)"),
+        ("attention_mask", "tensor(int64)"),
+    ]
     held = token_data(64, seq=9, seed=2)
     got = torch.from_numpy(session.run(None, held)[0])
     with torch.no_grad():
@@ -119,26 +174,48 @@ def test_compress_runs_a_two_int64_input_model_by_its_signature_with_distill_out
     assert float(F.cosine_similarity(got, want, dim=1).mean()) >= 0.9
 
 
-@pytest.mark.parametrize("args, words", [
-    (["--inputs", '[{"name": "input_ids", "shape": ["batch", 12]'], "--inputs is not valid JSON"),
-    (["--inputs", '[{"name": "input_ids", "shape": ["batch", 12], "dtype": "int8"}]'],
-     "--inputs: inputs[0].dtype must be one of float32, float16, int64, int32, bool"),
-    (["--inputs", '[{"name": "input_ids", "shape": ["batch", 0]}]'],
-     "--inputs: inputs[0].shape: each dimension is an integer >= 1 or an axis name"),
-    (["--inputs", '{"name": "input_ids"}'], "--inputs: inputs must be a JSON list"),
-    (["--inputs", json.dumps(TOKENS), "--input-shape", "1,12"], "give --inputs or --input-shape, not both"),
-    # A valid signature the dataset does not fit: refused before the engine starts, naming the array.
-    (["--inputs", json.dumps([TOKENS[0], {**TOKENS[1], "name": "token_type_ids"}])],
-     "the model's input 'token_type_ids' has no array of that name in the dataset (it has: attention_mask, "
-     "input_ids)"),
-    (["--inputs", json.dumps([TOKENS[0], {**TOKENS[1], "shape": ["batch", 8]}])],
-     "array 'attention_mask' has per-sample shape [12] but input 'attention_mask' is [8]"),
-], ids=["json", "dtype", "dimension", "not-a-list", "both", "missing-array", "shape"])
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--inputs", '[{"name": "input_ids", "shape": ["batch", 12]'], "--inputs is not valid JSON"),
+        (
+            ["--inputs", '[{"name": "input_ids", "shape": ["batch", 12], "dtype": "int8"}]'],
+            "--inputs: inputs[0].dtype must be one of float32, float16, int64, int32, bool",
+        ),
+        (
+            ["--inputs", '[{"name": "input_ids", "shape": ["batch", 0]}]'],
+            "--inputs: inputs[0].shape: each dimension is an integer >= 1 or an axis name",
+        ),
+        (["--inputs", '{"name": "input_ids"}'], "--inputs: inputs must be a JSON list"),
+        (["--inputs", json.dumps(TOKENS), "--input-shape", "1,12"], "give --inputs or --input-shape, not both"),
+        # A valid signature the dataset does not fit: refused before the engine starts, naming the array.
+        (
+            ["--inputs", json.dumps([TOKENS[0], {**TOKENS[1], "name": "token_type_ids"}])],
+            "the model's input 'token_type_ids' has no array of that name in the dataset (it has: attention_mask, "
+            "input_ids)",
+        ),
+        (
+            ["--inputs", json.dumps([TOKENS[0], {**TOKENS[1], "shape": ["batch", 8]}])],
+            "array 'attention_mask' has per-sample shape [12] but input 'attention_mask' is [8]",
+        ),
+    ],
+    ids=["json", "dtype", "dimension", "not-a-list", "both", "missing-array", "shape"],
+)
 def test_a_bad_signature_is_one_line_naming_the_problem(encoder, tmp_path, args, words):
     folder, _ = encoder
     out = tmp_path / "out"
-    result = amct("compress", "--model", folder / "encoder.pt", "--cfg", folder / "quant.cfg", "--data",
-                  folder / "tokens.npz", "--out", out, *args)
+    result = amct(
+        "compress",
+        "--model",
+        folder / "encoder.pt",
+        "--cfg",
+        folder / "quant.cfg",
+        "--data",
+        folder / "tokens.npz",
+        "--out",
+        out,
+        *args,
+    )
     assert result.exit_code == 1
     assert words in _one_line(result)
     assert not out.exists()  # nothing ran
@@ -158,8 +235,9 @@ def test_distill_config_writes_the_groups_of_the_model(assets, tmp_path):
     cfg = tmp_path / "distill.cfg"
     cfg.write_text("batch_num: 2\ngroup_size: 1\n")
     out = tmp_path / "distill.json"
-    result = amct("distill-config", "--model", assets / "cnn.pt", "--cfg", cfg, "--data", assets / "small.npz",
-                  "--out", out)
+    result = amct(
+        "distill-config", "--model", assets / "cnn.pt", "--cfg", cfg, "--data", assets / "small.npz", "--out", out
+    )
     assert result.exit_code == 0, result.output
     config = json.loads(out.read_text())
     assert config["batch_num"] == 2
@@ -167,8 +245,7 @@ def test_distill_config_writes_the_groups_of_the_model(assets, tmp_path):
     assert "conv1 → bn1 → relu1" in result.stdout and "arq_distill INT8" in result.stdout
 
     cfg.write_text("batch_num: 1\nno_such_field: 3\n")
-    bad = amct("distill-config", "--model", assets / "cnn.pt", "--cfg", cfg, "--input-shape", "1,1,28,28",
-               "--out", out)
+    bad = amct("distill-config", "--model", assets / "cnn.pt", "--cfg", cfg, "--input-shape", "1,1,28,28", "--out", out)
     assert bad.exit_code == 1 and f"{cfg}:2:1" in bad.stderr and "no_such_field" in bad.stderr
 
 
@@ -176,8 +253,23 @@ def test_distill_config_writes_the_groups_of_the_model(assets, tmp_path):
 def test_client_commands_against_a_live_server(live_server, assets, tmp_path):
     # No --api-key: the CLI reads the key the embedded server left in <data-dir>/api-key.
     server = ["--server", live_server.base_url, "--data-dir", live_server.data_dir]
-    first = amct("jobs", "submit", "--model", assets / "cnn.pt", "--cfg", assets / "quant.cfg", "--data",
-                 assets / "small.npz", "--kind", "quant_retrain", "--batch-size", 32, "--eval-fraction", 0.25, *server)
+    first = amct(
+        "jobs",
+        "submit",
+        "--model",
+        assets / "cnn.pt",
+        "--cfg",
+        assets / "quant.cfg",
+        "--data",
+        assets / "small.npz",
+        "--kind",
+        "quant_retrain",
+        "--batch-size",
+        32,
+        "--eval-fraction",
+        0.25,
+        *server,
+    )
     assert first.exit_code == 0, first.output
     job_id = first.stdout.strip()
 
@@ -185,12 +277,14 @@ def test_client_commands_against_a_live_server(live_server, assets, tmp_path):
         job = client.get(job_id)
         unlabelled = client.upload_dataset(assets / "unlabelled.npz")
         with pytest.raises(ApiError) as refused:  # cross_entropy trains on labels
-            client.submit("quant_retrain", job["model_id"], job["config_id"], unlabelled["id"],
-                          objective="cross_entropy")
+            client.submit(
+                "quant_retrain", job["model_id"], job["config_id"], unlabelled["id"], objective="cross_entropy"
+            )
         assert refused.value.status == 422 and refused.value.field == "dataset_id"
         # The worker runs one job at a time, so this one waits in the queue: cancel takes it at once.
-        queued_id = client.submit("quant_retrain", job["model_id"], job["config_id"], job["dataset_id"],
-                                  epochs=50)["id"]
+        queued_id = client.submit("quant_retrain", job["model_id"], job["config_id"], job["dataset_id"], epochs=50)[
+            "id"
+        ]
     cancelled = amct("jobs", "cancel", queued_id, *server)
     assert cancelled.exit_code == 0 and "cancelled" in cancelled.stdout
 
@@ -206,12 +300,14 @@ def test_client_commands_against_a_live_server(live_server, assets, tmp_path):
     # Short ids, as `watch`, `cancel` and `download` take them.
     rows = {line.split()[0]: line for line in listed.stdout.splitlines()[1:] if line.strip()}
     assert "succeeded" in rows[job_id[:8]] and "cancelled" in rows[queued_id[:8]]
-    only_cancelled = {j["id"] for j in json.loads(amct("jobs", "list", "--status", "cancelled", "--json",
-                                                       *server).stdout)}
+    only_cancelled = {
+        j["id"] for j in json.loads(amct("jobs", "list", "--status", "cancelled", "--json", *server).stdout)
+    }
     assert queued_id in only_cancelled and job_id not in only_cancelled
 
-    fetched = amct("jobs", "download", job_id, "--kind", "deploy", "--kind", "report", "--out", tmp_path / "dl",
-                   *server)
+    fetched = amct(
+        "jobs", "download", job_id, "--kind", "deploy", "--kind", "report", "--out", tmp_path / "dl", *server
+    )
     assert fetched.exit_code == 0, fetched.output
     report = json.loads((tmp_path / "dl" / "report.json").read_text())
     deploy = next((tmp_path / "dl").glob("*deploy*.onnx"))
@@ -267,8 +363,17 @@ def test_watch_exits_1_for_a_failed_job_and_says_its_error(live_server, assets):
     assert watched.exit_code == 1
     assert "failed" in watched.stderr and "unsupported" in watched.stderr and "torch_npu" in watched.stderr
     # Its deploy model never came: the download says why, in one line.
-    fetched = amct("jobs", "download", job_id[:8], "--kind", "deploy", "--server", live_server.base_url,
-                   "--api-key", live_server.api_key)
+    fetched = amct(
+        "jobs",
+        "download",
+        job_id[:8],
+        "--kind",
+        "deploy",
+        "--server",
+        live_server.base_url,
+        "--api-key",
+        live_server.api_key,
+    )
     assert fetched.exit_code == 1 and f"job {job_id} failed (unsupported)" in fetched.stderr
     assert "--kind log" in fetched.stderr
 
@@ -279,8 +384,21 @@ def test_compress_with_a_relative_out_from_another_folder(assets, tmp_path, monk
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
-    result = amct("compress", "--model", assets / "cnn.pt", "--cfg", assets / "quant.cfg", "--data",
-                  assets / "small.npz", "--kind", "compressed_retrain", "--out", "out/", "--batch-size", 64)
+    result = amct(
+        "compress",
+        "--model",
+        assets / "cnn.pt",
+        "--cfg",
+        assets / "quant.cfg",
+        "--data",
+        assets / "small.npz",
+        "--kind",
+        "compressed_retrain",
+        "--out",
+        "out/",
+        "--batch-size",
+        64,
+    )
     assert result.exit_code == 0, result.output
     report = json.loads((elsewhere / "out" / "report.json").read_text())
     assert report["kind"] == "compressed_retrain"
@@ -294,6 +412,7 @@ def test_compress_with_a_relative_out_from_another_folder(assets, tmp_path, monk
 
 
 # -- errors, keys and ids, against the API served in a thread (no worker: jobs stay queued) -----------------
+
 
 @pytest.fixture(scope="module")
 def app_server(tmp_path_factory):
@@ -321,8 +440,12 @@ def _one_line(result) -> str:
 
 def test_an_unreachable_server_is_one_line_not_a_traceback():
     nobody = f"http://127.0.0.1:{free_port()}"
-    for command in (["jobs", "list"], ["jobs", "watch", str(uuid.uuid4())], ["jobs", "cancel", "abcd1234"],
-                    ["jobs", "download", "abcd1234"]):
+    for command in (
+        ["jobs", "list"],
+        ["jobs", "watch", str(uuid.uuid4())],
+        ["jobs", "cancel", "abcd1234"],
+        ["jobs", "download", "abcd1234"],
+    ):
         result = amct(*command, "--server", nobody, "--api-key", "amct_x")
         assert result.exit_code == 1
         assert f"cannot reach the service at {nobody}" in _one_line(result) and "Connection refused" in result.stderr
@@ -369,38 +492,80 @@ def test_jobs_list_fits_80_columns_with_short_ids_the_other_commands_take(app_se
 def test_jobs_submit_sends_the_signature_the_objective_and_the_recalibration(app_server, encoder):
     folder, _ = encoder
     server = ["--server", app_server.base_url, "--api-key", app_server.api_key]
-    submitted = amct("jobs", "submit", "--model", folder / "encoder.pt", "--cfg", folder / "quant.cfg", "--data",
-                     folder / "tokens.npz", "--inputs", json.dumps(TOKENS), "--objective", "distill_outputs",
-                     "--distill-loss", "cosine", "--bn-recalibration-batches", 4, "--min-output-cosine", 0.98,
-                     "--world-size", 2, *server)
+    submitted = amct(
+        "jobs",
+        "submit",
+        "--model",
+        folder / "encoder.pt",
+        "--cfg",
+        folder / "quant.cfg",
+        "--data",
+        folder / "tokens.npz",
+        "--inputs",
+        json.dumps(TOKENS),
+        "--objective",
+        "distill_outputs",
+        "--distill-loss",
+        "cosine",
+        "--bn-recalibration-batches",
+        4,
+        "--min-output-cosine",
+        0.98,
+        "--world-size",
+        2,
+        *server,
+    )
     assert submitted.exit_code == 0, submitted.output
     with httpx.Client(base_url=app_server.base_url, headers={"Authorization": f"Bearer {app_server.api_key}"}) as api:
         job = api.get(f"/v1/jobs/{submitted.stdout.strip()}").json()
         model = api.get(f"/v1/models/{job['model_id']}").json()
     assert job["kind"] == "compressed_retrain"
-    assert {k: job["params"][k] for k in ("objective", "distill_loss", "bn_recalibration_batches",
-                                          "min_output_cosine", "world_size", "nodes")} == {
-        "objective": "distill_outputs", "distill_loss": "cosine", "bn_recalibration_batches": 4,
-        "min_output_cosine": 0.98, "world_size": 2, "nodes": 1}
+    assert {
+        k: job["params"][k]
+        for k in ("objective", "distill_loss", "bn_recalibration_batches", "min_output_cosine", "world_size", "nodes")
+    } == {
+        "objective": "distill_outputs",
+        "distill_loss": "cosine",
+        "bn_recalibration_batches": 4,
+        "min_output_cosine": 0.98,
+        "world_size": 2,
+        "nodes": 1,
+    }
     assert model["inputs"] == TOKENS
     # A bad signature is refused before anything uploads.
-    bad = amct("jobs", "submit", "--model", folder / "encoder.pt", "--cfg", folder / "quant.cfg", "--data",
-               folder / "tokens.npz", "--inputs", '[{"name": "labels", "shape": [3]}]', *server)
+    bad = amct(
+        "jobs",
+        "submit",
+        "--model",
+        folder / "encoder.pt",
+        "--cfg",
+        folder / "quant.cfg",
+        "--data",
+        folder / "tokens.npz",
+        "--inputs",
+        '[{"name": "labels", "shape": [3]}]',
+        *server,
+    )
     assert bad.exit_code == 1 and "--inputs: inputs[0].name 'labels' must be a unique identifier" in _one_line(bad)
 
 
 def test_a_prefix_of_several_jobs_is_refused():
     class Listing:  # the one call resolve_job makes for a prefix: a page of GET /v1/jobs
         def list(self, limit, cursor):
-            return {"items": [{"id": "abcd1234-0000"}, {"id": "abcd9999-0000"}, {"id": "ffff0000-0000"}],
-                    "next_cursor": None}
+            return {
+                "items": [{"id": "abcd1234-0000"}, {"id": "abcd9999-0000"}, {"id": "ffff0000-0000"}],
+                "next_cursor": None,
+            }
 
     assert resolve_job(Listing(), "abcd12")["id"] == "abcd1234-0000"
     with pytest.raises(typer.Exit) as ambiguous:
         resolve_job(Listing(), "abcd")
     assert ambiguous.value.exit_code == 1
-    assert short_ids(["abcd1234aa", "abcd1234bb", "ffff"]) == {"abcd1234aa": "abcd1234a", "abcd1234bb": "abcd1234b",
-                                                              "ffff": "ffff"}
+    assert short_ids(["abcd1234aa", "abcd1234bb", "ffff"]) == {
+        "abcd1234aa": "abcd1234a",
+        "abcd1234bb": "abcd1234b",
+        "ffff": "ffff",
+    }
 
 
 def test_the_key_file_of_a_recorded_local_server_is_found_from_any_folder(tmp_path, monkeypatch):
@@ -426,30 +591,88 @@ def test_help_shows_no_type_for_flags():
 
 def test_compress_refuses_what_the_api_refuses_before_the_engine_starts(assets, tmp_path):
     out = tmp_path / "out"
-    zero = amct("compress", "--model", assets / "cnn.pt", "--cfg", assets / "quant.cfg", "--data",
-                assets / "small.npz", "--out", out, "--epochs", 0)
+    zero = amct(
+        "compress",
+        "--model",
+        assets / "cnn.pt",
+        "--cfg",
+        assets / "quant.cfg",
+        "--data",
+        assets / "small.npz",
+        "--out",
+        out,
+        "--epochs",
+        0,
+    )
     assert zero.exit_code == 1 and "--epochs 0: Input should be greater than or equal to 1" in _one_line(zero)
-    unpruned = amct("compress", "--model", assets / "cnn.pt", "--cfg", assets / "quant.cfg", "--data",
-                    assets / "small.npz", "--out", out, "--kind", "quant_retrain", "--bn-recalibration-batches", 8)
+    unpruned = amct(
+        "compress",
+        "--model",
+        assets / "cnn.pt",
+        "--cfg",
+        assets / "quant.cfg",
+        "--data",
+        assets / "small.npz",
+        "--out",
+        out,
+        "--kind",
+        "quant_retrain",
+        "--bn-recalibration-batches",
+        8,
+    )
     assert unpruned.exit_code == 1 and "a quant_retrain job does not prune" in _one_line(unpruned)
     assert not out.exists()  # refused before anything ran
-    ranks = amct("jobs", "submit", "--model", assets / "cnn.pt", "--cfg", assets / "quant.cfg", "--data",
-                 assets / "small.npz", "--world-size", 100, "--server", "http://127.0.0.1:9")
+    ranks = amct(
+        "jobs",
+        "submit",
+        "--model",
+        assets / "cnn.pt",
+        "--cfg",
+        assets / "quant.cfg",
+        "--data",
+        assets / "small.npz",
+        "--world-size",
+        100,
+        "--server",
+        "http://127.0.0.1:9",
+    )
     assert ranks.exit_code == 1 and "--world-size 100: Input should be less than or equal to 64" in _one_line(ranks)
 
 
 def test_uint8_images_are_refused_unless_accepted(tmp_path, assets):
     raw = tmp_path / "raw.npz"
     np.savez(raw, inputs=np.zeros((4, 1, 28, 28), np.uint8), labels=np.zeros(4, np.int64))
-    refused = amct("compress", "--model", assets / "cnn.pt", "--cfg", assets / "quant.cfg", "--data", raw,
-                   "--out", tmp_path / "out")
+    refused = amct(
+        "compress",
+        "--model",
+        assets / "cnn.pt",
+        "--cfg",
+        assets / "quant.cfg",
+        "--data",
+        raw,
+        "--out",
+        tmp_path / "out",
+    )
     assert refused.exit_code == 1
     line = _one_line(refused)
     assert "uint8" in line and "/ 255" in line and "--accept-uint8" in line
     # Accepted, the submit goes on to the server (none is running here: the next error is that one).
     nobody = f"http://127.0.0.1:{free_port()}"
-    accepted = amct("jobs", "submit", "--model", assets / "cnn.pt", "--cfg", assets / "quant.cfg", "--data", raw,
-                    "--accept-uint8", "--server", nobody, "--api-key", "amct_x")
+    accepted = amct(
+        "jobs",
+        "submit",
+        "--model",
+        assets / "cnn.pt",
+        "--cfg",
+        assets / "quant.cfg",
+        "--data",
+        raw,
+        "--accept-uint8",
+        "--server",
+        nobody,
+        "--api-key",
+        "amct_x",
+    )
     assert accepted.exit_code == 1 and "cannot reach the service" in accepted.stderr
 
 

@@ -38,8 +38,12 @@ def cursor_of(value) -> str:
 
 # -- .cfg nesting ---------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("opener, depth", [("turbo {", 400), ("retrain_weight_quant_config {", 2000),
-                                           ("a <", 5000)], ids=["400-unknown", "2000-known", "5000-angle"])
+
+@pytest.mark.parametrize(
+    "opener, depth",
+    [("turbo {", 400), ("retrain_weight_quant_config {", 2000), ("a <", 5000)],
+    ids=["400-unknown", "2000-known", "5000-angle"],
+)
 def test_a_cfg_nested_too_deep_is_a_422_naming_the_line(tenant, opener, depth):
     text = (opener + "\n") * depth + "}\n" * depth
     body = assert_problem(tenant.api.upload_config(text.encode()), 422, "file", "nested more than 32 levels")
@@ -58,8 +62,17 @@ def test_a_cfg_at_the_nesting_limit_still_parses_to_its_own_error():
 
 # -- cursors --------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("stamp", ["9999-12-31T23:59:59-05:00", "0001-01-01T00:00:00+05:00",
-                                   "9999-12-31T23:59:59", "0001-01-01T00:00:00", "1969-12-31T00:00:00+00:00"])
+
+@pytest.mark.parametrize(
+    "stamp",
+    [
+        "9999-12-31T23:59:59-05:00",
+        "0001-01-01T00:00:00+05:00",
+        "9999-12-31T23:59:59",
+        "0001-01-01T00:00:00",
+        "1969-12-31T00:00:00+00:00",
+    ],
+)
 def test_a_cursor_out_of_range_is_a_422(tenant, stamp):
     response = tenant.api.client.get("/v1/jobs", params={"cursor": cursor_of([stamp, "x"])})
     assert_problem(response, 422, "cursor", "cursor")
@@ -82,6 +95,7 @@ def test_a_cursor_this_api_returned_still_pages(tenant):
 
 # -- event ids ------------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("after", ["1e30", "1" + "0" * 30, str(2**31)])
 def test_events_after_past_any_seq_is_a_422(tenant, after):
     response = tenant.api.client.get(f"/v1/jobs/{tenant.ids['job_id']}/events", params={"after": after})
@@ -101,10 +115,19 @@ def test_the_largest_event_id_is_an_empty_finished_stream(tenant):
 
 # -- control characters ---------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("path, field", [("/v1/jobs/a%00b", "job_id"), ("/v1/jobs/a%00b/events", "job_id"),
-                                         ("/v1/models/%00", "model_id"), ("/v1/configs/x%01y", "config_id"),
-                                         ("/v1/datasets/%7F", "dataset_id"), ("/v1/artifacts/%00", "artifact_id"),
-                                         ("/v1/jobs/a%0Ab/artifacts", "job_id")])
+
+@pytest.mark.parametrize(
+    "path, field",
+    [
+        ("/v1/jobs/a%00b", "job_id"),
+        ("/v1/jobs/a%00b/events", "job_id"),
+        ("/v1/models/%00", "model_id"),
+        ("/v1/configs/x%01y", "config_id"),
+        ("/v1/datasets/%7F", "dataset_id"),
+        ("/v1/artifacts/%00", "artifact_id"),
+        ("/v1/jobs/a%0Ab/artifacts", "job_id"),
+    ],
+)
 def test_a_control_character_in_a_path_id_is_a_422(tenant, path, field):
     assert_problem(tenant.api.client.get(path), 422, field, "control character")
 
@@ -126,10 +149,14 @@ def test_a_nul_in_a_model_id_query_on_cancel_is_a_422(tenant):
 def raw_upload(api, url: str, filename: bytes, data: bytes, **fields: str):
     """A multipart body written by hand: httpx would percent-encode a NUL in the filename, a raw client does not."""
     boundary = b"crafted-boundary"
-    parts = [b'--%s\r\nContent-Disposition: form-data; name="%s"\r\n\r\n%s\r\n' % (boundary, k.encode(), v.encode())
-             for k, v in fields.items()]
-    parts.append(b'--%s\r\nContent-Disposition: form-data; name="file"; filename="%s"\r\n'
-                 b"Content-Type: application/octet-stream\r\n\r\n%s\r\n" % (boundary, filename, data))
+    parts = [
+        b'--%s\r\nContent-Disposition: form-data; name="%s"\r\n\r\n%s\r\n' % (boundary, k.encode(), v.encode())
+        for k, v in fields.items()
+    ]
+    parts.append(
+        b'--%s\r\nContent-Disposition: form-data; name="file"; filename="%s"\r\n'
+        b"Content-Type: application/octet-stream\r\n\r\n%s\r\n" % (boundary, filename, data)
+    )
     body = b"".join(parts) + b"--%s--\r\n" % boundary
     content_type = f"multipart/form-data; boundary={boundary.decode()}"
     return api.client.post(url, content=body, headers={"Content-Type": content_type})
@@ -147,20 +174,23 @@ def test_a_nul_in_a_cfg_filename_is_a_422(tenant):
 
 
 def test_a_nul_in_an_upload_name_is_a_422(tenant):
-    response = tenant.api.client.post("/v1/datasets", files={"file": ("data.npz", tiny_dataset())},
-                                      data={"name": "bad\0name"})
+    response = tenant.api.client.post(
+        "/v1/datasets", files={"file": ("data.npz", tiny_dataset())}, data={"name": "bad\0name"}
+    )
     assert_problem(response, 422, "name", "control character")
 
 
 def test_a_nul_in_a_model_upload_name_is_a_422(tenant):
-    response = tenant.api.client.post("/v1/models", files={"file": ("m.pt", b"PK")},
-                                      data={"name": "m\0", "input_shape": f"1,{FEATURES}"})
+    response = tenant.api.client.post(
+        "/v1/models", files={"file": ("m.pt", b"PK")}, data={"name": "m\0", "input_shape": f"1,{FEATURES}"}
+    )
     assert_problem(response, 422, "name", "control character")
 
 
 def test_a_nul_in_a_key_name_is_a_422(tenant):
-    assert_problem(tenant.api.client.post("/v1/keys", json={"scopes": ["read"], "name": "k\0"}), 422, "name",
-                   "control character")
+    assert_problem(
+        tenant.api.client.post("/v1/keys", json={"scopes": ["read"], "name": "k\0"}), 422, "name", "control character"
+    )
 
 
 def test_a_lone_surrogate_in_a_body_id_is_a_422(tenant):

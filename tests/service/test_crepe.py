@@ -66,8 +66,14 @@ def test_crepe_tiny_compressed_retrain_without_labels_keeps_its_pitch(stack, tmp
     assert dataset.status_code == 201 and not dataset.json()["description"]["has_labels"], dataset.text
     config = api.upload_config(PROGRESSIVE_CFG, filename="crepe.cfg")
     assert config.status_code == 201, config.text
-    job = api.submit(kind="compressed_retrain", model_id=model.json()["id"], config_id=config.json()["id"],
-                     dataset_id=dataset.json()["id"], objective="distill_outputs", **RECIPE)
+    job = api.submit(
+        kind="compressed_retrain",
+        model_id=model.json()["id"],
+        config_id=config.json()["id"],
+        dataset_id=dataset.json()["id"],
+        objective="distill_outputs",
+        **RECIPE,
+    )
     assert job.status_code == 202, job.text
     job = wait_terminal(api, job.json()["id"], timeout=600)
     assert job["status"] == "succeeded", job["error"]
@@ -82,14 +88,17 @@ def test_crepe_tiny_compressed_retrain_without_labels_keeps_its_pitch(stack, tmp
     session = ort.InferenceSession(_artifact(api, job["id"], "deploy"), providers=["CPUExecutionProvider"])
     held_out, truth = tones(HELD_OUT_TONES, seed=2)
     name = session.get_inputs()[0].name
-    activations = np.concatenate([session.run(None, {name: held_out[i:i + 128].numpy()})[0]
-                                  for i in range(0, HELD_OUT_TONES, 128)])
+    activations = np.concatenate(
+        [session.run(None, {name: held_out[i : i + 128].numpy()})[0] for i in range(0, HELD_OUT_TONES, 128)]
+    )
     errors = pitch_errors(decode_hz(activations), truth.numpy())
     took = datetime.fromisoformat(job["finished_at"]) - datetime.fromisoformat(job["started_at"])
     latency = report["latency_ms"]
-    print(f"CREPE tiny deploy ONNX, {HELD_OUT_TONES} held-out tones: {errors['rpa_50c']:.4f} within 50 cents, "
-          f"median {errors['median_cents']:.1f} cents; job {took.total_seconds():.0f} s; report: size ratio "
-          f"{report['size_ratio']:.3f}, speed-up {latency['speedup']:.2f}x at batch {latency['deploy']['batch']}, "
-          f"mean cosine {report['outputs']['output']['deploy']['mean_cosine']:.4f}, parameters "
-          f"{report['parameters']['original']} -> {report['parameters']['deploy']['total']}")
+    print(
+        f"CREPE tiny deploy ONNX, {HELD_OUT_TONES} held-out tones: {errors['rpa_50c']:.4f} within 50 cents, "
+        f"median {errors['median_cents']:.1f} cents; job {took.total_seconds():.0f} s; report: size ratio "
+        f"{report['size_ratio']:.3f}, speed-up {latency['speedup']:.2f}x at batch {latency['deploy']['batch']}, "
+        f"mean cosine {report['outputs']['output']['deploy']['mean_cosine']:.4f}, parameters "
+        f"{report['parameters']['original']} -> {report['parameters']['deploy']['total']}"
+    )
     assert errors["rpa_50c"] >= MIN_WITHIN_50_CENTS, errors

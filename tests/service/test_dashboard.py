@@ -105,8 +105,12 @@ def test_browser_submits_a_job_watches_it_and_downloads_the_deploy_onnx(live_ser
     job_id = page.locator("#jobs tbody tr").first.get_attribute("data-job-id")
     row = page.locator(f'#jobs tr[data-job-id="{job_id}"]')
     # The screenshot for the README: the job mid-way, most often while it trains.
-    page.wait_for_function("id => Number(document.querySelector(`tr[data-job-id='${id}'] [role=progressbar]`)"
-                           ".getAttribute('aria-valuenow')) >= 15", arg=job_id, timeout=90_000)
+    page.wait_for_function(
+        "id => Number(document.querySelector(`tr[data-job-id='${id}'] [role=progressbar]`)"
+        ".getAttribute('aria-valuenow')) >= 15",
+        arg=job_id,
+        timeout=90_000,
+    )
     _save(page, tmp_path, "dashboard.png")
     row.locator(".status-succeeded").wait_for(timeout=90_000)
     assert row.locator("[role=progressbar]").get_attribute("aria-valuenow") == "100"
@@ -149,8 +153,10 @@ def test_browser_submits_a_job_watches_it_and_downloads_the_deploy_onnx(live_ser
 
 
 # Two int64 inputs, `seq` dynamic (tests/service/test_signatures.py uploads the same model through the API).
-TOKENS = [{"name": "input_ids", "shape": ["batch", "seq"], "dtype": "int64"},
-          {"name": "attention_mask", "shape": ["batch", "seq"], "dtype": "int64"}]
+TOKENS = [
+    {"name": "input_ids", "shape": ["batch", "seq"], "dtype": "int64"},
+    {"name": "attention_mask", "shape": ["batch", "seq"], "dtype": "int64"},
+]
 RED = "rgb(194, 53, 43)"  # style.css --bad
 
 
@@ -169,8 +175,9 @@ def _color(locator) -> str:
 
 
 @pytest.mark.slow
-def test_the_form_sends_a_signature_an_objective_and_gate_limits_and_a_missed_gate_shows_red(live_server, page,
-                                                                                             tmp_path):
+def test_the_form_sends_a_signature_an_objective_and_gate_limits_and_a_missed_gate_shows_red(
+    live_server, page, tmp_path
+):
     files = _encoder_files(tmp_path)
     _open_with_key(page, live_server, "#/")
     form = page.locator("#submit-form")
@@ -198,10 +205,24 @@ def test_the_form_sends_a_signature_an_objective_and_gate_limits_and_a_missed_ga
     with httpx.Client(base_url=live_server.base_url, headers={"Authorization": f"Bearer {live_server.api_key}"}) as api:
         job = api.get(f"/v1/jobs/{job_id}").json()
         assert job["kind"] == "quant_retrain"
-        assert {k: job["params"].get(k) for k in ("objective", "distill_loss", "temperature", "min_output_cosine",
-                                                   "max_accuracy_drop", "batch_size")} == {
-            "objective": "distill_outputs", "distill_loss": "cosine", "temperature": 2.0, "min_output_cosine": 0.9999,
-            "max_accuracy_drop": None, "batch_size": 32}
+        assert {
+            k: job["params"].get(k)
+            for k in (
+                "objective",
+                "distill_loss",
+                "temperature",
+                "min_output_cosine",
+                "max_accuracy_drop",
+                "batch_size",
+            )
+        } == {
+            "objective": "distill_outputs",
+            "distill_loss": "cosine",
+            "temperature": 2.0,
+            "min_output_cosine": 0.9999,
+            "max_accuracy_drop": None,
+            "batch_size": 32,
+        }
         model = api.get(f"/v1/models/{job['model_id']}").json()
         assert model["inputs"] == TOKENS  # the two-input signature, from the form's textarea
         assert model["outputs"] == {"type": "tensor", "shape": [2, 16], "dtype": "float32"}
@@ -292,7 +313,8 @@ def test_the_api_docs_render_offline_from_the_dashboards_api_link(app_server, pa
     page.locator(".opblock").first.wait_for()
     shown = page.locator(".opblock").evaluate_all(
         "blocks => blocks.map(b => [b.querySelector('.opblock-summary-method').textContent,"
-        " b.querySelector('.opblock-summary-path').dataset.path])")
+        " b.querySelector('.opblock-summary-path').dataset.path])"
+    )
     assert {tuple(op) for op in shown} == operations
 
     page.goto(f"{app_server.base_url}/redoc")
@@ -322,9 +344,11 @@ def _open_with_key(page, server, hash_: str) -> None:
 
 
 def _upload_sample(client, assets) -> dict:
-    return {"model_id": client.upload_model(assets / "cnn.pt", "1,1,28,28")["id"],
-            "config_id": client.upload_config(assets / "quant.cfg")["id"],
-            "dataset_id": client.upload_dataset(assets / "small.npz")["id"]}
+    return {
+        "model_id": client.upload_model(assets / "cnn.pt", "1,1,28,28")["id"],
+        "config_id": client.upload_config(assets / "quant.cfg")["id"],
+        "dataset_id": client.upload_dataset(assets / "small.npz")["id"],
+    }
 
 
 @pytest.mark.slow
@@ -369,8 +393,10 @@ def test_the_artifacts_panel_lists_train_state_while_the_job_runs(live_server, a
                 page.locator('#artifacts tr[data-kind="train_state"]').wait_for(timeout=300_000)
             except Exception as e:
                 job = client.get(job_id)
-                raise AssertionError(f"no train_state row; job {job['status']} {job['phase']} "
-                                     f"{job['progress']}:\n{live_server.log_text()}") from e
+                raise AssertionError(
+                    f"no train_state row; job {job['status']} {job['phase']} "
+                    f"{job['progress']}:\n{live_server.log_text()}"
+                ) from e
             assert client.get(job_id)["status"] == "running"
             assert page.locator("#cancel").is_enabled()
         finally:
@@ -398,17 +424,30 @@ SEARCH_TABLES = """async ([sensitivity, mixed]) => {
 def test_the_job_page_draws_the_sensitivity_bars_and_the_chosen_precisions(app_server, page):
     """report.json's `sensitivity` and `mixed_precision` sections (job_process/search_runners.py) as tables."""
     row = {"layer_type": "Conv2d", "cosine": 0.99, "mse": 0.1, "macs_share": 0.5, "bytes_share": 0.25}
-    sensitivity = {"fp32_top1": 0.9, "rows": [
-        {**row, "layer": "fc", "variant": "INT4", "top1_drop": 4.0, "damage": 4.0},
-        {**row, "layer": "conv1", "variant": "INT4", "top1_drop": 1.0, "damage": 1.0},
-        {**row, "layer": "conv2", "variant": "INT8", "top1_drop": -0.5, "damage": -0.5}]}
+    sensitivity = {
+        "fp32_top1": 0.9,
+        "rows": [
+            {**row, "layer": "fc", "variant": "INT4", "top1_drop": 4.0, "damage": 4.0},
+            {**row, "layer": "conv1", "variant": "INT4", "top1_drop": 1.0, "damage": 1.0},
+            {**row, "layer": "conv2", "variant": "INT8", "top1_drop": -0.5, "damage": -0.5},
+        ],
+    }
     deviation = {"top1_drop": 0.3, "cosine": 0.998, "mse": 0.1}
-    mixed = {"budget": {"max_top1_drop": 0.5}, "deployed": deviation, "int8_deployed": {**deviation, "top1_drop": 0.0},
-             "weight_bytes": 10216, "int8_weight_bytes": 20432, "precisions": {"conv1": "INT4", "fc": "INT8"}}
+    mixed = {
+        "budget": {"max_top1_drop": 0.5},
+        "deployed": deviation,
+        "int8_deployed": {**deviation, "top1_drop": 0.0},
+        "weight_bytes": 10216,
+        "int8_weight_bytes": 20432,
+        "precisions": {"conv1": "INT4", "fc": "INT8"},
+    }
     page.goto(f"{app_server.base_url}/ui/")
     result = page.evaluate(SEARCH_TABLES, [sensitivity, mixed])
-    assert [r[:3] for r in result["rows"]] == [["fc", "INT4", "4.00 pts"], ["conv1", "INT4", "1.00 pts"],
-                                               ["conv2", "INT8", "-0.50 pts"]]
+    assert [r[:3] for r in result["rows"]] == [
+        ["fc", "INT4", "4.00 pts"],
+        ["conv1", "INT4", "1.00 pts"],
+        ["conv2", "INT8", "-0.50 pts"],
+    ]
     assert result["rows"][0][4:] == ["50.0 %", "25.0 %"]
     assert result["bars"] == ["100%", "25%", "0%"]
     assert result["precisions"] == [["conv1", "INT4"], ["fc", "INT8"]]

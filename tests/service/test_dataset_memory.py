@@ -24,8 +24,10 @@ def _sparse_npz(path) -> int:
     chunk = np.zeros(CHUNK, np.float32)
     chunk[rng.integers(0, CHUNK, CHUNK // 800)] = 1.0
     header = {"descr": "<f4", "fortran_order": False, "shape": (CHUNK * CHUNKS,)}
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as zf, \
-            zf.open("inputs.npy", "w", force_zip64=True) as f:
+    with (
+        zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as zf,
+        zf.open("inputs.npy", "w", force_zip64=True) as f,
+    ):
         np.lib.format.write_array_header_1_0(f, header)
         for _ in range(CHUNKS):
             f.write(chunk.tobytes())

@@ -47,6 +47,7 @@ def test_the_ranks_slices_of_a_batch_cover_it_once():
 
 # -- through the real worker --------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory, pg_url, redis_url, assets):
     from examples.fashion_mnist import load_fashion_mnist
@@ -55,9 +56,11 @@ def stack(tmp_path_factory, pg_url, redis_url, assets):
     x, y = load_fashion_mnist("test", limit=4000)  # images the base model never saw
     np.savez(folder / "test4000.npz", inputs=x.numpy(), labels=y.numpy())
     with worker_stack(folder, pg_url, redis_url) as (api, worker):
-        ids = {"model_id": api.upload_model(assets / "cnn.pt").json()["id"],
-               "config_id": api.upload_config(QUANT_CFG).json()["id"],
-               "dataset_id": api.upload_dataset((folder / "test4000.npz").read_bytes()).json()["id"]}
+        ids = {
+            "model_id": api.upload_model(assets / "cnn.pt").json()["id"],
+            "config_id": api.upload_config(QUANT_CFG).json()["id"],
+            "dataset_id": api.upload_dataset((folder / "test4000.npz").read_bytes()).json()["id"],
+        }
         yield api, ids
 
 
@@ -74,8 +77,10 @@ def test_a_two_rank_job_matches_one_process_and_its_ranks_hold_the_same_factors(
     ranks = api.submit(**body, world_size=2)
     assert ranks.status_code == 202, ranks.text
     assert ranks.json()["params"]["world_size"] == 2
-    jobs = {name: wait_terminal(api, job_id, timeout=600) for name, job_id in (("single", single),
-                                                                            ("ddp", ranks.json()["id"]))}
+    jobs = {
+        name: wait_terminal(api, job_id, timeout=600)
+        for name, job_id in (("single", single), ("ddp", ranks.json()["id"]))
+    }
     for job in jobs.values():
         assert job["status"] == "succeeded", job["error"]
     reports = {name: _report(api, job["id"]) for name, job in jobs.items()}
@@ -99,6 +104,7 @@ def test_a_two_rank_job_matches_one_process_and_its_ranks_hold_the_same_factors(
 
 
 # -- killing a rank -----------------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def runner_env(tmp_path_factory, assets):
@@ -141,13 +147,21 @@ def test_a_killed_rank_sends_the_job_back_to_the_queue_and_it_resumes_on_two_ran
     outcome: dict = {}
     thread = threading.Thread(target=lambda: outcome.update(result=JobRunner(api.settings, owner="t").run(job_id)))
     thread.start()
-    checkpoint = wait_until(lambda: next((e for e in job_events(api, job_id) if e["type"] == "checkpoint"), None),
-                            300, interval=0.05, what="the checkpoint of epoch 1")
+    checkpoint = wait_until(
+        lambda: next((e for e in job_events(api, job_id) if e["type"] == "checkpoint"), None),
+        300,
+        interval=0.05,
+        what="the checkpoint of epoch 1",
+    )
     ranks = wait_until(lambda: (r := _ranks(job_id)) and len(r) == 2 and r, 10, interval=0.05, what="two ranks")
     os.kill(ranks[-1], signal.SIGKILL)
     killed = time.monotonic()
-    requeued = wait_until(lambda: next((e for e in job_events(api, job_id) if e.get("edge") == "requeued"), None),
-                          60, interval=0.05, what="the job requeued")
+    requeued = wait_until(
+        lambda: next((e for e in job_events(api, job_id) if e.get("edge") == "requeued"), None),
+        60,
+        interval=0.05,
+        what="the job requeued",
+    )
     assert time.monotonic() - killed < 30 < api.settings.lease_s  # rank 0 did not hang in its all-reduce
     assert "killed by SIGKILL" in requeued["reason"]
     thread.join(600)
@@ -161,19 +175,29 @@ def test_a_killed_rank_sends_the_job_back_to_the_queue_and_it_resumes_on_two_ran
 
 # -- two nodes ----------------------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def two_nodes(tmp_path_factory, pg_url, redis_url, assets):
     """Two Celery workers on this machine standing for two nodes, on a server that allows multi-node jobs."""
     folder = tmp_path_factory.mktemp("nodes")
-    settings = make_settings(folder, database_url=pg_url, broker_url=redis_url, multinode=True,
-                             node_address="127.0.0.1", warm_start=False, node_join_timeout_s=300)
+    settings = make_settings(
+        folder,
+        database_url=pg_url,
+        broker_url=redis_url,
+        multinode=True,
+        node_address="127.0.0.1",
+        warm_start=False,
+        node_join_timeout_s=300,
+    )
     with open_api(settings) as client:
         api = Api(client, settings)
         workers = [Worker(settings, folder / f"worker{i}.log") for i in range(2)]
         try:
-            ids = {"model_id": api.upload_model(assets / "cnn.pt").json()["id"],
-                   "config_id": api.upload_config(QUANT_CFG).json()["id"],
-                   "dataset_id": api.upload_dataset((assets / "small.npz").read_bytes()).json()["id"]}
+            ids = {
+                "model_id": api.upload_model(assets / "cnn.pt").json()["id"],
+                "config_id": api.upload_config(QUANT_CFG).json()["id"],
+                "dataset_id": api.upload_dataset((assets / "small.npz").read_bytes()).json()["id"],
+            }
             yield api, ids, workers
         finally:
             for worker in workers:
@@ -183,8 +207,9 @@ def two_nodes(tmp_path_factory, pg_url, redis_url, assets):
 @pytest.mark.slow
 def test_a_job_on_two_nodes_runs_one_rank_on_each_of_two_workers(two_nodes):
     api, ids, workers = two_nodes
-    job_id = api.submit(kind="quant_retrain", epochs=1, batch_size=32, lr=5e-4, world_size=2, nodes=2,
-                        **ids).json()["id"]
+    job_id = api.submit(kind="quant_retrain", epochs=1, batch_size=32, lr=5e-4, world_size=2, nodes=2, **ids).json()[
+        "id"
+    ]
     job = wait_terminal(api, job_id, timeout=600)
     assert job["status"] == "succeeded", (job["error"], [w.text()[-3000:] for w in workers])
     distributed = _report(api, job_id)["distributed"]
@@ -201,10 +226,16 @@ def test_a_job_on_two_nodes_runs_one_rank_on_each_of_two_workers(two_nodes):
 
 # -- refusals ------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("overrides, field", [({"kind": "distill", "world_size": 2}, "world_size"),
-                                              ({"world_size": 3, "nodes": 2}, "nodes"),
-                                              ({"world_size": 4, "nodes": 2}, "nodes"),
-                                              ({"world_size": 65}, "world_size")])
+
+@pytest.mark.parametrize(
+    "overrides, field",
+    [
+        ({"kind": "distill", "world_size": 2}, "world_size"),
+        ({"world_size": 3, "nodes": 2}, "nodes"),
+        ({"world_size": 4, "nodes": 2}, "nodes"),
+        ({"world_size": 65}, "world_size"),
+    ],
+)
 def test_what_a_distributed_job_may_not_ask_is_422_naming_the_field(runner_env, overrides, field):
     api, ids = runner_env
     response = api.submit(**{"kind": "quant_retrain", **ids, **overrides})
@@ -217,9 +248,19 @@ def test_a_checkpoint_from_another_world_size_is_not_resumed_from(tmp_path, caps
 
     model, optimizer = torch.nn.Linear(2, 2), None
     optimizer = torch.optim.Adam(model.parameters())
-    torch.save({"format": 1, "kind": "quant_retrain", "epoch": 1, "step": 4, "steps_per_epoch": 4,
-                "world_size": 1, "model": model.state_dict(), "optimizer": optimizer.state_dict()},
-               tmp_path / "resume.pt")
+    torch.save(
+        {
+            "format": 1,
+            "kind": "quant_retrain",
+            "epoch": 1,
+            "step": 4,
+            "steps_per_epoch": 4,
+            "world_size": 1,
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+        },
+        tmp_path / "resume.pt",
+    )
 
     class Loader:
         shuffle = None

@@ -24,8 +24,10 @@ from tests.test_dynamic_shapes import BatchBranch, ONetHead
 
 pytestmark = pytest.mark.slow
 
-TOKENS = [{"name": "input_ids", "shape": ["batch", "seq"], "dtype": "int64"},
-          {"name": "attention_mask", "shape": ["batch", "seq"], "dtype": "int64"}]
+TOKENS = [
+    {"name": "input_ids", "shape": ["batch", "seq"], "dtype": "int64"},
+    {"name": "attention_mask", "shape": ["batch", "seq"], "dtype": "int64"},
+]
 PTQ_CFG = b"batch_num: 2\n"
 
 
@@ -65,12 +67,24 @@ def test_minilm_trained_on_32_tokens_serves_7_26_and_128(stack, tmp_path):
     rows = tokenizer(sentences[:200], padding="max_length", max_length=32, truncation=True, return_tensors="pt")
     with torch.no_grad():
         torch.jit.trace(encoder, (rows["input_ids"][:2], rows["attention_mask"][:2]), strict=False).save(
-            str(tmp_path / "minilm.pt"))
+            str(tmp_path / "minilm.pt")
+        )
     model = api.upload_model(tmp_path / "minilm.pt", input_shape="", name="minilm", inputs=json.dumps(TOKENS))
     assert model.status_code == 201, model.text
     dataset = npz_bytes(input_ids=rows["input_ids"].numpy(), attention_mask=rows["attention_mask"].numpy())
-    artifacts, report = _run_job(api, model.json()["id"], FFN_FP32_CFG, "retrain", dataset, kind="quant_retrain",
-                                 epochs=1, batch_size=16, lr=2e-5, eval_fraction=0.2, distill_loss="cosine")
+    artifacts, report = _run_job(
+        api,
+        model.json()["id"],
+        FFN_FP32_CFG,
+        "retrain",
+        dataset,
+        kind="quant_retrain",
+        epochs=1,
+        batch_size=16,
+        lr=2e-5,
+        eval_fraction=0.2,
+        distill_loss="cosine",
+    )
 
     for kind in ("fp32", "fake_quant", "deploy"):
         checks = report["shapes"][kind]
@@ -82,22 +96,29 @@ def test_minilm_trained_on_32_tokens_serves_7_26_and_128(stack, tmp_path):
     stated = report["outputs"]["output"]["deploy"]["mean_cosine"]
 
     held_out = sentences[200:]
-    long_rows = [" ".join(held_out[i:i + 8]) for i in range(0, 48, 8)]  # ~128 tokens each
+    long_rows = [" ".join(held_out[i : i + 8]) for i in range(0, 48, 8)]  # ~128 tokens each
     for kind in ("fp32_onnx", "fake_quant", "deploy"):
         session = _session(api, artifacts[kind])
         for length, batch, text in ((7, 1, held_out), (26, 3, held_out), (128, 3, long_rows)):
-            cosine = _cosine(session, encoder, tokenizer(text[:batch], padding="max_length", max_length=length,
-                                                         truncation=True, return_tensors="pt"))
+            cosine = _cosine(
+                session,
+                encoder,
+                tokenizer(text[:batch], padding="max_length", max_length=length, truncation=True, return_tensors="pt"),
+            )
             assert cosine >= (0.9999 if kind == "fp32_onnx" else 0.98), (kind, length, batch, cosine)
-    served = _cosine(_session(api, artifacts["deploy"]), encoder,
-                     tokenizer(long_rows, padding="max_length", max_length=128, truncation=True, return_tensors="pt"))
+    served = _cosine(
+        _session(api, artifacts["deploy"]),
+        encoder,
+        tokenizer(long_rows, padding="max_length", max_length=128, truncation=True, return_tensors="pt"),
+    )
     print(f"\nMiniLM quant_retrain on 32-token rows: report cosine {stated:.4f}; 128-token rows {served:.4f}")
     assert abs(served - stated) <= 0.01
 
 
 def _cosine(session: ort.InferenceSession, encoder, rows) -> float:
-    got = torch.from_numpy(session.run(None, {"input_ids": rows["input_ids"].numpy(),
-                                              "attention_mask": rows["attention_mask"].numpy()})[0])
+    got = torch.from_numpy(
+        session.run(None, {"input_ids": rows["input_ids"].numpy(), "attention_mask": rows["attention_mask"].numpy()})[0]
+    )
     with torch.no_grad():
         want = encoder(rows["input_ids"], rows["attention_mask"])
     return float(F.cosine_similarity(got, want, dim=-1).mean())
@@ -113,8 +134,18 @@ def test_a_head_uploaded_with_a_batch_of_one_runs_at_every_batch(stack, tmp_path
     assert model.status_code == 201, model.text
     images = torch.randn(160, 3, 48, 48, generator=torch.Generator().manual_seed(1))
     cfg, cfg_kind = (PTQ_CFG, "calibration") if kind == "ptq" else (QUANT_CFG, "retrain")
-    artifacts, report = _run_job(api, model.json()["id"], cfg, cfg_kind, npz_bytes(inputs=images.numpy()),
-                                 kind=kind, epochs=1, batch_size=32, lr=1e-4, eval_fraction=0.2)
+    artifacts, report = _run_job(
+        api,
+        model.json()["id"],
+        cfg,
+        cfg_kind,
+        npz_bytes(inputs=images.numpy()),
+        kind=kind,
+        epochs=1,
+        batch_size=32,
+        lr=1e-4,
+        eval_fraction=0.2,
+    )
     files = ["fp32_onnx", "fake_quant", "deploy"] + (["fused_onnx"] if kind == "ptq" else [])
     x = torch.randn(32, 3, 48, 48, generator=torch.Generator().manual_seed(2))
     with torch.no_grad():

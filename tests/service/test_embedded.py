@@ -43,9 +43,14 @@ def server(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in WIRING}
     env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="2", AMCT_HEARTBEAT_S="1", AMCT_BROKER_POLL_S="0.05")
     log = open(tmp_path / "serve.log", "wb")  # noqa: SIM115 - the server's whole life
-    proc = subprocess.Popen([sys.executable, "-m", "service", "serve", "--port", str(port),
-                             "--data-dir", str(tmp_path / "data")], cwd=ROOT, env=env, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "service", "serve", "--port", str(port), "--data-dir", str(tmp_path / "data")],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60)
 
     def up():
@@ -69,15 +74,26 @@ def server(tmp_path):
 def test_embedded_serve_runs_a_quant_job_end_to_end(server, assets):
     client, data_dir = server
     with open(assets / "cnn.pt", "rb") as f:
-        model = client.post("/v1/models", files={"file": ("cnn.pt", f)},
-                            data={"name": "cnn", "input_shape": "1,1,28,28"})
+        model = client.post(
+            "/v1/models", files={"file": ("cnn.pt", f)}, data={"name": "cnn", "input_shape": "1,1,28,28"}
+        )
     assert model.status_code == 201, model.text
     config = client.post("/v1/configs", files={"file": ("q.cfg", QUANT_CFG)}, data={"kind": "retrain"})
     dataset = client.post("/v1/datasets", files={"file": ("d.npz", (assets / "small.npz").read_bytes())})
     submitted_at = time.monotonic()
-    submit = client.post("/v1/jobs", json={"kind": "quant_retrain", "model_id": model.json()["id"],
-                                           "config_id": config.json()["id"], "dataset_id": dataset.json()["id"],
-                                           "epochs": 1, "batch_size": 32, "lr": 5e-4, "eval_fraction": 0.25})
+    submit = client.post(
+        "/v1/jobs",
+        json={
+            "kind": "quant_retrain",
+            "model_id": model.json()["id"],
+            "config_id": config.json()["id"],
+            "dataset_id": dataset.json()["id"],
+            "epochs": 1,
+            "batch_size": 32,
+            "lr": 5e-4,
+            "eval_fraction": 0.25,
+        },
+    )
     assert submit.status_code == 202, submit.text
     location = submit.headers["location"]
 
@@ -97,13 +113,15 @@ def test_embedded_serve_runs_a_quant_job_end_to_end(server, assets):
     artifacts = {a["kind"]: a for a in client.get(f"{location}/artifacts").json()["items"]}
     report = client.get(artifacts["report"]["content_url"]).json()
     assert report["accuracy"]["deploy"] >= report["accuracy"]["fp32"] - 0.05 and report["accuracy"]["fp32"] > 0.7
-    session = ort.InferenceSession(client.get(artifacts["deploy"]["content_url"]).content,
-                                   providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(
+        client.get(artifacts["deploy"]["content_url"]).content, providers=["CPUExecutionProvider"]
+    )
     data = np.load(assets / "small.npz")
     assert (session.run(None, {"input": data["inputs"]})[0].argmax(1) == data["labels"]).mean() > 0.7
 
 
 # -- the embedded worker killed --------------------------------------------------------------------
+
 
 def test_a_killed_embedded_worker_is_restarted_and_its_job_resumes(tmp_path, assets):
     """kill -9 of `amct serve`'s worker mid-training: its pool and beat go with it, a new worker starts,

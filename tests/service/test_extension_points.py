@@ -54,8 +54,12 @@ def test_meta_and_the_cfg_summary_list_it(throwaway, tmp_path):
         meta = client.get("/v1/meta").json()
         config = client.post("/v1/configs", files={"file": ("q.cfg", QUANT_CFG)}, data={"kind": "retrain"}).json()
     kinds = {k["name"]: k for k in meta["job_kinds"]}
-    assert kinds["throwaway"] == {"name": "throwaway", "cfg_kind": "retrain", "needs_labels": False,
-                                  "description": throwaway.KIND.description}
+    assert kinds["throwaway"] == {
+        "name": "throwaway",
+        "cfg_kind": "retrain",
+        "needs_labels": False,
+        "description": throwaway.KIND.description,
+    }
     assert set(kinds) == set(JOB_KINDS.names())
     assert config["summary"]["job_kinds"]["throwaway"] == {"ok": True}  # no engine API to check it against
 
@@ -64,8 +68,14 @@ def test_the_cli_offers_it():
     """`--kind` of a fresh `amct` process, as a user runs it, with the kind's module named in its environment."""
     env = dict(os.environ, **{MODULES_ENV: MODULE}, PYTHONPATH=str(ROOT), COLUMNS="600")
     for command in (["jobs", "submit"], ["compress"]):
-        help_text = subprocess.run([sys.executable, "-m", "service", *command, "--help"], env=env, cwd=ROOT,
-                                   capture_output=True, text=True, check=True).stdout
+        help_text = subprocess.run(
+            [sys.executable, "-m", "service", *command, "--help"],
+            env=env,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         kind = next(line for line in help_text.splitlines() if "--kind" in line)
         assert "|throwaway>" in kind, help_text
 
@@ -74,10 +84,17 @@ def test_the_job_process_hands_it_to_its_runner(throwaway, tmp_path):
     (tmp_path / "model.pt").write_bytes(tiny_model_bytes())
     (tmp_path / "data.npz").write_bytes(tiny_dataset(labels=False, samples=20))
     (tmp_path / "job.cfg").write_bytes(QUANT_CFG)
-    spec = {"kind": "throwaway", "device": "cpu", "input_shape": [1, FEATURES], "input_dtype": "float32",
-            "params": {"epochs": 1, "batch_size": 4, "lr": 1e-3, "eval_fraction": 0.25, "seed": 0},
-            "model": str(tmp_path / "model.pt"), "cfg": str(tmp_path / "job.cfg"),
-            "dataset": str(tmp_path / "data.npz"), "dataset_format": "npz"}
+    spec = {
+        "kind": "throwaway",
+        "device": "cpu",
+        "input_shape": [1, FEATURES],
+        "input_dtype": "float32",
+        "params": {"epochs": 1, "batch_size": 4, "lr": 1e-3, "eval_fraction": 0.25, "seed": 0},
+        "model": str(tmp_path / "model.pt"),
+        "cfg": str(tmp_path / "job.cfg"),
+        "dataset": str(tmp_path / "data.npz"),
+        "dataset_format": "npz",
+    }
     (tmp_path / SPEC_FILE).write_text(json.dumps(spec))
     with ChildProcess(tmp_path) as child:
         messages = list(child)

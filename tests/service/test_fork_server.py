@@ -50,9 +50,9 @@ def test_a_forked_job_sees_nothing_an_earlier_one_left_and_cannot_reach_the_serv
         planter, code, messages = _run(pool, "plant")
         assert code == 0, planter.log_tail()
         # What it printed is the job's own stream: a line shaped like a server message is not one.
-        assert [m["message"] for m in messages] == [
-            messages[0]["message"], "probe plant"] and messages[0]["message"].startswith(
-            "warm engine process: forked from a fork server that warmed up in ")
+        assert [m["message"] for m in messages] == [messages[0]["message"], "probe plant"] and messages[0][
+            "message"
+        ].startswith("warm engine process: forked from a fork server that warmed up in ")
         assert messages[0]["message"].endswith("; 0 jobs before this one")
         first_folder = planter.workdir
         assert first_folder.parent == server.slot and (server.slot / "planted").exists()
@@ -163,8 +163,9 @@ def test_a_killed_forked_child_is_retried_from_its_checkpoint_by_the_same_server
     server = pool._server
     outcome: dict = {}
     settings = api.settings.model_copy(update={"checkpoint_every_steps": 0, "heartbeat_s": 0.5})
-    thread = threading.Thread(target=lambda: outcome.update(
-        result=JobRunner(settings, owner="forked", warm=pool).run(job_id)))
+    thread = threading.Thread(
+        target=lambda: outcome.update(result=JobRunner(settings, owner="forked", warm=pool).run(job_id))
+    )
     thread.start()
     try:
         kill_engine_at_checkpoint(api, job_id, 180)  # the forked child, found through the server's job marker

@@ -42,8 +42,17 @@ def job_id(sessions):
         dataset = Dataset(name="d", format="npz", description={}, **blob)
         s.add_all([model, config, dataset])
         s.flush()
-        job = Job(project_id="default", kind="quant_retrain", status="queued", model_id=model.id,
-                  config_id=config.id, dataset_id=dataset.id, params={}, device="cpu", queue="q")
+        job = Job(
+            project_id="default",
+            kind="quant_retrain",
+            status="queued",
+            model_id=model.id,
+            config_id=config.id,
+            dataset_id=dataset.id,
+            params={},
+            device="cpu",
+            queue="q",
+        )
         s.add(job)
         s.flush()
         jobstate.add_event(s, job.id, "state", {"status": "queued"})
@@ -202,8 +211,9 @@ def test_reaper_fails_a_job_that_lost_its_worker_too_often(db_url, sessions, job
 
     with sessions.begin() as s:
         jobstate.claim_job(s, job_id, "worker-a", lease_s=60)
-        s.execute(update(Job).where(Job.id == job_id)
-                  .values(attempt=3, lease_expires_at=utcnow() - timedelta(seconds=1)))
+        s.execute(
+            update(Job).where(Job.id == job_id).values(attempt=3, lease_expires_at=utcnow() - timedelta(seconds=1))
+        )
     result = reap_once(make_settings(tmp_path, database_url=db_url), RecordingDispatcher())
     assert job_id in result["failed"]
     with sessions() as s:
@@ -228,7 +238,8 @@ def test_reaper_resends_a_queued_job_nobody_claimed_once_per_period(db_url, sess
         logs = s.scalars(select(JobEvent).where(JobEvent.job_id == job_id, JobEvent.type == "log")).all()
     assert job.status == "queued"
     assert [e.payload["message"] for e in logs] == [
-        "re-sent to the queue: not claimed for 60 s and its message is missing from the broker"]
+        "re-sent to the queue: not claimed for 60 s and its message is missing from the broker"
+    ]
 
 
 def test_reaper_does_not_resend_a_job_whose_message_still_waits(db_url, sessions, job_id, tmp_path):

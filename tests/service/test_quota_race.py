@@ -27,6 +27,9 @@ def test_parallel_submits_never_pass_the_quota(api, monkeypatch):
         statuses = Counter(pool.map(submit, range(SUBMITS)))
     assert statuses == {202: QUOTA, 429: SUBMITS - QUOTA}, statuses
     with api.client.app.state.sessions() as session:
-        active = session.scalar(select(func.count()).select_from(Job).where(
-            Job.project_id == tenant.project, Job.status.in_(("queued", "running"))))
+        active = session.scalar(
+            select(func.count())
+            .select_from(Job)
+            .where(Job.project_id == tenant.project, Job.status.in_(("queued", "running")))
+        )
     assert active == QUOTA

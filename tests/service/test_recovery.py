@@ -55,8 +55,11 @@ OUTPUTS = {"checkpoint", "config", "deploy", "fake_quant", "fp32_onnx", "log", "
 def _upload(api: Api, assets) -> dict:
     model = api.upload_model(assets / "cnn.pt")
     assert model.status_code == 201, model.text
-    return {"model_id": model.json()["id"], "config_id": api.upload_config(QUANT_CFG).json()["id"],
-            "dataset_id": api.upload_dataset((assets / "small.npz").read_bytes()).json()["id"]}
+    return {
+        "model_id": model.json()["id"],
+        "config_id": api.upload_config(QUANT_CFG).json()["id"],
+        "dataset_id": api.upload_dataset((assets / "small.npz").read_bytes()).json()["id"],
+    }
 
 
 @pytest.fixture(scope="module")
@@ -71,14 +74,16 @@ def redis_server(tmp_path_factory):
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory, pg_url, redis_server, assets):
     """The API on PostgreSQL and the private Redis, with recovery timings in seconds."""
-    settings = make_settings(tmp_path_factory.mktemp("recovery"), database_url=pg_url,
-                             broker_url=redis_server.url, **FAST_RECOVERY)
+    settings = make_settings(
+        tmp_path_factory.mktemp("recovery"), database_url=pg_url, broker_url=redis_server.url, **FAST_RECOVERY
+    )
     with open_api(settings) as client:
         api = Api(client, settings)
         yield api, _upload(api, assets), redis_server
 
 
 # -- crashes ---------------------------------------------------------------------------------------
+
 
 @pytest.mark.slow
 def test_a_job_whose_worker_is_killed_finishes_from_its_checkpoint_on_a_new_worker(stack, tmp_path):
@@ -88,23 +93,33 @@ def test_a_job_whose_worker_is_killed_finishes_from_its_checkpoint_on_a_new_work
     assert job["status"] == "succeeded", job["error"]
     assert job["attempt"] == 2 and trial.orphans == []
     states = [(e["status"], e["edge"]) for e in events if e["type"] == "state"]
-    assert states == [("queued", "submitted"), ("running", "claimed"), ("queued", "requeued"),
-                      ("running", "claimed"), ("succeeded", "succeeded")]
+    assert states == [
+        ("queued", "submitted"),
+        ("running", "claimed"),
+        ("queued", "requeued"),
+        ("running", "claimed"),
+        ("succeeded", "succeeded"),
+    ]
 
     # The second attempt started where the checkpoint stood, not at epoch 0 ...
     resumed = trial.resumed
     assert resumed is not None and killed["epoch"] >= 1
     assert (resumed["epoch"], resumed["step"]) == (killed["epoch"], killed["step"])
     assert job["metrics"]["resumed_from"] == {"epoch": killed["epoch"], "step": killed["step"]}
-    after = [e for e in events[events.index(resumed):] if e["type"] == "progress" and "step" in e]
+    after = [e for e in events[events.index(resumed) :] if e["type"] == "progress" and "step" in e]
     assert after and after[0]["epoch"] >= killed["epoch"]
     assert all(e["step"] > killed["step"] for e in after)  # no finished step trained again
     assert after[-1]["step"] == after[-1]["total_steps"] == 3 * killed["steps_per_epoch"]
 
     # ... and every output is there, byte for byte what its sha256 says; the resume point is gone.
     assert set(trial.artifacts) == OUTPUTS and all(trial.artifacts.values()), trial.artifacts
-    report = api.client.get(next(a["content_url"] for a in api.client.get(
-        f"/v1/jobs/{job['id']}/artifacts").json()["items"] if a["kind"] == "report")).json()
+    report = api.client.get(
+        next(
+            a["content_url"]
+            for a in api.client.get(f"/v1/jobs/{job['id']}/artifacts").json()["items"]
+            if a["kind"] == "report"
+        )
+    ).json()
     assert report["accuracy"]["deploy"] > 0.6
 
 
@@ -115,8 +130,12 @@ def test_a_redis_restart_loses_no_job(stack, tmp_path):
     worker = Worker(api.settings, tmp_path / "worker.log", beat=True)
     try:
         running = api.submit(kind="quant_retrain", epochs=2, batch_size=16, lr=5e-4, **ids).json()["id"]
-        wait_until(lambda: get_job(api, running)["phase"] in ("creating", "training"), 120, interval=0.1,
-                   what="the job under way")
+        wait_until(
+            lambda: get_job(api, running)["phase"] in ("creating", "training"),
+            120,
+            interval=0.1,
+            what="the job under way",
+        )
         redis_server.kill()
         # The row commits, the message cannot be sent: the reaper sends it once Redis is back.
         lost = api.submit(kind="quant_retrain", epochs=1, batch_size=32, lr=5e-4, **ids)
@@ -144,8 +163,7 @@ def test_the_visibility_timeout_reaches_the_broker_connection(redis_server, tmp_
     """celery#7651, #9339: a visibility_timeout that never reached kombu's Redis channel (docs/spec/service.md §2a)."""
     from service.queue import make_celery
 
-    settings = make_settings(tmp_path, broker_url=redis_server.url, job_time_limit_s=7200,
-                             visibility_timeout_s=12345)
+    settings = make_settings(tmp_path, broker_url=redis_server.url, job_time_limit_s=7200, visibility_timeout_s=12345)
     with make_celery(settings).connection_for_read() as connection:
         channel = connection.default_channel
         assert channel.visibility_timeout == 12345 and channel.qos.visibility_timeout == 12345
@@ -161,18 +179,32 @@ def test_settings_refuse_a_visibility_timeout_shorter_than_a_job(tmp_path):
 @pytest.mark.slow
 def test_a_distillation_resumes_after_its_last_finished_group(assets, tmp_path):
     """The engine child killed after distilling group 1 of 3; started again, it distills groups 2-3 only."""
-    spec = {"kind": "distill", "device": "cpu", "input_shape": [1, 1, 28, 28], "input_dtype": "float32",
-            "params": {"epochs": 1, "batch_size": 32, "lr": 5e-4, "eval_fraction": 0.1, "seed": 0,
-                       "deploy_format": "onnx"},
-            "model": str(assets / "cnn.pt"), "cfg": str(ROOT / "tests/fixtures/cfg/distill_minimal.cfg"),
-            "dataset": str(assets / "small.npz"), "dataset_format": "npz", "checkpoint_every_steps": 0}
+    spec = {
+        "kind": "distill",
+        "device": "cpu",
+        "input_shape": [1, 1, 28, 28],
+        "input_dtype": "float32",
+        "params": {"epochs": 1, "batch_size": 32, "lr": 5e-4, "eval_fraction": 0.1, "seed": 0, "deploy_format": "onnx"},
+        "model": str(assets / "cnn.pt"),
+        "cfg": str(ROOT / "tests/fixtures/cfg/distill_minimal.cfg"),
+        "dataset": str(assets / "small.npz"),
+        "dataset_format": "npz",
+        "checkpoint_every_steps": 0,
+    }
     (tmp_path / SPEC_FILE).write_text(json.dumps(spec))
 
     def engine(until: str | None = None) -> tuple[list[dict], int]:
         messages = []
         with open(tmp_path / "child.log", "ab") as log:
-            proc = sandbox.popen(JOB_MODULE, [str(tmp_path)], cwd=tmp_path, stdout=subprocess.PIPE,
-                                 stderr=log, text=True, read_only=[spec["model"], spec["cfg"], spec["dataset"]])
+            proc = sandbox.popen(
+                JOB_MODULE,
+                [str(tmp_path)],
+                cwd=tmp_path,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                text=True,
+                read_only=[spec["model"], spec["cfg"], spec["dataset"]],
+            )
             for line in proc.stdout:
                 if (message := parse_line(line)) is not None:
                     messages.append(message)
@@ -200,6 +232,7 @@ def test_a_distillation_resumes_after_its_last_finished_group(assets, tmp_path):
 
 # -- the engine child killed under a live worker ------------------------------------------------------
 
+
 @pytest.mark.slow
 def test_a_killed_engine_child_is_retried_from_its_checkpoint(runner_env):
     """kill -9 of the engine process mid-training (not of its worker): the job is requeued as another
@@ -214,11 +247,16 @@ def test_a_killed_engine_child_is_retried_from_its_checkpoint(runner_env):
     assert job["attempt"] == 2
     events = job_events(api, job_id)
     states = [(e["status"], e["edge"]) for e in events if e["type"] == "state"]
-    assert states == [("queued", "submitted"), ("running", "claimed"), ("queued", "requeued"),
-                      ("running", "claimed"), ("succeeded", "succeeded")]
+    assert states == [
+        ("queued", "submitted"),
+        ("running", "claimed"),
+        ("queued", "requeued"),
+        ("running", "claimed"),
+        ("succeeded", "succeeded"),
+    ]
     requeued = next(e for e in events if e["type"] == "state" and e["edge"] == "requeued")
     assert "killed by SIGKILL" in requeued["reason"]
-    stored = [e for e in events[:events.index(requeued)] if e["type"] == "checkpoint"][-1]
+    stored = [e for e in events[: events.index(requeued)] if e["type"] == "checkpoint"][-1]
     assert stored["epoch"] >= checkpoint["epoch"] >= 1
     assert job["metrics"]["resumed_from"] == {"epoch": stored["epoch"], "step": stored["step"]}
     assert list(api.settings.tmp_dir.glob(f"job-{job_id}-*")) == []  # no attempt's folder left behind
@@ -245,8 +283,9 @@ def test_an_engine_child_killed_on_every_attempt_fails_after_max_attempts(runner
     assert list(settings.tmp_dir.glob(f"job-{submitted}-*")) == []
 
 
-@pytest.mark.parametrize("code, name", [(-9, "SIGKILL"), (-11, "SIGSEGV"), (137, "SIGKILL"), (1, None), (0, None),
-                                        (3, None)])
+@pytest.mark.parametrize(
+    "code, name", [(-9, "SIGKILL"), (-11, "SIGSEGV"), (137, "SIGKILL"), (1, None), (0, None), (3, None)]
+)
 def test_killed_by_reads_popen_and_wrapper_exit_codes(code, name):
     from worker.supervisor import killed_by
 
@@ -260,11 +299,17 @@ def test_the_reaper_removes_the_folders_of_dead_attempts_only(runner_env):
     queued = api.submit(kind="quant_retrain", **ids).json()["id"]
     running = api.submit(kind="quant_retrain", **ids).json()["id"]
     with api.client.app.state.sessions.begin() as session:
-        session.execute(update(Job).where(Job.id == running).values(
-            status="running", lease_owner="w", lease_expires_at=datetime.now(UTC) + timedelta(hours=1)))
+        session.execute(
+            update(Job)
+            .where(Job.id == running)
+            .values(status="running", lease_owner="w", lease_expires_at=datetime.now(UTC) + timedelta(hours=1))
+        )
     scratch = api.settings.tmp_dir
-    dead, live, gone = (scratch / f"job-{queued}-abc12345", scratch / f"job-{running}-def67890",
-                        scratch / "job-00000000-0000-0000-0000-000000000000-x1y2z3w4")
+    dead, live, gone = (
+        scratch / f"job-{queued}-abc12345",
+        scratch / f"job-{running}-def67890",
+        scratch / "job-00000000-0000-0000-0000-000000000000-x1y2z3w4",
+    )
     for folder in (dead, live, gone):
         (folder / "ckpt").mkdir(parents=True)
         (folder / "ckpt" / "epoch1.pt").write_bytes(b"\0" * 1024)
@@ -276,6 +321,7 @@ def test_the_reaper_removes_the_folders_of_dead_attempts_only(runner_env):
 
 
 # -- cancel ----------------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def runner_env(tmp_path_factory, assets):
@@ -297,8 +343,9 @@ def test_cancel_stops_the_engine_at_its_next_step(runner_env):
     api, ids = runner_env
     job_id = api.submit(kind="quant_retrain", epochs=100, batch_size=8, lr=5e-4, **ids).json()["id"]
     thread, outcome = _run_in_thread(api.settings, job_id)
-    wait_until(lambda: any(e["type"] == "progress" for e in job_events(api, job_id)), 120, interval=0.1,
-               what="training steps")
+    wait_until(
+        lambda: any(e["type"] == "progress" for e in job_events(api, job_id)), 120, interval=0.1, what="training steps"
+    )
     asked = time.monotonic()
     assert api.client.post(f"/v1/jobs/{job_id}/cancel").status_code == 202
     thread.join(60)
@@ -314,8 +361,10 @@ def test_cancel_stops_the_engine_at_its_next_step(runner_env):
     assert job["status"] == "cancelled" and 0.1 <= job["progress"] < 0.8
 
 
-STUBBORN = ("import json, os, time; open('stubborn.pid', 'w').write(str(os.getpid()));"
-            "print(json.dumps({'type': 'phase', 'phase': 'training'}), flush=True); time.sleep(600)")
+STUBBORN = (
+    "import json, os, time; open('stubborn.pid', 'w').write(str(os.getpid()));"
+    "print(json.dumps({'type': 'phase', 'phase': 'training'}), flush=True); time.sleep(600)"
+)
 
 
 def test_an_engine_that_ignores_cancel_is_killed_after_the_grace_period(runner_env, monkeypatch, tmp_path):
@@ -346,11 +395,18 @@ def test_the_engine_child_dies_with_the_worker_that_started_it(tmp_path):
     """bwrap --die-with-parent (PR_SET_PDEATHSIG): a SIGKILLed worker leaves no engine behind (the engine has
     its own session)."""
     middle = subprocess.Popen(  # plays the worker: starts a child the sandbox way, reports when it is set up
-        [sys.executable, "-c",
-         "import subprocess, time; from job_process import sandbox;"
-         f"p = sandbox.popen('tests.service.sleeper', [], cwd={str(tmp_path)!r}, stdout=subprocess.PIPE, text=True);"
-         "assert p.stdout.readline().strip() == 'ready'; print(p.pid, flush=True); time.sleep(60)"],
-        cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-c",
+            "import subprocess, time; from job_process import sandbox;"
+            f"p = sandbox.popen('tests.service.sleeper', [], cwd={str(tmp_path)!r}, stdout=subprocess.PIPE, text=True);"
+            "assert p.stdout.readline().strip() == 'ready'; print(p.pid, flush=True); time.sleep(60)",
+        ],
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     child = int(middle.stdout.readline())
     assert os.path.exists(f"/proc/{child}")
     middle.kill()

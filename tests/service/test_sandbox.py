@@ -53,9 +53,12 @@ def targets(settings) -> dict[str, tuple[str, bytes]]:
     key = (settings.data_dir / "api-key").read_bytes()[:40]
     database = settings.data_dir / "amct.db"
     assert key.startswith(b"amct_") and database.read_bytes()[:15] == b"SQLite format 3"
-    return {"passwd": ("/etc/passwd", HOST_PASSWD), "api_key": (str(settings.data_dir / "api-key"), key),
-            "database": (str(database), b"SQLite format 3"),
-            "other_job": (str(settings.tmp_dir / "other-attempt" / "model.pt"), OTHER_JOB_SECRET)}
+    return {
+        "passwd": ("/etc/passwd", HOST_PASSWD),
+        "api_key": (str(settings.data_dir / "api-key"), key),
+        "database": (str(database), b"SQLite format 3"),
+        "other_job": (str(settings.tmp_dir / "other-attempt" / "model.pt"), OTHER_JOB_SECRET),
+    }
 
 
 def steals_without_the_sandbox(model_path, secret: bytes) -> None:
@@ -72,11 +75,16 @@ def job_folder(settings, name: str, model_path, assets):
     shutil.copy(model_path, folder / "model.pt")
     (folder / "job.cfg").write_bytes(QUANT_CFG)
     shutil.copy(assets / "small.npz", folder / "dataset.npz")
-    spec = {"kind": "quant_retrain", "device": "cpu", "input_shape": [1, 1, 28, 28], "input_dtype": "float32",
-            "params": {"epochs": 1, "batch_size": 64, "lr": 1e-3, "eval_fraction": 0.1, "seed": 0,
-                       "deploy_format": "onnx"},
-            "dataset_format": "npz", "checkpoint_every_steps": 0,
-            **{k: str(folder / n) for k, n in (("model", "model.pt"), ("cfg", "job.cfg"), ("dataset", "dataset.npz"))}}
+    spec = {
+        "kind": "quant_retrain",
+        "device": "cpu",
+        "input_shape": [1, 1, 28, 28],
+        "input_dtype": "float32",
+        "params": {"epochs": 1, "batch_size": 64, "lr": 1e-3, "eval_fraction": 0.1, "seed": 0, "deploy_format": "onnx"},
+        "dataset_format": "npz",
+        "checkpoint_every_steps": 0,
+        **{k: str(folder / n) for k, n in (("model", "model.pt"), ("cfg", "job.cfg"), ("dataset", "dataset.npz"))},
+    }
     (folder / SPEC_FILE).write_text(json.dumps(spec))
     return folder
 
@@ -96,6 +104,7 @@ def test_the_suite_runs_in_the_real_sandbox():
 
 
 # -- reading host files ---------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("target", ["passwd", "api_key", "database", "other_job"])
 def test_an_upload_that_reads_a_host_file_gets_none_of_it_back(service, tmp_path, target):
@@ -136,13 +145,24 @@ def test_an_http_job_whose_model_reads_the_key_file_fails_without_the_secret(api
     model_path = hostile.save(hostile.Exfiltrate(str(key_file), len(secret)), tmp_path / "exfil.pt")
     blob = api.client.app.state.store.put_file(model_path)
     with api.client.app.state.sessions() as session:
-        model = Model(project_id=api.settings.project, name="exfil", input_shape=[1, 1, 28, 28], status="ready",
-                      layers={}, sha256=blob.sha256, size_bytes=blob.size_bytes, uri=blob.uri)
+        model = Model(
+            project_id=api.settings.project,
+            name="exfil",
+            input_shape=[1, 1, 28, 28],
+            status="ready",
+            layers={},
+            sha256=blob.sha256,
+            size_bytes=blob.size_bytes,
+            uri=blob.uri,
+        )
         session.add(model)
         session.commit()
         model_id = model.id
-    ids = {"model_id": model_id, "config_id": api.upload_config(QUANT_CFG).json()["id"],
-           "dataset_id": api.upload_dataset((assets / "small.npz").read_bytes()).json()["id"]}
+    ids = {
+        "model_id": model_id,
+        "config_id": api.upload_config(QUANT_CFG).json()["id"],
+        "dataset_id": api.upload_dataset((assets / "small.npz").read_bytes()).json()["id"],
+    }
     job_id = api.submit(kind="quant_retrain", **ids).json()["id"]
     assert JobRunner(api.settings, owner="test-sandbox").run(job_id) == "failed"
     job = api.client.get(f"/v1/jobs/{job_id}").json()
@@ -155,10 +175,11 @@ def test_an_http_job_whose_model_reads_the_key_file_fails_without_the_secret(api
 
 # -- writing host files -------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("where", ["data_dir", "elsewhere"])
 @pytest.mark.parametrize("how", ["forward", "setstate"])
 def test_an_upload_that_writes_a_host_file_leaves_none(service, tmp_path, tmp_path_factory, how, where):
-    outside = (service.settings.data_dir if where == "data_dir" else tmp_path_factory.mktemp("victim"))
+    outside = service.settings.data_dir if where == "data_dir" else tmp_path_factory.mktemp("victim")
     planted = outside / f"planted-{how}"
     cls = hostile.PlantInForward if how == "forward" else hostile.PlantOnLoad
     model = hostile.save(cls(str(planted)), tmp_path / "plant.pt")
@@ -186,6 +207,7 @@ def test_a_job_whose_model_writes_on_load_succeeds_and_leaves_no_file_outside(se
 
 # -- what the sandbox sees and reaches ------------------------------------------------------------------
 
+
 def _probe(service, folder, port: int, paths, monkeypatch) -> dict:
     monkeypatch.setenv("DATABASE_URL", "postgresql://amct:hunter2@db/amct")  # a credential the parent holds
     done = sandbox.run("tests.service.sandbox_probe", [str(port), *map(str, paths)], cwd=folder, timeout_s=60)
@@ -200,8 +222,13 @@ def test_the_sandbox_has_no_network_no_host_files_and_no_credentials(service, tm
     paths = [p for p, _ in targets(service.settings).values() if p != "/etc/passwd"]
     with socket.create_server(("127.0.0.1", 0)) as listener:
         port = listener.getsockname()[1]
-        control = subprocess.run([sys.executable, "-m", "tests.service.sandbox_probe", str(port)], cwd=tmp_path,
-                                 env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True)
+        control = subprocess.run(
+            [sys.executable, "-m", "tests.service.sandbox_probe", str(port)],
+            cwd=tmp_path,
+            env=dict(os.environ, PYTHONPATH=str(ROOT)),
+            capture_output=True,
+            text=True,
+        )
         unsandboxed = json.loads(control.stdout)
         assert unsandboxed["connect"] == "ok" and unsandboxed["keyctl"] == "ok"  # what the sandbox takes away
         seen = _probe(service, folder, port, paths, monkeypatch)
@@ -234,6 +261,7 @@ def test_a_bad_child_nice_value_is_a_clear_error(monkeypatch, tmp_path):
 
 # -- no sandbox: refused, unless the operator opts out -----------------------------------------------
 
+
 @pytest.fixture
 def no_bwrap(monkeypatch, tmp_path):
     empty = tmp_path / "bin"
@@ -259,8 +287,7 @@ def test_the_opt_out_runs_unsandboxed_and_says_so(service, no_bwrap, tmp_path, c
     no_bwrap.setenv(bubblewrap.UNSAFE_ENV, "1")
     assert bubblewrap.state().mode == "unsafe-no-sandbox"
     with socket.create_server(("127.0.0.1", 0)) as listener, caplog.at_level(logging.WARNING):
-        done = sandbox.run("tests.service.sandbox_probe", [str(listener.getsockname()[1])], cwd=tmp_path,
-                           timeout_s=60)
+        done = sandbox.run("tests.service.sandbox_probe", [str(listener.getsockname()[1])], cwd=tmp_path, timeout_s=60)
     assert json.loads(done.stdout)["connect"] == "ok"  # really not isolated: the opt-out is no half-sandbox
     assert any("WITHOUT a sandbox" in r.getMessage() for r in caplog.records)
     assert service.client.get("/readyz").json()["checks"]["sandbox"] == "unsafe-no-sandbox"
@@ -268,6 +295,7 @@ def test_the_opt_out_runs_unsandboxed_and_says_so(service, no_bwrap, tmp_path, c
 
 
 # -- what is left of an error ---------------------------------------------------------------------------
+
 
 def test_a_user_exception_is_reduced_to_its_type_and_a_scrubbed_excerpt(tmp_path):
     class Loud(torch.nn.Module):

@@ -33,8 +33,13 @@ from tests.service.tenants import Tenant, keyed_client, populate
 
 pytestmark = pytest.mark.slow  # 20-40 s on 2 busy cores; CI runs it
 
-CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_headers_conformance,
-          response_schema_conformance]
+CHECKS = [
+    not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_headers_conformance,
+    response_schema_conformance,
+]
 MAX_EXAMPLES = 12
 # Built at import: `schema.parametrize` needs the operations at collection. (`schemathesis.pytest.
 # from_fixture` would defer it, but 4.32.5's lazy schema reads a pytest attribute pytest 9 removed.)

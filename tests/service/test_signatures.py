@@ -17,8 +17,10 @@ from tests.service.support import QUANT_CFG, Api, make_settings, npz_bytes, open
 from tests.service.test_api import assert_problem
 from tests.signature_models import TinyEncoder, TwoHeadCnn, token_data
 
-TOKENS = [{"name": "input_ids", "shape": ["batch", "seq"], "dtype": "int64"},
-          {"name": "attention_mask", "shape": ["batch", "seq"], "dtype": "int64"}]
+TOKENS = [
+    {"name": "input_ids", "shape": ["batch", "seq"], "dtype": "int64"},
+    {"name": "attention_mask", "shape": ["batch", "seq"], "dtype": "int64"},
+]
 
 
 @pytest.fixture(scope="module")
@@ -26,8 +28,9 @@ def models(tmp_path_factory):
     folder = tmp_path_factory.mktemp("signature-models")
     torch.manual_seed(0)
     d = token_data(2)
-    torch.jit.trace(TinyEncoder().eval(), (torch.from_numpy(d["input_ids"]),
-                                           torch.from_numpy(d["attention_mask"]))).save(str(folder / "encoder.pt"))
+    torch.jit.trace(
+        TinyEncoder().eval(), (torch.from_numpy(d["input_ids"]), torch.from_numpy(d["attention_mask"]))
+    ).save(str(folder / "encoder.pt"))
     torch.jit.trace(TwoHeadCnn().eval(), torch.randn(2, 1, 28, 28)).save(str(folder / "two_head.pt"))
     return folder
 
@@ -60,27 +63,38 @@ def test_two_int64_inputs_are_taken_by_name_with_dynamic_axes(api, uploaded):
 def test_a_tuple_output_is_recorded_with_its_shapes(api, uploaded):
     model = uploaded["two_head"]
     assert model["inputs"] == [{"name": "input", "shape": ["batch", 1, 28, 28], "dtype": "float32"}]
-    assert model["outputs"] == {"type": "tuple", "items": [
-        {"type": "tensor", "shape": [2, 10], "dtype": "float32"},
-        {"type": "tensor", "shape": [2, 4], "dtype": "float32"}]}
+    assert model["outputs"] == {
+        "type": "tuple",
+        "items": [
+            {"type": "tensor", "shape": [2, 10], "dtype": "float32"},
+            {"type": "tensor", "shape": [2, 4], "dtype": "float32"},
+        ],
+    }
 
 
-@pytest.mark.parametrize("inputs, field", [
-    ("not json", "inputs"),
-    ("[]", "inputs"),
-    (json.dumps([{"name": "x", "shape": ["batch", 4], "dtype": "complex64"}]), "inputs[0].dtype"),
-    (json.dumps([{"name": "x", "shape": ["batch", 0]}]), "inputs[0].shape"),
-    (json.dumps([{"name": "x", "shape": [2]}, {"name": "x", "shape": [2]}]), "inputs[1].name"),
-    (json.dumps([{"name": "labels", "shape": [2]}]), "inputs[0].name"),
-])
+@pytest.mark.parametrize(
+    "inputs, field",
+    [
+        ("not json", "inputs"),
+        ("[]", "inputs"),
+        (json.dumps([{"name": "x", "shape": ["batch", 4], "dtype": "complex64"}]), "inputs[0].dtype"),
+        (json.dumps([{"name": "x", "shape": ["batch", 0]}]), "inputs[0].shape"),
+        (json.dumps([{"name": "x", "shape": [2]}, {"name": "x", "shape": [2]}]), "inputs[1].name"),
+        (json.dumps([{"name": "labels", "shape": [2]}]), "inputs[0].name"),
+    ],
+)
 def test_bad_signatures_are_422_naming_the_field(api, models, inputs, field):
     body = assert_problem(api.upload_model(models / "encoder.pt", input_shape="", inputs=inputs), 422, field)
     assert "inputs" in body["detail"]
 
 
 def test_a_signature_the_model_cannot_run_is_422_at_the_forward_stage(api, models):
-    floats = json.dumps([{"name": "input_ids", "shape": ["batch", "seq"], "dtype": "float32"},
-                         {"name": "attention_mask", "shape": ["batch", "seq"], "dtype": "float32"}])
+    floats = json.dumps(
+        [
+            {"name": "input_ids", "shape": ["batch", "seq"], "dtype": "float32"},
+            {"name": "attention_mask", "shape": ["batch", "seq"], "dtype": "float32"},
+        ]
+    )
     body = assert_problem(api.upload_model(models / "encoder.pt", input_shape="", inputs=floats), 422, "file")
     assert body["stage"] == "forward"
 
@@ -92,22 +106,36 @@ def _dataset(api, **arrays) -> str:
 
 
 def _submit(api, uploaded, model: str, dataset_id: str, **extra):
-    return api.submit(kind="quant_retrain", model_id=uploaded[model]["id"], config_id=uploaded["config_id"],
-                      dataset_id=dataset_id, **extra)
+    return api.submit(
+        kind="quant_retrain",
+        model_id=uploaded[model]["id"],
+        config_id=uploaded["config_id"],
+        dataset_id=dataset_id,
+        **extra,
+    )
 
 
 TOK = token_data(8)
 
 
-@pytest.mark.parametrize("arrays, array, words", [
-    ({"input_ids": TOK["input_ids"]}, "attention_mask", "has no array of that name"),
-    ({"input_ids": TOK["input_ids"].astype("float32"), "attention_mask": TOK["attention_mask"]}, "input_ids",
-     "integer arrays only"),
-    ({"input_ids": TOK["input_ids"], "attention_mask": TOK["attention_mask"][:, :5]}, "attention_mask",
-     "'seq'"),
-    ({"input_ids": TOK["input_ids"][:, :, None], "attention_mask": TOK["attention_mask"]}, "input_ids",
-     "per-sample shape"),
-], ids=["missing-name", "float-token-ids", "seq-differs", "extra-axis"])
+@pytest.mark.parametrize(
+    "arrays, array, words",
+    [
+        ({"input_ids": TOK["input_ids"]}, "attention_mask", "has no array of that name"),
+        (
+            {"input_ids": TOK["input_ids"].astype("float32"), "attention_mask": TOK["attention_mask"]},
+            "input_ids",
+            "integer arrays only",
+        ),
+        ({"input_ids": TOK["input_ids"], "attention_mask": TOK["attention_mask"][:, :5]}, "attention_mask", "'seq'"),
+        (
+            {"input_ids": TOK["input_ids"][:, :, None], "attention_mask": TOK["attention_mask"]},
+            "input_ids",
+            "per-sample shape",
+        ),
+    ],
+    ids=["missing-name", "float-token-ids", "seq-differs", "extra-axis"],
+)
 def test_a_dataset_that_does_not_fit_the_signature_is_422_naming_the_array(api, uploaded, arrays, array, words):
     body = assert_problem(_submit(api, uploaded, "encoder", _dataset(api, **arrays)), 422, "dataset_id")
     assert body["array"] == array and words in body["detail"], body
@@ -124,11 +152,13 @@ def test_labels_beyond_the_output_width_are_422_at_submit(api, uploaded):
 
 
 def test_nan_inputs_and_uneven_counts_are_422_at_upload(api):
-    body = assert_problem(api.upload_dataset(npz_bytes(input_ids=TOK["input_ids"],
-                                                       scale=np.array([1.0, np.inf] * 4))), 422, "file")
+    body = assert_problem(
+        api.upload_dataset(npz_bytes(input_ids=TOK["input_ids"], scale=np.array([1.0, np.inf] * 4))), 422, "file"
+    )
     assert body["array"] == "scale" and "NaN or Inf" in body["detail"]
-    body = assert_problem(api.upload_dataset(npz_bytes(input_ids=TOK["input_ids"],
-                                                       attention_mask=TOK["attention_mask"][:5])), 422, "file")
+    body = assert_problem(
+        api.upload_dataset(npz_bytes(input_ids=TOK["input_ids"], attention_mask=TOK["attention_mask"][:5])), 422, "file"
+    )
     assert body["array"] == "attention_mask" and "has 5 samples" in body["detail"]
 
 

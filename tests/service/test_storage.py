@@ -27,8 +27,11 @@ def s3_server():
 def s3_store(s3_server, monkeypatch):
     import boto3
 
-    for key, value in {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
-                       "AWS_DEFAULT_REGION": "us-east-1"}.items():
+    for key, value in {
+        "AWS_ACCESS_KEY_ID": "test",
+        "AWS_SECRET_ACCESS_KEY": "test",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
         monkeypatch.setenv(key, value)
     boto3.client("s3", endpoint_url=s3_server).create_bucket(Bucket="amct")
     return open_store("s3://amct/prod/blobs", s3_endpoint_url=s3_server)

@@ -30,10 +30,12 @@ pytestmark = pytest.mark.slow
 def stack(tmp_path_factory, pg_url, redis_url, assets):
     """API + worker on PostgreSQL and Redis (a fresh queue prefix), with the assets uploaded."""
     with worker_stack(tmp_path_factory.mktemp("stack"), pg_url, redis_url) as (api, worker):
-        ids = {"model_id": api.upload_model(assets / "cnn.pt").json()["id"],
-               "config_id": api.upload_config(QUANT_CFG).json()["id"],
-               "dataset_id": api.upload_dataset((assets / "fmnist.npz").read_bytes()).json()["id"],
-               "small_id": api.upload_dataset((assets / "small.npz").read_bytes()).json()["id"]}
+        ids = {
+            "model_id": api.upload_model(assets / "cnn.pt").json()["id"],
+            "config_id": api.upload_config(QUANT_CFG).json()["id"],
+            "dataset_id": api.upload_dataset((assets / "fmnist.npz").read_bytes()).json()["id"],
+            "small_id": api.upload_dataset((assets / "small.npz").read_bytes()).json()["id"],
+        }
         yield api, worker, ids
 
 
@@ -49,8 +51,16 @@ def _events(api: Api, job_id: str) -> list[dict]:
 def test_quant_retrain_job_end_to_end(stack, assets):
     """Fashion-MNIST CNN -> INT8 QAT on a worker; the deploy ONNX runs and keeps the accuracy."""
     api, worker, ids = stack
-    submit = api.submit(kind="quant_retrain", model_id=ids["model_id"], config_id=ids["config_id"],
-                        dataset_id=ids["dataset_id"], epochs=1, batch_size=64, lr=5e-4, eval_fraction=0.25)
+    submit = api.submit(
+        kind="quant_retrain",
+        model_id=ids["model_id"],
+        config_id=ids["config_id"],
+        dataset_id=ids["dataset_id"],
+        epochs=1,
+        batch_size=64,
+        lr=5e-4,
+        eval_fraction=0.25,
+    )
     assert submit.status_code == 202, submit.text
     job = wait_terminal(api, submit.json()["id"])
     assert job["status"] == "succeeded", job["error"]
@@ -64,8 +74,9 @@ def test_quant_retrain_job_end_to_end(stack, assets):
     assert progress == sorted(progress) and progress[-1] == pytest.approx(0.8)
     assert all(e["loss"] > 0 for e in events if e["type"] == "progress")
     # The worker's pool process forked the job's child from its fork server (worker/fork_server.py).
-    assert any(e["type"] == "log" and e["message"].startswith(
-        "warm engine process: forked from a fork server") for e in events)
+    assert any(
+        e["type"] == "log" and e["message"].startswith("warm engine process: forked from a fork server") for e in events
+    )
     worker.wait_for("fork server ready", timeout=120)
 
     artifacts = {a["kind"]: a for a in api.client.get(f"/v1/jobs/{job['id']}/artifacts").json()["items"]}
@@ -90,8 +101,15 @@ def test_quant_retrain_job_end_to_end(stack, assets):
 
 def test_a_message_delivered_twice_runs_once(stack):
     api, worker, ids = stack
-    submit = api.submit(kind="quant_retrain", model_id=ids["model_id"], config_id=ids["config_id"],
-                        dataset_id=ids["small_id"], epochs=1, batch_size=64, lr=5e-4)
+    submit = api.submit(
+        kind="quant_retrain",
+        model_id=ids["model_id"],
+        config_id=ids["config_id"],
+        dataset_id=ids["small_id"],
+        epochs=1,
+        batch_size=64,
+        lr=5e-4,
+    )
     job_id = submit.json()["id"]
     # The broker hands the same task out again (a visibility-timeout redelivery, docs/spec/service.md §2b).
     api.client.app.state.dispatcher.enqueue(job_id, api.settings.queue_for("cpu"))
@@ -105,8 +123,15 @@ def test_a_message_delivered_twice_runs_once(stack):
 
 def test_cancel_stops_a_running_job(stack):
     api, worker, ids = stack
-    submit = api.submit(kind="quant_retrain", model_id=ids["model_id"], config_id=ids["config_id"],
-                        dataset_id=ids["dataset_id"], epochs=20, batch_size=16, lr=5e-4)
+    submit = api.submit(
+        kind="quant_retrain",
+        model_id=ids["model_id"],
+        config_id=ids["config_id"],
+        dataset_id=ids["dataset_id"],
+        epochs=20,
+        batch_size=16,
+        lr=5e-4,
+    )
     job_id = submit.json()["id"]
     wait_until(lambda: _job(api, job_id)["phase"] == "training", 120, interval=0.2, what="training started")
     assert api.client.post(f"/v1/jobs/{job_id}/cancel").status_code == 202
@@ -122,17 +147,29 @@ retrain_data_quant_config { ulq_quantize { dst_type: INT8 } }
 """
 
 
-@pytest.mark.parametrize("kind, cfg_kind, cfg, deploy_format", [
-    ("distill", "distill", (ROOT / "tests/fixtures/cfg/distill_minimal.cfg").read_bytes(), "onnx"),
-    ("compressed_retrain", "retrain", COMPRESSED_CFG, "ascend"),
-], ids=["distill", "compressed_retrain-ascend"])
+@pytest.mark.parametrize(
+    "kind, cfg_kind, cfg, deploy_format",
+    [
+        ("distill", "distill", (ROOT / "tests/fixtures/cfg/distill_minimal.cfg").read_bytes(), "onnx"),
+        ("compressed_retrain", "retrain", COMPRESSED_CFG, "ascend"),
+    ],
+    ids=["distill", "compressed_retrain-ascend"],
+)
 def test_distill_and_compressed_jobs_end_to_end(stack, kind, cfg_kind, cfg, deploy_format):
     api, worker, ids = stack
     config = api.upload_config(cfg, kind=cfg_kind)
     assert config.status_code == 201, config.text
-    submit = api.submit(kind=kind, model_id=ids["model_id"], config_id=config.json()["id"],
-                        dataset_id=ids["dataset_id"], epochs=1, batch_size=64, lr=5e-4, eval_fraction=0.25,
-                        deploy_format=deploy_format)
+    submit = api.submit(
+        kind=kind,
+        model_id=ids["model_id"],
+        config_id=config.json()["id"],
+        dataset_id=ids["dataset_id"],
+        epochs=1,
+        batch_size=64,
+        lr=5e-4,
+        eval_fraction=0.25,
+        deploy_format=deploy_format,
+    )
     assert submit.status_code == 202, submit.text
     job = wait_terminal(api, submit.json()["id"])
     assert job["status"] == "succeeded", job["error"]

@@ -82,8 +82,15 @@ def test_a_worker_that_dies_before_it_comes_up_is_restarted_with_a_growing_back_
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory, pg_url, redis_url):
-    settings = make_settings(tmp_path_factory.mktemp("registry"), database_url=pg_url, broker_url=redis_url,
-                             reap_interval_s=1.0, unserved_wait_s=2.0, worker_heartbeat_s=1.0, worker_stale_s=5.0)
+    settings = make_settings(
+        tmp_path_factory.mktemp("registry"),
+        database_url=pg_url,
+        broker_url=redis_url,
+        reap_interval_s=1.0,
+        unserved_wait_s=2.0,
+        worker_heartbeat_s=1.0,
+        worker_stale_s=5.0,
+    )
     with open_api(settings) as client:
         yield populate(make_tenant(client.app, settings, f"registry-{settings.queue_prefix[-6:]}"))
 
@@ -96,8 +103,12 @@ def test_a_job_for_a_device_no_live_worker_serves_is_told_so(stack, tmp_path):
     assert early.status_code == 202, early.text
     worker = Worker(settings, tmp_path / "worker.log", devices=("cpu",))
     try:
-        wait_until(lambda: "cpu" in api.client.get("/readyz").json()["workers"]["devices"], 30, interval=0.2,
-                   what="the worker registered")
+        wait_until(
+            lambda: "cpu" in api.client.get("/readyz").json()["workers"]["devices"],
+            30,
+            interval=0.2,
+            what="the worker registered",
+        )
         asked = time.monotonic()
         refused = api.submit(**tenant.job_body(device="cuda"))
         assert refused.status_code == 409 and refused.headers["content-type"].startswith(PROBLEM_JSON)
@@ -107,8 +118,12 @@ def test_a_job_for_a_device_no_live_worker_serves_is_told_so(stack, tmp_path):
         assert time.monotonic() - asked < 5
 
         # The one accepted before the worker came: failed by the reaper once the wait is over.
-        job = wait_until(lambda: (j := api.client.get(f"/v1/jobs/{early.json()['id']}").json())["status"]
-                         == "failed" and j, 60, interval=0.2, what="the unserved job failed")
+        job = wait_until(
+            lambda: (j := api.client.get(f"/v1/jobs/{early.json()['id']}").json())["status"] == "failed" and j,
+            60,
+            interval=0.2,
+            what="the unserved job failed",
+        )
         assert job["error"]["type"] == "no_worker" and "'cuda'" in job["error"]["detail"], job
         ready = api.client.get("/readyz")
         assert ready.status_code == 200 and ready.json()["workers"]["devices"] == ["cpu"]

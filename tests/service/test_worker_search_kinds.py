@@ -40,16 +40,20 @@ PRUNE_CFG = b"""# half the multiply-accumulates
 batch_num: 2
 search_config { target_macs_ratio: 0.5 }
 """
-TOKENS = [{"name": "input_ids", "shape": ["batch", "seq"], "dtype": "int64"},
-          {"name": "attention_mask", "shape": ["batch", "seq"], "dtype": "int64"}]
+TOKENS = [
+    {"name": "input_ids", "shape": ["batch", "seq"], "dtype": "int64"},
+    {"name": "attention_mask", "shape": ["batch", "seq"], "dtype": "int64"},
+]
 JOB = {"batch_size": 64, "eval_fraction": 0.25}
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory, pg_url, redis_url, assets):
     with worker_stack(tmp_path_factory.mktemp("search_stack"), pg_url, redis_url) as (api, worker):
-        ids = {"model_id": api.upload_model(assets / "cnn.pt").json()["id"],
-               "dataset_id": api.upload_dataset((assets / "fmnist.npz").read_bytes()).json()["id"]}
+        ids = {
+            "model_id": api.upload_model(assets / "cnn.pt").json()["id"],
+            "dataset_id": api.upload_dataset((assets / "fmnist.npz").read_bytes()).json()["id"],
+        }
         yield api, worker, ids
 
 
@@ -61,21 +65,31 @@ def jobs(stack):
 
     def get(kind: str) -> tuple[dict, dict, list[dict]]:
         if kind not in done:
-            cfg = {"ptq": PTQ_CFG, "auto_mixed_precision": AMP_CFG, "sensitivity": SENSITIVITY_CFG,
-                   "prune_search": PRUNE_CFG}[kind]
+            cfg = {
+                "ptq": PTQ_CFG,
+                "auto_mixed_precision": AMP_CFG,
+                "sensitivity": SENSITIVITY_CFG,
+                "prune_search": PRUNE_CFG,
+            }[kind]
             done[kind] = _run(api, ids, kind, cfg)
         return done[kind]
 
     return get
 
 
-def _run(api: Api, ids: dict, kind: str, cfg: bytes, cfg_kind: str = "calibration",
-         **params) -> tuple[dict, dict, list[dict]]:
+def _run(
+    api: Api, ids: dict, kind: str, cfg: bytes, cfg_kind: str = "calibration", **params
+) -> tuple[dict, dict, list[dict]]:
     config = api.upload_config(cfg, kind=cfg_kind)
     assert config.status_code == 201, config.text
     assert config.json()["summary"]["job_kinds"][kind] == {"ok": True}
-    submit = api.submit(kind=kind, model_id=ids["model_id"], config_id=config.json()["id"],
-                        dataset_id=ids["dataset_id"], **{**JOB, **params})
+    submit = api.submit(
+        kind=kind,
+        model_id=ids["model_id"],
+        config_id=config.json()["id"],
+        dataset_id=ids["dataset_id"],
+        **{**JOB, **params},
+    )
     assert submit.status_code == 202, submit.text
     job = wait_terminal(api, submit.json()["id"], timeout=400)
     assert job["status"] == "succeeded", job["error"]
@@ -106,8 +120,11 @@ def test_ptq_job_end_to_end(stack, jobs, assets):
     assert report["ptq"] == {"batch_num": 2, "calibration_samples": 128}
     assert report["accuracy"]["deploy"] >= report["accuracy"]["fp32"] - 0.01
     config = api.client.get(artifacts["config"]["content_url"]).json()
-    assert config["conv1"]["activation_quant_params"] == {"act_algo": "hfmg_quantize", "num_bits": 8,
-                                                         "num_of_bins": 2048}
+    assert config["conv1"]["activation_quant_params"] == {
+        "act_algo": "hfmg_quantize",
+        "num_bits": 8,
+        "num_of_bins": 2048,
+    }
     session = ort.InferenceSession(_content(api, artifacts["deploy"]), providers=["CPUExecutionProvider"])
     data = np.load(assets / "fmnist.npz")
     assert (session.run(None, {"input": data["inputs"][:300]})[0].argmax(1) == data["labels"][:300]).mean() > 0.7
@@ -123,8 +140,9 @@ def test_auto_mixed_precision_job_end_to_end(stack, jobs):
     tried = {s["layer"]: s["accepted"] for s in report["steps"] if s["to"] == "INT4"}
     assert set(tried) == {"conv1", "conv2", "fc"}
     assert {n for n, ok in tried.items() if ok} == {n for n, p in report["precisions"].items() if p == "INT4"}
-    assert report["weight_bytes"] == 20432 - sum(w // 2 for n, w in (("conv1", 144), ("conv2", 4608), ("fc", 15680))
-                                                 if report["precisions"][n] == "INT4")
+    assert report["weight_bytes"] == 20432 - sum(
+        w // 2 for n, w in (("conv1", 144), ("conv2", 4608), ("fc", 15680)) if report["precisions"][n] == "INT4"
+    )
     assert _steps(events)[-1] == (3, 3)  # the three layers tried at INT4
     # The chosen cfg downloads as text, parses with our loader, and says what the report says.
     cfg = api.client.get(artifacts["mixed_precision_cfg"]["content_url"]).text
@@ -142,8 +160,12 @@ def test_the_mixed_precision_cfg_fed_to_ptq_gives_the_same_deploy_model(stack, j
     cfg = _content(api, amp_artifacts["mixed_precision_cfg"])
     _job, artifacts, _ = _run(api, ids, "ptq", cfg)  # same calibration batches: the first 2 x 64 samples
     x = np.load(assets / "fmnist.npz")["inputs"][:500]
-    outputs = [ort.InferenceSession(_content(api, found["deploy"]), providers=["CPUExecutionProvider"])
-               .run(None, {"input": x})[0] for found in (amp_artifacts, artifacts)]
+    outputs = [
+        ort.InferenceSession(_content(api, found["deploy"]), providers=["CPUExecutionProvider"]).run(
+            None, {"input": x}
+        )[0]
+        for found in (amp_artifacts, artifacts)
+    ]
     np.testing.assert_array_equal(outputs[0], outputs[1])
     amp_report, report = _report(api, amp_artifacts), _report(api, artifacts)
     assert report["accuracy"]["deploy"] == amp_report["accuracy"]["deploy"]
@@ -161,7 +183,8 @@ def test_sensitivity_job_end_to_end(stack, jobs):
     # 3 layers x (INT8, INT4), then the two channel groups (conv1's and conv2's filters) at 0.5.
     assert sorted((r["layer"], r["variant"]) for r in rows) == sorted(
         [(n, p) for n in ("conv1", "conv2", "fc") for p in ("INT8", "INT4")]
-        + [("conv1", "prune 0.5"), ("conv2", "prune 0.5")])
+        + [("conv1", "prune 0.5"), ("conv2", "prune 0.5")]
+    )
     damages = [r["damage"] for r in rows]
     assert damages == sorted(damages, reverse=True)  # most damaged first
     assert all(r["damage"] == r["top1_drop"] for r in rows)  # a classifier: damage is the top-1 drop
@@ -196,8 +219,10 @@ def test_prune_search_job_end_to_end(stack, jobs):
     assert cfg == search["cfg_text"]
     doc = parse_cfg_document(cfg, "retrain")
     check_cfg_for_api(doc, "prune")
-    ratios = {o.layer_name: o.prune_config.filter_pruner.balanced_l2_norm_filter_prune.prune_ratio
-              for o in doc.message.override_layer_configs}
+    ratios = {
+        o.layer_name: o.prune_config.filter_pruner.balanced_l2_norm_filter_prune.prune_ratio
+        for o in doc.message.override_layer_configs
+    }
     assert ratios == pytest.approx(search["ratios"])
     assert report["parameters"]["deploy"]["weights"] < report["parameters"]["fp32"]["weights"]
 
@@ -207,8 +232,10 @@ def test_the_prune_search_cfg_fed_to_prune_retrain_gives_the_same_pruned_model(s
     _job, search_artifacts, _ = jobs("prune_search")
     cfg = _content(api, search_artifacts["prune_search_cfg"])
     _job, artifacts, _ = _run(api, ids, "prune_retrain", cfg, cfg_kind="retrain")
-    shapes = [{t.name: list(t.dims) for t in onnx.load_from_string(_content(api, found["deploy"])).graph.initializer}
-              for found in (search_artifacts, artifacts)]
+    shapes = [
+        {t.name: list(t.dims) for t in onnx.load_from_string(_content(api, found["deploy"])).graph.initializer}
+        for found in (search_artifacts, artifacts)
+    ]
     assert shapes[0] == shapes[1]  # the same channels kept in every layer
     search_report, report = _report(api, search_artifacts), _report(api, artifacts)
     assert report["parameters"]["deploy"] == search_report["parameters"]["deploy"]
@@ -224,8 +251,9 @@ def encoder(stack, tmp_path_factory):
     folder = tmp_path_factory.mktemp("encoder")
     torch.manual_seed(0)
     data = token_data(600)
-    torch.jit.trace(TinyEncoder().eval(), tuple(torch.from_numpy(data[n][:2]) for n in ("input_ids", "attention_mask"))
-                    ).save(str(folder / "encoder.pt"))
+    torch.jit.trace(
+        TinyEncoder().eval(), tuple(torch.from_numpy(data[n][:2]) for n in ("input_ids", "attention_mask"))
+    ).save(str(folder / "encoder.pt"))
     model = api.upload_model(folder / "encoder.pt", input_shape="", name="encoder", inputs=json.dumps(TOKENS))
     assert model.status_code == 201, model.text
     dataset = api.upload_dataset(npz_bytes(**data), filename="tokens.npz")
@@ -245,10 +273,16 @@ def test_the_calibration_and_search_kinds_take_a_model_of_two_named_inputs(stack
     if kind == "sensitivity":  # no labels: the damage is 100 x (1 - output cosine)
         rows = report["sensitivity"]["rows"]
         assert report["sensitivity"]["metric"] == "cosine"
-        assert {(r["layer"], r["variant"]) for r in rows} == {("fc1", "INT8"), ("fc1", "INT4"), ("fc2", "INT8"),
-                                                              ("fc2", "INT4"), ("fc1", "prune 0.5")}
-        assert all(r["top1_drop"] is None and r["damage"] == pytest.approx(100 * (1 - r["cosine"]), abs=1e-3)
-                   for r in rows)
+        assert {(r["layer"], r["variant"]) for r in rows} == {
+            ("fc1", "INT8"),
+            ("fc1", "INT4"),
+            ("fc2", "INT8"),
+            ("fc2", "INT4"),
+            ("fc1", "prune 0.5"),
+        }
+        assert all(
+            r["top1_drop"] is None and r["damage"] == pytest.approx(100 * (1 - r["cosine"]), abs=1e-3) for r in rows
+        )
     if kind == "auto_mixed_precision":
         mixed = report["mixed_precision"]
         assert mixed["budget"] == {"min_cosine": pytest.approx(0.98)} and mixed["deployed"]["cosine"] >= 0.98

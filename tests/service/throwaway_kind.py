@@ -12,8 +12,14 @@ import shutil
 from job_process.kinds import JobKind, register_job_kind
 from job_process.protocol import emit
 
-KIND = JobKind("throwaway", "retrain", None, False, "a test kind: the deploy model is the FP32 model",
-               "tests.service.throwaway_kind:run")
+KIND = JobKind(
+    "throwaway",
+    "retrain",
+    None,
+    False,
+    "a test kind: the deploy model is the FP32 model",
+    "tests.service.throwaway_kind:run",
+)
 RAN = "the throwaway runner ran"
 register_job_kind(KIND, replace=True)
 

@@ -27,15 +27,28 @@ def main(argv: list[str]) -> int:
     limit_self()
     print(STARTED_LINE, flush=True)
     folder = Path(argv[0])
-    seen = {"cwd": os.getcwd(), "folder_before": listing(folder), "scratch_before": listing(folder.parent),
-            "other_job_before": listing(folder.parent / "job-secret-0000")}
+    seen = {
+        "cwd": os.getcwd(),
+        "folder_before": listing(folder),
+        "scratch_before": listing(folder.parent),
+        "other_job_before": listing(folder.parent / "job-secret-0000"),
+    }
     print(READY_LINE, flush=True)
     if not wait_for_start():
         return 0
-    seen.update(folder_after=listing(folder), scratch_after=listing(folder.parent),
-                spec=json.loads((folder / "spec.json").read_text()))
-    (folder / RESULT_FILE).write_text(json.dumps({"metrics": seen, "artifacts": [
-        {"kind": "probe", "path": str(folder / "spec.json"), "media_type": "application/json"}]}))
+    seen.update(
+        folder_after=listing(folder),
+        scratch_after=listing(folder.parent),
+        spec=json.loads((folder / "spec.json").read_text()),
+    )
+    (folder / RESULT_FILE).write_text(
+        json.dumps(
+            {
+                "metrics": seen,
+                "artifacts": [{"kind": "probe", "path": str(folder / "spec.json"), "media_type": "application/json"}],
+            }
+        )
+    )
     return 0
 
 
