@@ -23,8 +23,9 @@ from amct_engine.config.quant_json import (
 from amct_engine.export.deploy_target import check_deploy_target
 from amct_engine.export.formats import check_deploy_format
 from amct_engine.export.save import quant_layers, save_quantized_onnx
-from amct_engine.graph.analysis import DISTILL_TYPES, distill_groups, quantizable_layers
+from amct_engine.graph.analysis import distill_groups, quantizable_layers
 from amct_engine.graph.capture import as_input_tuple, capture_model
+from amct_engine.layer_table import distill_type_names
 from amct_engine.quant.insert import insert_quant_layers
 from amct_engine.quant_retrain import records_for_save
 from amct_engine.record import RecordFile
@@ -47,7 +48,7 @@ def create_distill_config(config_file, model, input_data, config_defination=None
             raise FileNotFoundError(f"config_defination not found: {config_defination}")
         cfg = load_distill_cfg(config_defination)
     cm = capture_model(model, as_input_tuple(input_data))
-    layers = {info.name: info.module for info in quantizable_layers(cm, DISTILL_TYPES)}
+    layers = {info.name: info.module for info in quantizable_layers(cm, distill_type_names())}
     if cfg is not None:
         # docs/spec/engine.md §2.1: as AMCT, the types are those of the model's distillable layers
         distillable = {type(m).__name__ for m in layers.values()}
@@ -67,7 +68,7 @@ def create_distill_config(config_file, model, input_data, config_defination=None
 def create_distill_model(config_file, model, input_data) -> nn.Module:
     """A deep copy of `model` with every quant_enable Conv2d/Linear in its quantised form (docs/spec/engine.md §1.5)."""
     cm = capture_model(model, as_input_tuple(input_data))
-    layer_types = {info.name: info.type_name for info in quantizable_layers(cm, DISTILL_TYPES)}
+    layer_types = {info.name: info.type_name for info in quantizable_layers(cm, distill_type_names())}
     config = read_json_config(config_file, DISTILL, layer_types)
     return insert_quant_layers(cm, config, record=None, distill=True)
 

@@ -22,8 +22,10 @@ from torch import nn
 from amct_engine.config.calibration_cfg import PtqConfig, PtqLayerSpec
 from amct_engine.config.ptq_json import write_ptq_config
 from amct_engine.export.save import quant_layers
-from amct_engine.graph.analysis import RETRAIN_TYPES, quantizable_layers
+from amct_engine.graph.analysis import quantizable_layers
 from amct_engine.graph.capture import as_input_tuple, capture_model
+from amct_engine.layer_table import retrain_type_names
+from amct_engine.layers import behaviour_of
 
 # The precisions a layer may get, as (activation bits, weight bits); None keeps it float.
 PRECISIONS: dict[str, tuple[int, int] | None] = {"INT4": (8, 4), "INT8": (8, 8), "INT16": (16, 8), "FP32": None}
@@ -32,7 +34,7 @@ EVAL_CHUNK = 500
 
 def layer_types(model: nn.Module, example) -> dict[str, str]:
     cm = capture_model(model, as_input_tuple(example))
-    return {info.name: info.type_name for info in quantizable_layers(cm, RETRAIN_TYPES)}
+    return {info.name: info.type_name for info in quantizable_layers(cm, retrain_type_names())}
 
 
 def calibrate(
@@ -110,12 +112,7 @@ def layer_costs(model: nn.Module, example, names: Iterable[str]) -> dict[str, tu
     def hook(name):
         def record(module, args, out):
             weight = module.weight
-            if isinstance(module, nn.ConvTranspose2d):  # every input element meets one weight row
-                macs = args[0][0].numel() * weight[0].numel()
-            elif isinstance(module, nn.Linear):
-                macs = out[0].numel() * weight.shape[1]
-            else:  # every output element is a dot product of one filter
-                macs = out[0].numel() * weight[0].numel()
+            macs = behaviour_of(module).macs(module, args[0][0], out[0])
             costs[name] = (int(macs), int(weight.numel()))
 
         return record

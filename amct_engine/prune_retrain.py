@@ -32,8 +32,9 @@ from amct_engine.export.save import (
     save_quantized_onnx,
     validate_dynamic_axes,
 )
-from amct_engine.graph.analysis import RETRAIN_TYPES, quantizable_layers
+from amct_engine.graph.analysis import quantizable_layers
 from amct_engine.graph.capture import CapturedModel, as_input_tuple, capture_model
+from amct_engine.layer_table import retrain_type_names
 from amct_engine.prune import progressive
 from amct_engine.prune.dependency import build_channel_groups
 from amct_engine.prune.importance import IMPORTANCE_CRITERIA, ImportanceData
@@ -316,7 +317,7 @@ def _quantise(cm: CapturedModel, doc: CfgDocument, record: RecordFile, api: str)
     cm = capture_model(float_model, cm.example_inputs)
     progressive.carry_over(float_model, cm.module)
     cfg = doc.message
-    layers = {info.name: info.module for info in quantizable_layers(cm, RETRAIN_TYPES)}
+    layers = {info.name: info.module for info in quantizable_layers(cm, retrain_type_names())}
     config = QuantJsonConfig(RETRAIN, batch_num=cfg.batch_num)
     if cfg.HasField("fakequant_precision_mode"):
         config.fakequant_precision_mode = "FORCE_FP16_QUANT"
@@ -335,7 +336,7 @@ def _load_cfg(config_defination, api: str) -> CfgDocument:
 def _capture(model, input_data, doc: CfgDocument, api: str) -> CapturedModel:
     cm = capture_model(model, as_input_tuple(input_data))
     layer_types = {name: type(m).__name__ for name, m in cm.module.named_modules()}
-    supported = set(weight_layer_type_names()) | (set(RETRAIN_TYPES) if api == "compressed" else set())
+    supported = set(weight_layer_type_names()) | (set(retrain_type_names()) if api == "compressed" else set())
     # ConfigError for names and types the model lacks (docs/spec/engine.md §1.1)
     check_layer_references(doc, layer_types, doc.path, supported_types=supported)
     return cm

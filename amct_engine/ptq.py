@@ -26,25 +26,23 @@ from amct_engine.config.ptq_json import read_ptq_config, write_ptq_config
 from amct_engine.export.backends import FloatLayerWriter
 from amct_engine.export.layer_graph import LayerPlaceholder, export_layer_graph, splice_layers
 from amct_engine.export.save import quant_layers, save_quantized_onnx, write_checked_onnx
-from amct_engine.graph.analysis import RETRAIN_TYPES, conv_bn_act_chains, quantizable_layers
+from amct_engine.graph.analysis import conv_bn_act_chains, quantizable_layers
 from amct_engine.graph.capture import CapturedModel, as_input_tuple, capture_model
-from amct_engine.quant.arq import ArqWeightQuantizer
+from amct_engine.layer_table import retrain_type_names
 from amct_engine.quant.calibration_act import CalibrationActQuantizer
+from amct_engine.quant.calibrators import CALIBRATORS
 from amct_engine.quant.deployed import fold_batch_norm
-from amct_engine.quant.hfmg import HfmgObserver
-from amct_engine.quant.ifmr import IfmrObserver
+from amct_engine.quant.registry import WEIGHT_QUANTIZERS
 from amct_engine.quant.retrain_layer import out_channels, qat_layer_class
 from amct_engine.record import RecordFile
 
 PTQ_ATTR = "_amct_ptq"
-# IFMR's candidate losses over more values than this are evaluated on a histogram (docs/spec/engine.md §4.3).
-IFMR_HISTOGRAM_BINS = 1 << 16
 # modfied_onnx_file -> its calibration model: AMCT's save_model takes only file names (docs/spec/engine.md §1.6).
 _CALIBRATION_MODELS: dict[str, weakref.ref] = {}
 
 
 def _layer_types(cm: CapturedModel) -> dict[str, str]:
-    return {info.name: info.type_name for info in quantizable_layers(cm, RETRAIN_TYPES)}
+    return {info.name: info.type_name for info in quantizable_layers(cm, retrain_type_names())}
 
 
 def _check_cfg_layers(doc: CfgDocument, layer_types: dict[str, str]) -> None:
@@ -103,19 +101,7 @@ def _fold_bn(cm: CapturedModel, skip: set[str]) -> None:
 
 def _observer(spec, config: PtqConfig) -> nn.Module:
     asymmetric = config.activation_offset if spec.asymmetric is None else spec.asymmetric
-    if spec.act_algo == "hfmg":
-        return HfmgObserver(spec.act_bits, config.batch_num, asymmetric, spec.num_of_bins)
-    return IfmrObserver(
-        spec.act_bits,
-        config.batch_num,
-        asymmetric,
-        spec.max_percentile,
-        spec.min_percentile,
-        spec.search_range_start,
-        spec.search_range_end,
-        spec.search_step,
-        histogram_bins=IFMR_HISTOGRAM_BINS,
-    )
+    return CALIBRATORS[spec.act_algo].observer_class().from_spec(spec, config.batch_num, asymmetric)
 
 
 def quantize_model(
@@ -148,7 +134,7 @@ def quantize_model(
     for name in config.enabled_layers():
         spec, layer = config.layers[name], qmodel.get_submodule(name)
         act = CalibrationActQuantizer(_observer(spec, config), spec.act_bits)
-        weight = ArqWeightQuantizer(
+        weight = WEIGHT_QUANTIZERS[spec.wts_algo].quantizer_class()(
             bits=spec.wts_bits, channel_wise=spec.channel_wise, num_channels=out_channels(layer)
         )
         wrapper = qat_layer_class(layer)(name, layer, act, weight, record=record)

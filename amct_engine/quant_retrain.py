@@ -18,8 +18,9 @@ from amct_engine.config.quant_json import (
     write_json_config,
 )
 from amct_engine.export.save import quant_layers, save_quantized_onnx
-from amct_engine.graph.analysis import RETRAIN_TYPES, quantizable_layers
+from amct_engine.graph.analysis import quantizable_layers
 from amct_engine.graph.capture import CapturedModel, as_input_tuple, capture_model
+from amct_engine.layer_table import retrain_type_names
 from amct_engine.quant.insert import insert_quant_layers
 from amct_engine.record import RecordFile
 
@@ -27,7 +28,7 @@ CONFIG_ATTR = "_amct_retrain_config"
 
 
 def _layer_modules(cm: CapturedModel) -> dict[str, nn.Module]:
-    return {info.name: info.module for info in quantizable_layers(cm, RETRAIN_TYPES)}
+    return {info.name: info.module for info in quantizable_layers(cm, retrain_type_names())}
 
 
 def create_quant_retrain_config(config_file, model, input_data, config_defination=None) -> None:
@@ -41,7 +42,7 @@ def create_quant_retrain_config(config_file, model, input_data, config_definatio
     cm = capture_model(model, as_input_tuple(input_data))
     layers = _layer_modules(cm)
     if cfg is not None:
-        check_layer_references(cfg, cm.module_types(), str(config_defination), supported_types=RETRAIN_TYPES)
+        check_layer_references(cfg, cm.module_types(), str(config_defination), supported_types=retrain_type_names())
     config = QuantJsonConfig(RETRAIN, batch_num=cfg.batch_num if cfg else 1)
     if cfg is not None and cfg.HasField("fakequant_precision_mode"):
         config.fakequant_precision_mode = "FORCE_FP16_QUANT"

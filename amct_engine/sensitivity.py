@@ -30,6 +30,7 @@ from amct_engine.layer_variants import (
     layer_types,
     outputs,
 )
+from amct_engine.layers import entry_of
 from amct_engine.prune.bcp import bcp_importance, select_pruned_channels
 from amct_engine.prune.dependency import build_channel_groups
 
@@ -82,7 +83,8 @@ def _masked(model: nn.Module, group, ratio: float) -> dict[str, nn.Module]:
     out = {}
     for member in group.producers:
         layer = model.get_submodule(member.name)
-        if not isinstance(layer, (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)):
+        entry = entry_of(layer)
+        if entry is None or not entry.behaviour().rows_are_output_channels:  # its filters are not weight rows
             return {}
         masked = out.get(member.name) or copy.deepcopy(layer)
         rows = torch.tensor(member.indices(pruned), dtype=torch.long)

@@ -19,8 +19,9 @@ from job_process.signature import SignatureError, example_inputs, output_leaves,
 def validate(path: str, inputs: list[dict], batch: int) -> dict:
     import torch
 
-    from amct_engine.graph.analysis import DISTILL_TYPES, RETRAIN_TYPES, quantizable_layers
+    from amct_engine.graph.analysis import quantizable_layers
     from amct_engine.graph.capture import capture_model
+    from amct_engine.layer_table import distill_type_names, retrain_type_names
 
     stage = "load"
     try:
@@ -37,8 +38,8 @@ def validate(path: str, inputs: list[dict], batch: int) -> dict:
     except Exception as e:  # any failure is the upload's; what a user reads of it: job_process/errors.py
         return {"ok": False, "stage": stage, "error": describe(e, stage)}
     layers = {
-        "quantizable": [{"name": i.name, "type": i.type_name} for i in quantizable_layers(cm, RETRAIN_TYPES)],
-        "distillable": [i.name for i in quantizable_layers(cm, DISTILL_TYPES)],
+        "quantizable": [{"name": i.name, "type": i.type_name} for i in quantizable_layers(cm, retrain_type_names())],
+        "distillable": [i.name for i in quantizable_layers(cm, distill_type_names())],
     }
     return {
         "ok": True,

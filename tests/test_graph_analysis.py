@@ -11,7 +11,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from amct_engine.graph.analysis import (
-    DISTILL_TYPES,
     Chain,
     conv_bn_act_chains,
     distill_groups,
@@ -20,6 +19,7 @@ from amct_engine.graph.analysis import (
     quantizable_layers,
 )
 from amct_engine.graph.capture import capture_model
+from amct_engine.layer_table import distill_type_names
 from tests.models import (
     ActivationsNet,
     ConvBnReluNet,
@@ -102,7 +102,7 @@ def test_padding_mode_and_conv3d_dilation_exclusions():
 
 
 def test_distill_types_keep_only_conv2d_and_linear():
-    assert [layer.name for layer in quantizable_layers(_capture(ExclusionNet), DISTILL_TYPES)] == ["fc"]
+    assert [layer.name for layer in quantizable_layers(_capture(ExclusionNet), distill_type_names())] == ["fc"]
 
 
 # --- chains and the ReLU input ---------------------------------------------------------------------
@@ -194,7 +194,7 @@ def test_torchscript_files_give_the_same_groups(tmp_path, kind):
     cm = capture_model(tmp_path / "model.pt", x)
 
     assert distill_groups(cm) == CONV_BN_RELU_GROUPS
-    assert [layer.name for layer in quantizable_layers(cm, DISTILL_TYPES)] == ["conv1", "conv2", "fc"]
+    assert [layer.name for layer in quantizable_layers(cm, distill_type_names())] == ["conv1", "conv2", "fc"]
 
 
 def test_group_size_two_cascades_through_single_consumers():

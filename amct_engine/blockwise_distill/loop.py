@@ -15,8 +15,9 @@ from amct_engine.blockwise_distill.optim import rebuild_optimizer
 from amct_engine.blockwise_distill.sample import DistillSampleBase, ModelSingleTensorInput, model_inputs
 from amct_engine.blockwise_distill.teacher import teacher_source
 from amct_engine.config.quant_json import DISTILL, read_json_config
-from amct_engine.graph.analysis import DISTILL_TYPES, quantizable_layers
+from amct_engine.graph.analysis import quantizable_layers
 from amct_engine.graph.capture import CapturedModel, capture_model
+from amct_engine.layer_table import distill_type_names
 from amct_engine.quant.retrain_layer import QuantRetrainLayer
 
 ProgressFn = Callable[[dict], None]
@@ -51,7 +52,7 @@ def distill(
     first = _first_batch(train_loader)
     captured = capture_model(model, model_inputs(sample, first))
     teacher = captured.module.eval()
-    layer_types = {info.name: info.type_name for info in quantizable_layers(captured, DISTILL_TYPES)}
+    layer_types = {info.name: info.type_name for info in quantizable_layers(captured, distill_type_names())}
     config = read_json_config(config_file, DISTILL, layer_types)
     device = next(compress_model.parameters()).device
     teacher.to(device)

@@ -16,9 +16,8 @@ from amct_engine.config.cfg_document import CfgDocument, read_cfg_file
 from amct_engine.config.cfg_parse_errors import parse_cfg_message
 from amct_engine.config.errors import ConfigError
 from amct_engine.proto import calibration_config_pytorch_pb2 as calibration_pb2
+from amct_engine.quant.calibrators import by_cfg_field
 
-# docs/spec/engine.md §1.6: the bin counts HFMG accepts.
-HFMG_BINS = (1024, 2048, 4096, 8192)
 # (activation, weight) bit widths PTQ writes; the same as QAT's so a generated cfg carries over.
 PTQ_ACT_WTS_BITS = ((8, 8), (16, 8), (8, 4))
 ARQ_BITS = (4, 8)
@@ -30,7 +29,7 @@ class PtqLayerSpec:
     """What PTQ does to one layer (docs/spec/engine.md §3.3: one entry of the PTQ JSON)."""
 
     enabled: bool = True
-    act_algo: str = "ifmr"  # "ifmr" | "hfmg"
+    act_algo: str = "ifmr"  # a CALIBRATORS name (quant/calibrators.py)
     act_bits: int = 8
     asymmetric: bool | None = None  # None: the config's activation_offset
     search_range_start: float = 0.7
@@ -41,6 +40,7 @@ class PtqLayerSpec:
     num_of_bins: int = 4096
     channel_wise: bool = True
     wts_bits: int = 8
+    wts_algo: str = "arq"  # a WEIGHT_QUANTIZERS name; the calibration cfg only has arq_quantize
 
 
 @dataclass
@@ -81,19 +81,11 @@ def _scopes(msg) -> Iterator[tuple[str, object]]:
 def _scope_errors(doc: CfgDocument, path: str, config) -> Iterator[ConfigError]:
     act_field = config.WhichOneof("act_algo")
     act = getattr(config, act_field) if act_field else None
-    if act_field == "hfmg_quantize" and act.num_of_bins not in HFMG_BINS:
-        yield doc.error(
-            f"{path}.hfmg_quantize.num_of_bins",
-            f"num_of_bins must be one of {', '.join(map(str, HFMG_BINS))}, got {act.num_of_bins}",
-        )
-    if act_field == "ifmr_quantize":
-        if not (0 < act.search_range_start < act.search_range_end and act.search_step > 0):
-            yield doc.error(
-                f"{path}.ifmr_quantize", "IFMR needs 0 < search_range_start < search_range_end and search_step > 0"
-            )
-        for name in ("max_percentile", "min_percentile"):
-            if not 0 < getattr(act, name) <= 1:
-                yield doc.error(f"{path}.ifmr_quantize.{name}", f"{name} must be in (0, 1]")
+    calibrator = by_cfg_field(act_field) if act_field else None
+    if calibrator is not None:
+        values = {name: getattr(act, name) for name in calibrator.params}
+        for param, message in calibrator.problems(values):
+            yield doc.error(f"{path}.{act_field}" + (f".{param}" if param else ""), message)
     if config.HasField("arq_quantize") and config.arq_quantize.quant_bits not in ARQ_BITS:
         yield doc.error(
             f"{path}.arq_quantize.quant_bits", f"quant_bits must be 4 or 8, got {config.arq_quantize.quant_bits}"
@@ -168,22 +160,14 @@ def _apply(spec: PtqLayerSpec, config) -> PtqLayerSpec:
     act_field = config.WhichOneof("act_algo")
     if act_field is not None:
         act = getattr(config, act_field)
-        common = dict(
-            act_bits=_DST_BITS[act.dst_type], asymmetric=act.asymmetric if act.HasField("asymmetric") else None
+        calibrator = by_cfg_field(act_field)
+        spec = replace(
+            spec,
+            act_algo=calibrator.name,
+            act_bits=_DST_BITS[act.dst_type],
+            asymmetric=act.asymmetric if act.HasField("asymmetric") else None,
+            **{name: getattr(act, name) for name in calibrator.params},
         )
-        if act_field == "hfmg_quantize":
-            spec = replace(spec, act_algo="hfmg", num_of_bins=act.num_of_bins, **common)
-        else:
-            spec = replace(
-                spec,
-                act_algo="ifmr",
-                search_range_start=act.search_range_start,
-                search_range_end=act.search_range_end,
-                search_step=act.search_step,
-                max_percentile=act.max_percentile,
-                min_percentile=act.min_percentile,
-                **common,
-            )
     if config.HasField("arq_quantize"):
         spec = replace(spec, channel_wise=config.arq_quantize.channel_wise, wts_bits=config.arq_quantize.quant_bits)
     return spec

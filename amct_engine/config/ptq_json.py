@@ -12,31 +12,19 @@ import json
 import os
 from dataclasses import fields
 
-from amct_engine.config.calibration_cfg import ARQ_BITS, HFMG_BINS, PTQ_ACT_WTS_BITS, PtqConfig, PtqLayerSpec
+from amct_engine.config.calibration_cfg import ARQ_BITS, PTQ_ACT_WTS_BITS, PtqConfig, PtqLayerSpec
+from amct_engine.quant.calibrators import CALIBRATORS, by_cfg_field, cfg_fields
 
 VERSION = 1
 _TOP = ("version", "batch_num", "activation_offset", "do_fusion", "skip_fusion_layers")
-_ACT_KEYS = (
-    "act_algo",
-    "num_bits",
-    "asymmetric",
-    "search_range_start",
-    "search_range_end",
-    "search_step",
-    "max_percentile",
-    "min_percentile",
-    "num_of_bins",
-)
 
 
 def _layer_json(spec: PtqLayerSpec) -> dict:
-    act = {"act_algo": {"ifmr": "ifmr_quantize", "hfmg": "hfmg_quantize"}[spec.act_algo], "num_bits": spec.act_bits}
+    calibrator = CALIBRATORS[spec.act_algo]
+    act = {"act_algo": calibrator.cfg_field, "num_bits": spec.act_bits}
     if spec.asymmetric is not None:
         act["asymmetric"] = spec.asymmetric
-    if spec.act_algo == "ifmr":
-        act.update({k: getattr(spec, k) for k in _ACT_KEYS[3:8]})
-    else:
-        act["num_of_bins"] = spec.num_of_bins
+    act.update({name: getattr(spec, name) for name in calibrator.params})
     return {
         "quant_enable": spec.enabled,
         "activation_quant_params": act,
@@ -73,14 +61,14 @@ def _layer_spec(path, name: str, entry) -> PtqLayerSpec:
         raise _bad(path, name, "expected an object with quant_enable / activation_quant_params / weight_quant_params")
     act = entry.get("activation_quant_params", {})
     wts = entry.get("weight_quant_params", {})
-    algo = {"ifmr_quantize": "ifmr", "hfmg_quantize": "hfmg"}.get(act.get("act_algo", "ifmr_quantize"))
-    if algo is None:
-        raise _bad(path, f"{name}.activation_quant_params.act_algo", "must be ifmr_quantize or hfmg_quantize")
+    calibrator = by_cfg_field(act.get("act_algo", CALIBRATORS[PtqLayerSpec.act_algo].cfg_field))
+    if calibrator is None:
+        raise _bad(path, f"{name}.activation_quant_params.act_algo", f"must be one of {', '.join(cfg_fields())}")
     known = {f.name for f in fields(PtqLayerSpec)}
     values = {k: v for k, v in act.items() if k in known and k != "act_algo"}
     spec = PtqLayerSpec(
         enabled=bool(entry.get("quant_enable", True)),
-        act_algo=algo,
+        act_algo=calibrator.name,
         act_bits=int(act.get("num_bits", 8)),
         wts_bits=int(wts.get("num_bits", 8)),
         channel_wise=bool(wts.get("channel_wise", True)),
@@ -93,8 +81,8 @@ def _layer_spec(path, name: str, entry) -> PtqLayerSpec:
             f"A{spec.act_bits}W{spec.wts_bits} is not supported; use one of "
             + ", ".join(f"A{a}W{w}" for a, w in PTQ_ACT_WTS_BITS),
         )
-    if algo == "hfmg" and spec.num_of_bins not in HFMG_BINS:
-        raise _bad(path, f"{name}.activation_quant_params.num_of_bins", f"must be one of {HFMG_BINS}")
+    for param, message in calibrator.problems({p: getattr(spec, p) for p in calibrator.params}):
+        raise _bad(path, f"{name}.activation_quant_params" + (f".{param}" if param else ""), message)
     return spec
 
 

@@ -21,13 +21,13 @@ from amct_engine.config.specs import (
     BITS_DST,
     DEFAULT_WEIGHT_ALGO,
     DST_BITS,
-    NO_CHANNEL_WISE_TYPES,
     RETRAIN_ACT_WTS_BITS,
     ActQuantSpec,
     LayerQuantSpec,
     WeightQuantSpec,
     pair_name,
 )
+from amct_engine.layer_table import per_tensor_default_types
 
 if TYPE_CHECKING:
     from torch import nn
@@ -36,7 +36,6 @@ __all__ = [
     "BITS_DST",
     "DISTILL",
     "DST_BITS",
-    "NO_CHANNEL_WISE_TYPES",
     "RETRAIN",
     "ActQuantSpec",
     "JsonDialect",
@@ -258,7 +257,7 @@ class _JsonReader:
         if algo not in algos:
             allowed = " or ".join(f'"{a}"' for a in algos)
             raise self.error(f"{name}.{key}.algo must be {allowed}, got {algo!r}", name)
-        default_cw = type_name not in NO_CHANNEL_WISE_TYPES
+        default_cw = type_name not in per_tensor_default_types()
         channel_wise = cfg.get("channel_wise", default_cw)
         if not isinstance(channel_wise, bool):
             raise self.error(f"{name}.{key}.channel_wise must be true or false", name)

@@ -26,7 +26,6 @@ from amct_engine.config.cfg_document import CfgDocument
 from amct_engine.config.cfg_layout import CfgLayout, SkipLists, layout_of
 from amct_engine.config.specs import (
     DST_BITS,
-    NO_CHANNEL_WISE_TYPES,
     ActQuantSpec,
     FilterPruneSpec,
     PruneScheduleSpec,
@@ -34,6 +33,7 @@ from amct_engine.config.specs import (
     SelectivePruneSpec,
     WeightQuantSpec,
 )
+from amct_engine.layer_table import per_tensor_default_types
 
 SkipCause = Literal["skip_layer", "skip_type", "unsupported_type", "not_configured"]
 
@@ -146,7 +146,7 @@ class _Resolver:
             per_channel_requested = _explicit_channel_wise(weight_cfg, per_channel_requested, layout)
         # A global `channel_wise` (meant for convs) leaves Linear per-tensor, as in AMCT; an override
         # of the layer or of its type that states `channel_wise: true` is honoured (docs/spec/engine.md §4.9).
-        if type_name in NO_CHANNEL_WISE_TYPES and weight.channel_wise and not per_channel_requested:
+        if type_name in per_tensor_default_types() and weight.channel_wise and not per_channel_requested:
             weight = replace(weight, channel_wise=False)
         return QuantSettings(act, weight, configured)
 

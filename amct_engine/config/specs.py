@@ -18,13 +18,6 @@ RETRAIN_ACT_WTS_BITS = ((8, 8), (16, 8), (8, 4))
 # AMCT's weight quantiser when a cfg or a JSON config names none (a WEIGHT_QUANTIZERS name).
 DEFAULT_WEIGHT_ALGO = "arq"
 
-# docs/spec/engine.md §4.9: AMCT allows only per-tensor weight scales for these layer types. We keep that as the
-# default but honour an explicit `channel_wise: true` (a cfg override of the layer or its type, or
-# the JSON): a transformer's FFN output projection has weight outliers (all-MiniLM-L6-v2: max|W|
-# is 175 standard deviations) that leave most of its weights at 0 under one per-tensor INT8 scale.
-# Every export back end already handles per-output-channel scales on Linear.
-NO_CHANNEL_WISE_TYPES = {"Linear"}
-
 
 def pair_name(act_bits: int, weight_bits: int) -> str:
     """``(8, 4)`` -> ``"A8W4"``."""

@@ -21,39 +21,14 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from torch import nn
 
 from amct_engine.export.ascend import ASCEND_DOMAIN, LAYER_ATTR, WTS_TYPE_ATTR, pack_dequant_param
 from amct_engine.export.quant_layer import ExportQuantLayer
-from amct_engine.graph.layer_types import CONV_TYPES
-from amct_engine.quant.deployed import output_channel_shape
+from amct_engine.layers import behaviour_of
 
 
 def _const(g, value: torch.Tensor):
     return g.op("Constant", value_t=value)
-
-
-def _conv_pads(layer: nn.Module) -> list[int]:
-    """ONNX pads [b1, b2, ..., e1, e2, ...] for the layer's padding (ints or 'same'/'valid')."""
-    dims = len(layer.kernel_size)
-    if isinstance(layer.padding, str):
-        if layer.padding == "valid":
-            return [0] * (2 * dims)
-        total = [d * (k - 1) for d, k in zip(layer.dilation, layer.kernel_size, strict=True)]
-        return [t // 2 for t in total] + [t - t // 2 for t in total]
-    return list(layer.padding) * 2
-
-
-def _conv_attrs(layer: nn.Module, with_pads: bool = True) -> dict:
-    attrs = {
-        "kernel_shape_i": list(layer.kernel_size),
-        "strides_i": list(layer.stride),
-        "dilations_i": list(layer.dilation),
-        "group_i": layer.groups,
-    }
-    if with_pads:
-        attrs["pads_i"] = _conv_pads(layer)
-    return attrs
 
 
 def _unsigned_codes(weight_q: torch.Tensor) -> torch.Tensor:
@@ -92,27 +67,11 @@ def _integer_activation(g, x, module: ExportQuantLayer, unsigned: bool = False):
     return g.op("Sub", q, offset)
 
 
-def _layer_op(g, x, layer: nn.Module, weight, bias):
-    if isinstance(layer, nn.Linear):
-        y = g.op("MatMul", x, g.op("Transpose", weight, perm_i=[1, 0]))
-        return g.op("Add", y, bias) if bias is not None else y
-    op = "ConvTranspose" if isinstance(layer, nn.ConvTranspose2d) else "Conv"
-    attrs = _conv_attrs(layer)
-    if op == "ConvTranspose":
-        attrs["output_padding_i"] = list(layer.output_padding)
-    inputs = [x, weight] + ([bias] if bias is not None else [])
-    return g.op(op, *inputs, **attrs)
-
-
-def _output_rank(layer: nn.Module) -> int:
-    """Rank of the layer's output as our export sees it (Linear: [N, C], inputs flattened before)."""
-    return 2 if isinstance(layer, nn.Linear) else len(layer.kernel_size) + 2
-
-
 def _rescale(g, y, module: ExportQuantLayer):
     """AscendDequant as one Mul by scale_w * scale_d per output channel."""
     deq = (module.factors.scale_w * module.factors.scale_d).float()
-    shape = output_channel_shape(module.layer, deq.numel(), _output_rank(module.layer))
+    behaviour = behaviour_of(module.layer)
+    shape = behaviour.output_channel_shape(deq.numel(), behaviour.output_rank(module.layer))
     return g.op("Mul", y, _const(g, deq.reshape(shape)))
 
 
@@ -124,9 +83,7 @@ class FloatLayerWriter:
         layer = module.layer
         weight = _const(g, layer.weight.detach())
         bias = _const(g, layer.bias.detach()) if layer.bias is not None else None
-        if isinstance(layer, nn.Linear) and g.rank(x) == 2:
-            return g.op("Gemm", x, weight, *([bias] if bias is not None else []), transB_i=1)
-        return _layer_op(g, x, layer, weight, bias)
+        return behaviour_of(layer).write(g, x, layer, weight, bias, input_rank=g.rank(x))
 
 
 class FakeQuantBackend:
@@ -137,9 +94,10 @@ class FakeQuantBackend:
     @staticmethod
     def emit(g, x, module: ExportQuantLayer):
         f = module.factors
-        linear = isinstance(module.layer, nn.Linear)
+        behaviour = behaviour_of(module.layer)
+        linear = behaviour.matmul_like
         x_int = _integer_activation(g, x, module, unsigned=linear)
-        if isinstance(module.layer, nn.ConvTranspose2d) or f.act_bits != 8:
+        if not behaviour.int8_kernel or f.act_bits != 8:
             # Integer-valued float weights: onnxruntime would turn DQ(weight) -> MatMul on a float
             # (INT16-emulated) input into a dynamically quantised MatMul that re-quantises it.
             weight = _const(g, f.weight_q.float())
@@ -158,7 +116,7 @@ class FakeQuantBackend:
                 _const(g, torch.tensor(0, dtype=torch.int8)),
             )
         bias = _const(g, f.bias_q.float()) if f.bias_q is not None else None
-        return _rescale(g, _layer_op(g, x_int, module.layer, weight, bias), module)
+        return _rescale(g, behaviour.write(g, x_int, module.layer, weight, bias, input_rank=None), module)
 
 
 def _activation_qdq(g, x, scale: float, offset: int, tag: dict):
@@ -189,7 +147,8 @@ class QdqDeployBackend:
     @staticmethod
     def emit(g, x, module: ExportQuantLayer):
         layer, f = module.layer, module.factors
-        if f.act_bits != 8 or not isinstance(layer, (nn.Linear, *CONV_TYPES)):
+        behaviour = behaviour_of(layer)
+        if f.act_bits != 8 or not behaviour.int8_kernel:
             # No integer kernel for INT16 inputs or transposed convs in onnxruntime: the fake-quant form,
             # marked by an Identity that export.qdq_graph names `<layer>/NoInt8Kernel` for the report.
             return g.op("Identity", FakeQuantBackend.emit(g, x, module), **{f"{LAYER_ATTR}_s": module.layer_name})
@@ -197,7 +156,7 @@ class QdqDeployBackend:
         x_hat = _activation_qdq(g, x, f.scale_d, f.offset_d, tag)
         per_channel = f.scale_w.numel() > 1
         rank = g.rank(x)
-        linear = isinstance(layer, nn.Linear)
+        linear = behaviour.matmul_like
         matmul = linear and rank != 2  # Gemm takes 2-D inputs only; MatMul has W^T, channels on axis 1
         axis = {"axis_i": 1 if matmul else 0} if per_channel else {}
 
@@ -228,12 +187,8 @@ class QdqDeployBackend:
                 **({"axis_i": 0} if per_channel else {}),
                 **tag,
             )
-        if matmul:
-            y = g.op("MatMul", x_hat, weight, **tag)
-            return g.op("Add", y, bias, **tag) if bias is not None else y
-        if linear:
-            return g.op("Gemm", x_hat, weight, *([bias] if bias is not None else []), transB_i=1, **tag)
-        return g.op("Conv", x_hat, weight, *([bias] if bias is not None else []), **_conv_attrs(layer), **tag)
+        stored = "transposed" if matmul else "torch"
+        return behaviour.write(g, x_hat, layer, weight, bias, input_rank=rank, stored=stored, **tag)
 
 
 class AscendDeployBackend:
@@ -257,17 +212,12 @@ class AscendDeployBackend:
             **tag,
         )
         bias = _const(g, f.bias_q.float()) if f.bias_q is not None else None
-        if isinstance(layer, nn.Linear):
-            y = g.op("MatMul", x_q, _const(g, f.weight_q.t().float().contiguous()), **tag)
-            if bias is not None:
-                y = g.op("Add", y, bias, **tag)
+        behaviour = behaviour_of(layer)
+        if behaviour.matmul_like:  # AMCT's layout stores a Linear's weight as the MatMul reads it
+            weight, stored = _const(g, f.weight_q.t().float().contiguous()), "transposed"
         else:
-            op = "ConvTranspose" if isinstance(layer, nn.ConvTranspose2d) else "Conv"
-            attrs = _conv_attrs(layer)
-            if op == "ConvTranspose":
-                attrs["output_padding_i"] = list(layer.output_padding)
-            inputs = [x_q, _const(g, f.weight_q.float())] + ([bias] if bias is not None else [])
-            y = g.op(op, *inputs, **attrs, **tag)
+            weight, stored = _const(g, f.weight_q.float()), "torch"
+        y = behaviour.write(g, x_q, layer, weight, bias, input_rank=None, stored=stored, **tag)
         # The param travels as int64 (same bits); finalize_ascend_model stores it as UINT64.
         words = pack_dequant_param((f.scale_w * f.scale_d).numpy()).view(np.int64)
         return g.op(f"{ASCEND_DOMAIN}::AscendDequant", y, _const(g, torch.from_numpy(words.copy())), dtype_i=0, **tag)

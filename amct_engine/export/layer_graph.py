@@ -25,6 +25,7 @@ from torch import nn
 from torch.onnx import symbolic_helper
 
 from amct_engine.export.dynamic_shapes import traceable_sizes
+from amct_engine.layers import behaviour_of
 
 PLACEHOLDER_DOMAIN = "amct.layer"
 PLACEHOLDER_OP = "Layer"
@@ -66,7 +67,7 @@ def _output_sizes(x, module) -> list[int | None]:
     A symbolic size keeps the exporter from folding `y.size(0)` of a dynamic batch into a constant."""
     traced = list(module.traced_shape)
     known = x.type().varyingSizes() or [None] * len(traced)
-    channel = len(traced) - 1 if isinstance(module.layer, nn.Linear) else 1
+    channel = behaviour_of(module.layer).output_channel_axis(len(traced))
     return [
         size if i == channel or (i < len(known) and known[i] is not None) else None for i, size in enumerate(traced)
     ]

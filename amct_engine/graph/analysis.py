@@ -18,15 +18,19 @@ from amct_engine.graph import layer_types
 from amct_engine.graph.capture import CapturedModel
 from amct_engine.graph.lifting import op_name
 from amct_engine.graph.shapes import node_shapes
+from amct_engine.layer_table import distill_type_names, retrain_type_names
+from amct_engine.layers import behaviour_of
 
-# docs/spec/engine.md §4.9 RETRAIN_TYPES, without LSTM, GRU and ConvTranspose1d for now: add their names here
-RETRAIN_TYPES: tuple[str, ...] = ("Conv1d", "Conv2d", "Conv3d", "ConvTranspose2d", "Linear")
-DISTILL_TYPES: tuple[str, ...] = ("Conv2d", "Linear")
 DISTILL_BN_TYPES: tuple[str, ...] = ("BatchNorm2d",)
 # ONNX Relu, LeakyRelu, Sigmoid, Tanh, Softmax (DISTILL_ACTIVATION_ONNX_TYPES) as modules
 DISTILL_ACTIVATION_TYPES: tuple[str, ...] = ("ReLU", "LeakyReLU", "Sigmoid", "Tanh", "Softmax")
-DISTILL_MODULE_TYPES: tuple[str, ...] = DISTILL_TYPES + DISTILL_BN_TYPES + DISTILL_ACTIVATION_TYPES
 BN_TYPES: tuple[str, ...] = tuple(t.__name__ for t in layer_types.BN_TYPES)
+
+
+def _distill_module_types() -> tuple[str, ...]:
+    return distill_type_names() + DISTILL_BN_TYPES + DISTILL_ACTIVATION_TYPES
+
+
 ACTIVATION_TYPES: tuple[str, ...] = ("ReLU", "ReLU6", "LeakyReLU", "Sigmoid", "Tanh", "Softmax")
 # functional spellings (F.relu, torch.relu, x.relu_(), aten.relu.default …) → the module they equal
 ACTIVATION_FUNCTIONS: dict[str, str] = {
@@ -69,8 +73,10 @@ class Chain:
         return [m for m in (self.layer, self.bn, self.act) if m]
 
 
-def quantizable_layers(cm: CapturedModel, types: Sequence[str] = RETRAIN_TYPES) -> list[LayerInfo]:
-    """Layers of the given class names that pass the docs/spec/engine.md §4.9 exclusions, in topological order."""
+def quantizable_layers(cm: CapturedModel, types: Sequence[str] | None = None) -> list[LayerInfo]:
+    """Layers of the given class names (default: the types QAT and PTQ quantise) that pass the
+    docs/spec/engine.md §4.9 exclusions, in topological order."""
+    types = retrain_type_names() if types is None else types
     excluded = excluded_layers(cm, types)
     return [
         LayerInfo(name, type_name, cm.get_module(name))
@@ -79,8 +85,9 @@ def quantizable_layers(cm: CapturedModel, types: Sequence[str] = RETRAIN_TYPES) 
     ]
 
 
-def excluded_layers(cm: CapturedModel, types: Sequence[str] = RETRAIN_TYPES) -> dict[str, str]:
+def excluded_layers(cm: CapturedModel, types: Sequence[str] | None = None) -> dict[str, str]:
     """Layer name → why a layer of a supported type cannot be compressed (docs/spec/engine.md §4.9)."""
+    types = retrain_type_names() if types is None else types
     shared = shared_weights(cm.module)
     reasons = {}
     for name, type_name in cm.module_types().items():
@@ -122,7 +129,7 @@ def shared_weights(root: nn.Module) -> dict[str, list[str]]:
     return {name: [o for o in names if o != name] for names in owners.values() if len(names) > 1 for name in names}
 
 
-def conv_bn_act_chains(cm: CapturedModel, types: Sequence[str] = RETRAIN_TYPES) -> list[Chain]:
+def conv_bn_act_chains(cm: CapturedModel, types: Sequence[str] | None = None) -> list[Chain]:
     """For every quantizable layer: the BN that is its single consumer and the activation after that.
 
     A BN counts only when it normalises the layer's output channels: a BatchNorm reads axis 1, a
@@ -130,6 +137,7 @@ def conv_bn_act_chains(cm: CapturedModel, types: Sequence[str] = RETRAIN_TYPES) 
     BatchNorm of another axis (AMCT's LinearIn3/LinearIn4, Conv2dLinear) keeps its BN apart; folding
     it would scale the Linear's rows with another axis's factors.
     """
+    types = retrain_type_names() if types is None else types
     chains = []
     ranks = _OutputRanks(cm)
     for info in quantizable_layers(cm, types):
@@ -172,9 +180,7 @@ def _bn_reads_layer_channels(layer: nn.Module, bn: nn.Module, output_rank) -> bo
     channels = getattr(layer, "out_channels", getattr(layer, "out_features", None))
     if getattr(bn, "num_features", None) != channels:
         return False
-    if isinstance(layer, nn.Linear):
-        return output_rank() in (2, None)  # features on axis 1 only for a [N, features] output
-    return True
+    return behaviour_of(layer).reads_normalised_channels(output_rank)
 
 
 def input_from_relu(cm: CapturedModel, name: str) -> bool:
@@ -280,7 +286,7 @@ def distill_groups(
     if not groups:
         raise ValueError(
             "Not found distill group: the model has no Conv2d or Linear layer that can be "
-            f"distilled (excluded: {excluded_layers(cm, DISTILL_TYPES) or 'none'})"
+            f"distilled (excluded: {excluded_layers(cm, distill_type_names()) or 'none'})"
         )
     return sorted(groups, key=lambda group: cm.position(group[0]))
 
@@ -288,7 +294,7 @@ def distill_groups(
 def _distill_units(cm: CapturedModel, taken: set[str]) -> list[list[fx.Node]]:
     """docs/spec/engine.md §6.1 step 1: [layer, BatchNorm2d, activation], [layer, activation] or [layer]."""
     units = []
-    for info in quantizable_layers(cm, DISTILL_TYPES):
+    for info in quantizable_layers(cm, distill_type_names()):
         if info.name in taken:
             continue
         unit = [cm.nodes_of(info.name)[0]]
@@ -333,10 +339,10 @@ def _expand_user_group(cm: CapturedModel, start: str, end: str) -> list[str]:
         raise ValueError(f"{label}: the start layer '{start}' is reused (called {cm.call_count(start)} times)")
     route = _only_route(cm.nodes_of(start)[0], set(cm.nodes_of(end)), start, end)
     for node in route:
-        if not _is_module_of(cm, node, DISTILL_MODULE_TYPES):
+        if not _is_module_of(cm, node, _distill_module_types()):
             raise ValueError(
                 f"{label}: the route passes through {_describe(cm, node)}, which is not one "
-                f"of the distill module types {', '.join(DISTILL_MODULE_TYPES)}"
+                f"of the distill module types {', '.join(_distill_module_types())}"
             )
         if _is_module_of(cm, node, BN_TYPES) and cm.call_count(node.target) > 1:
             raise ValueError(

@@ -26,6 +26,7 @@ from amct_engine.graph.errors import GraphCaptureError, first_line
 from amct_engine.graph.lifting import Scope, lift_leaf_modules, quiet_export
 from amct_engine.graph.symbolic_sizes import simplify_size_arithmetic, symbolic_capture, symbolic_graph
 from amct_engine.graph.torchscript import graph_module_from_torchscript, load_torchscript
+from amct_engine.layers import is_table_class
 
 # docs/spec/engine.md §1.1 / CG/capacity/capacity_config.csv AMCT_OPERATIONS: a model holding one was already compressed
 AMCT_MODULE_TYPE_NAMES: set[str] = {
@@ -228,6 +229,7 @@ class _LeafTracer(fx.Tracer):
         return (
             is_amct_module(m)
             or isinstance(m, tuple(_USER_LEAF_TYPES))
+            or is_table_class(m)  # a quantisable layer type (amct_engine/layer_table.py)
             or super().is_leaf_module(m, module_qualified_name)
         )
 

@@ -20,6 +20,8 @@ from typing import Any
 import torch
 from torch import fx, nn
 
+from amct_engine.graph.layer_types import BN_TYPES, CONV_TRANSPOSE_TYPES, CONV_TYPES
+
 
 @dataclass(frozen=True)
 class Scope:
@@ -29,17 +31,9 @@ class Scope:
     class_name: str
 
 
-CONV_CLASSES = frozenset(
-    {
-        "Conv1d",
-        "Conv2d",
-        "Conv3d",
-        "ConvTranspose1d",
-        "ConvTranspose2d",
-        "ConvTranspose3d",
-    }
-)
-BN_CLASSES = frozenset({"BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "SyncBatchNorm"})
+# The torch.nn classes whose calls become leaf modules again (layer_types.py defines the groups once).
+CONV_CLASSES = frozenset(t.__name__ for t in CONV_TYPES + CONV_TRANSPOSE_TYPES)
+BN_CLASSES = frozenset(t.__name__ for t in BN_TYPES)
 
 _CONV_OPS = frozenset(
     {

@@ -14,6 +14,8 @@ from torch import nn
 from amct_engine.config.specs import FilterPruneSpec
 from amct_engine.graph.analysis import shared_weights
 from amct_engine.graph.capture import CapturedModel
+from amct_engine.layer_table import selective_type_names
+from amct_engine.layers import entry_of
 from amct_engine.prune.apply import GroupCut, apply_plan, output_shapes, prune_with_forward_check
 from amct_engine.prune.bcp import remain_count, select_pruned_channels
 from amct_engine.prune.dependency import OP, ChannelDependencies, ChannelGroup, build_channel_groups
@@ -36,7 +38,7 @@ from amct_engine.prune.report import (
     PruneReport,
     SelectiveDecision,
 )
-from amct_engine.prune.selective import SELECTIVE_TYPES, attach_selective_mask, cin_axis
+from amct_engine.prune.selective import attach_selective_mask, cin_axis
 from amct_engine.prune.settings import LayerPruneSettings
 from amct_engine.quant.retrain_layer import QuantRetrainLayer
 from amct_engine.record import RecordFile
@@ -229,8 +231,10 @@ def selective_prune(
 
 
 def _selective_skip_reason(cm: CapturedModel, name: str, layer: nn.Module) -> str | None:
-    if not isinstance(layer, SELECTIVE_TYPES):
-        return f"{type(layer).__name__} is not a Conv2d, Linear or ConvTranspose2d (docs/spec/engine.md §4.5)"
+    entry = entry_of(layer)
+    if entry is None or not entry.selective_prune:
+        kinds = ", ".join(selective_type_names())
+        return f"{type(layer).__name__} is not one of {kinds} (docs/spec/engine.md §4.5)"
     calls = cm.call_count(name)
     if calls != 1:
         return f"it is called {calls} times in forward (reused modules are never pruned)"

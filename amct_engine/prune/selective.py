@@ -20,18 +20,19 @@ import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
+from amct_engine.layers import behaviour_of
 from amct_engine.prune.records import update_selective_records
 from amct_engine.quant.retrain_layer import QuantRetrainLayer
 from amct_engine.quant.weight_quantizer import WeightQuantizer
 from amct_engine.record import RecordFile
 
 GROUP_SIZE, PRUNED_PER_GROUP = 4, 2  # M4N2
-SELECTIVE_TYPES = (nn.Conv2d, nn.Linear, nn.ConvTranspose2d)
 
 
 def cin_axis(layer: nn.Module) -> int:
-    """Cin is axis 0 of a ConvTranspose weight [Cin, Cout/g, kh, kw], axis 1 otherwise (docs/spec/engine.md §4.5)."""
-    return 0 if isinstance(layer, nn.ConvTranspose2d) else 1
+    """The weight axis of input channels: axis 0 of a ConvTranspose weight [Cin, Cout/g, kh, kw], 1 otherwise
+    (docs/spec/engine.md §4.5; the layer-type table knows)."""
+    return behaviour_of(layer).input_channel_axis(layer)
 
 
 def m4n2_mask(weight: torch.Tensor, axis: int = 1) -> torch.Tensor:

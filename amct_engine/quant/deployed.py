@@ -11,10 +11,9 @@ import copy
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from amct_engine.graph.layer_types import CONV_TYPES
+from amct_engine.layers import behaviour_of
 from amct_engine.quant.primitives import quant_range
 from amct_engine.record import LayerQuantRecord
 
@@ -37,7 +36,7 @@ def fold_batch_norm(layer: nn.Module, bn: nn.Module | None, weight: torch.Tensor
     beta = bn.bias.detach() if bn.bias is not None else torch.zeros_like(factor)
     bias = folded.bias.detach() if folded.bias is not None else torch.zeros_like(factor)
     with torch.no_grad():
-        weight = folded.weight.detach() * per_out_channel(factor, folded)
+        weight = folded.weight.detach() * behaviour_of(folded).per_out_channel(factor, folded)
         folded.weight = nn.Parameter(weight)
         folded.bias = nn.Parameter((bias - bn.running_mean) * factor + beta)
     return folded
@@ -56,28 +55,12 @@ class QuantFactors:
     bias_q: torch.Tensor | None  # int32 bias of the integer kernels, or None
 
 
-def per_out_channel(values: torch.Tensor, layer: nn.Module) -> torch.Tensor:
-    """A per-output-channel vector (or a scalar) spread to the layer's weight shape.
-
-    Conv/Linear weights have Cout on axis 0; ConvTranspose weights are [Cin, Cout/groups, k...],
-    so output channel c = group * Cout/groups + j lives in rows of its group, column j (docs/spec/engine.md §4.0).
-    """
-    weight = layer.weight
-    values = values.to(weight.device).float().reshape(-1)
-    if not isinstance(layer, nn.ConvTranspose2d):
-        return values.reshape([-1] + [1] * (weight.dim() - 1)).expand(weight.shape)
-    groups, cin, cout_g = layer.groups, weight.shape[0], weight.shape[1]
-    kernel = list(weight.shape[2:])
-    values = values.expand(groups * cout_g).reshape(groups, 1, cout_g, *[1] * len(kernel))
-    return values.expand(groups, cin // groups, cout_g, *kernel).reshape(weight.shape)
-
-
 def compute_factors(name: str, layer: nn.Module, record: LayerQuantRecord) -> QuantFactors:
     """Integer weight and bias of a BN-folded layer under the record's factors."""
     weight = layer.weight.detach().float()
     scale_w = torch.tensor(record.scale_w, dtype=torch.float32, device=weight.device)
     qn, qp = quant_range(record.wts_bits)
-    weight_scale = per_out_channel(scale_w, layer)
+    weight_scale = behaviour_of(layer).per_out_channel(scale_w, layer)
     weight_q = torch.clamp(torch.round(weight / weight_scale), qn, qp)
     bias_q = None
     if layer.bias is not None:
@@ -106,15 +89,6 @@ def quantized_input(x: torch.Tensor, f: QuantFactors) -> torch.Tensor:
     return torch.clamp(torch.round(x / f.scale_d) + f.offset_d, qn, qp) - f.offset_d
 
 
-def output_channel_shape(layer: nn.Module, n: int, rank: int) -> list[int]:
-    """Shape broadcasting a per-output-channel vector over the layer's output of `rank` dims."""
-    if n == 1:
-        return []
-    if isinstance(layer, nn.Linear):
-        return [n]
-    return [1, n] + [1] * (rank - 2)
-
-
 def deployed_forward(layer: nn.Module, f: QuantFactors, x: torch.Tensor) -> torch.Tensor:
     """What the deployed layer computes, in the integer domain: quantised input codes, integer
     weight codes, int32 bias, then one rescale by scale_w * scale_d (AscendDequant, docs/spec/engine.md §5).
@@ -122,20 +96,8 @@ def deployed_forward(layer: nn.Module, f: QuantFactors, x: torch.Tensor) -> torc
     Sums of integer-valued float32 products are exact (below 2**24), so the QAT model's eval forward,
     the fake-quant ONNX and the Ascend reference compute bit-identical outputs, not just close ones.
     """
+    behaviour = behaviour_of(layer)
     bias = None if f.bias_q is None else f.bias_q.float()
-    acc = layer_call(layer, quantized_input(x, f), f.weight_q.float(), bias)
+    acc = behaviour.call(layer, quantized_input(x, f), f.weight_q.float(), bias)
     deq = (f.scale_w * f.scale_d).float()
-    return acc * deq.reshape(output_channel_shape(layer, deq.numel(), acc.dim()))
-
-
-def layer_call(layer: nn.Module, x, weight, bias):
-    """Run `layer` with a substituted weight and bias."""
-    if isinstance(layer, nn.Linear):
-        return F.linear(x, weight, bias)
-    if isinstance(layer, CONV_TYPES):
-        return layer._conv_forward(x, weight, bias)
-    if isinstance(layer, nn.ConvTranspose2d):
-        return F.conv_transpose2d(
-            x, weight, bias, layer.stride, layer.padding, layer.output_padding, layer.groups, layer.dilation
-        )
-    raise TypeError(f"cannot export quantised layer of type {type(layer).__name__}")
+    return acc * deq.reshape(behaviour.output_channel_shape(deq.numel(), acc.dim()))

@@ -85,6 +85,11 @@ class HfmgObserver(nn.Module):
         self._range = (0.0, 0.0)
         self._seen = 0
 
+    @classmethod
+    def from_spec(cls, spec, batch_num: int, asymmetric: bool) -> HfmgObserver:
+        """The observer of a PTQ layer (config/calibration_cfg.py PtqLayerSpec; quant/calibrators.py)."""
+        return cls(spec.act_bits, batch_num, asymmetric, spec.num_of_bins)
+
     @property
     def done(self) -> bool:
         return self.result is not None

@@ -201,6 +201,10 @@ def _check_search_args(max_pct, min_pct, start, end, step) -> None:
         )
 
 
+# PTQ evaluates IFMR's candidate losses over more values than this on a histogram (docs/spec/engine.md §4.3).
+HISTOGRAM_BINS = 1 << 16
+
+
 class IfmrObserver(nn.Module):
     """Accumulates the first `batch_num` batches, then runs `ifmr_search` once (docs/spec/engine.md §4.3, §4.1).
 
@@ -237,6 +241,21 @@ class IfmrObserver(nn.Module):
         )
         self.result: IfmrResult | None = None
         self._batches: list[torch.Tensor] = []
+
+    @classmethod
+    def from_spec(cls, spec, batch_num: int, asymmetric: bool) -> IfmrObserver:
+        """The observer of a PTQ layer (config/calibration_cfg.py PtqLayerSpec; quant/calibrators.py)."""
+        return cls(
+            spec.act_bits,
+            batch_num,
+            asymmetric,
+            spec.max_percentile,
+            spec.min_percentile,
+            spec.search_range_start,
+            spec.search_range_end,
+            spec.search_step,
+            histogram_bins=HISTOGRAM_BINS,
+        )
 
     @property
     def done(self) -> bool:

@@ -10,6 +10,7 @@ from torch import nn
 from torch.func import functional_call
 
 from amct_engine.config.quant_json import BITS_DST, LayerQuantSpec
+from amct_engine.layers import behaviour_of
 from amct_engine.quant.deployed import QuantFactors, compute_factors, deployed_forward, fold_batch_norm
 from amct_engine.quant.registry import WEIGHT_QUANTIZERS
 from amct_engine.quant.ulq_act import UlqActQuantizer
@@ -90,8 +91,7 @@ class QuantRetrainLayer(nn.Module):
 
     def _quantized_operands(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         x_q = self.act_quant(x)
-        transpose_groups = self.layer.groups if isinstance(self.layer, nn.ConvTranspose2d) else None
-        return x_q, self.weight_quant(self.layer.weight, transpose_groups)
+        return x_q, self.weight_quant(self.layer.weight, behaviour_of(self.layer).weight_groups(self.layer))
 
     def _layer_forward(self, x_q: torch.Tensor, w_q: torch.Tensor) -> torch.Tensor:
         if self.channels_last_output:  # a channels-last weight makes torch's conv write channels-last
@@ -217,7 +217,7 @@ def _invalidate_after_load(module: QuantRetrainLayer, _incompatible_keys) -> Non
 
 
 def out_channels(layer: nn.Module) -> int:
-    return getattr(layer, "out_channels", getattr(layer, "out_features", 1))
+    return behaviour_of(layer).out_channels(layer)
 
 
 def make_weight_quantizer(spec: LayerQuantSpec, layer: nn.Module) -> WeightQuantizer:
