@@ -20,8 +20,8 @@ from amct_engine.config.quant_json import (
     read_json_config,
     write_json_config,
 )
-from amct_engine.export.deploy_target import check_deploy_target
-from amct_engine.export.formats import check_deploy_format
+from amct_engine.export.deploy_target import DEFAULT_DEPLOY_TARGET, check_deploy_target
+from amct_engine.export.formats import DEFAULT_DEPLOY_FORMAT, check_deploy_format
 from amct_engine.export.save import quant_layers, save_quantized_onnx
 from amct_engine.graph.analysis import distill_groups, quantizable_layers
 from amct_engine.graph.capture import as_input_tuple, capture_model
@@ -89,8 +89,8 @@ def save_distill_model(
     input_names=None,
     output_names=None,
     dynamic_axes=None,
-    deploy_format="onnx",
-    deploy_target="auto",
+    deploy_format=DEFAULT_DEPLOY_FORMAT,
+    deploy_target=DEFAULT_DEPLOY_TARGET,
 ) -> dict[str, str]:
     """Write the record and the fake-quant and deploy ONNX models of a distilled student.
 

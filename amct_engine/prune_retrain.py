@@ -22,8 +22,8 @@ from amct_engine.config.cfg_checks import check_cfg_for_api, check_importance_na
 from amct_engine.config.cfg_loader import CfgDocument, load_cfg_document
 from amct_engine.config.layer_refs import check_layer_references
 from amct_engine.config.quant_json import RETRAIN, QuantJsonConfig, layer_specs_from_cfg
-from amct_engine.export.deploy_target import check_deploy_target
-from amct_engine.export.formats import check_deploy_format
+from amct_engine.export.deploy_target import DEFAULT_DEPLOY_TARGET, check_deploy_target
+from amct_engine.export.formats import DEFAULT_DEPLOY_FORMAT, check_deploy_format
 from amct_engine.export.save import (
     FILE_MODE,
     export_onnx,
@@ -105,8 +105,8 @@ def save_prune_retrain_model(
     input_names=None,
     output_names=None,
     dynamic_axes=None,
-    deploy_format="onnx",
-    deploy_target="auto",
+    deploy_format=DEFAULT_DEPLOY_FORMAT,
+    deploy_target=DEFAULT_DEPLOY_TARGET,
 ) -> dict[str, str]:
     """Bake the 4:2 masks and write the pruned float model twice: ``_deploy_model.onnx`` and
     ``_fake_quant_model.onnx`` with identical content (docs/spec/engine.md §1.3). `deploy_target` is
@@ -171,8 +171,8 @@ def save_compressed_retrain_model(
     input_names=None,
     output_names=None,
     dynamic_axes=None,
-    deploy_format="onnx",
-    deploy_target="auto",
+    deploy_format=DEFAULT_DEPLOY_FORMAT,
+    deploy_target=DEFAULT_DEPLOY_TARGET,
 ) -> dict[str, str]:
     """Bake the 4:2 masks, then write ``<save_path>_fake_quant_model.onnx`` and ``_deploy_model.onnx``.
 

@@ -24,6 +24,7 @@ from amct_engine.config.cfg_document import CfgDocument
 from amct_engine.config.errors import ConfigError
 from amct_engine.config.ptq_json import read_ptq_config, write_ptq_config
 from amct_engine.export.backends import FloatLayerWriter
+from amct_engine.export.formats import DEFAULT_DEPLOY_FORMAT
 from amct_engine.export.layer_graph import LayerPlaceholder, export_layer_graph, splice_layers
 from amct_engine.export.save import quant_layers, save_quantized_onnx, write_checked_onnx
 from amct_engine.graph.analysis import conv_bn_act_chains, quantizable_layers
@@ -251,7 +252,9 @@ def _record_file(model: nn.Module, record_file) -> RecordFile:
     return RecordFile(record_file)
 
 
-def save_model(modfied_onnx_file, record_file, save_path, model=None, deploy_format="onnx") -> dict[str, str]:
+def save_model(
+    modfied_onnx_file, record_file, save_path, model=None, deploy_format=DEFAULT_DEPLOY_FORMAT
+) -> dict[str, str]:
     """Write `<save_path>_fake_quant_model.onnx` and `<save_path>_deploy_model.onnx` (docs/spec/engine.md §1.6).
 
     `model`: the calibration model; by default the one quantize_model made for `modfied_onnx_file`.

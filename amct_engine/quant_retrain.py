@@ -17,6 +17,8 @@ from amct_engine.config.quant_json import (
     read_json_config,
     write_json_config,
 )
+from amct_engine.export.deploy_target import DEFAULT_DEPLOY_TARGET
+from amct_engine.export.formats import DEFAULT_DEPLOY_FORMAT
 from amct_engine.export.save import quant_layers, save_quantized_onnx
 from amct_engine.graph.analysis import quantizable_layers
 from amct_engine.graph.capture import CapturedModel, as_input_tuple, capture_model
@@ -100,8 +102,8 @@ def save_quant_retrain_model(
     input_names=None,
     output_names=None,
     dynamic_axes=None,
-    deploy_format="onnx",
-    deploy_target="auto",
+    deploy_format=DEFAULT_DEPLOY_FORMAT,
+    deploy_target=DEFAULT_DEPLOY_TARGET,
 ) -> dict[str, str]:
     """Write `<save_path>_fake_quant_model.onnx` and `<save_path>_deploy_model.onnx`.
 

@@ -39,6 +39,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from job_process.protocol import CANCELLED_EXIT, ERROR_FILE
+from job_process.spec import JobSpec
 
 BACKENDS = {"cpu": "gloo", "cuda": "nccl", "npu": "hccl"}
 LOOPBACK = "127.0.0.1"
@@ -67,10 +68,6 @@ class Rank:
 SINGLE = Rank()
 
 
-def world_size(spec: dict) -> int:
-    return int(spec.get("params", {}).get("world_size", 1))
-
-
 @dataclass(frozen=True)
 class Node:
     """This job process's share of the ranks: node `index` of `count`, `local` ranks each, and where the
@@ -84,20 +81,20 @@ class Node:
     join_timeout_s: float
 
     @classmethod
-    def of(cls, spec: dict) -> Node:
-        size, count = world_size(spec), int(spec.get("params", {}).get("nodes", 1))
-        meet = spec.get("rendezvous") or {}
+    def of(cls, spec: JobSpec) -> Node:
+        size, count = spec.params.world_size, spec.params.nodes
+        meet = spec.rendezvous or {}
         return cls(
-            int(spec.get("node_rank", 0)),
+            spec.node_rank,
             count,
             size // count,
             meet.get("host", LOOPBACK),
             int(meet.get("port", 0)),
-            float(spec.get("join_timeout_s", 600)),
+            spec.join_timeout_s,
         )
 
 
-def launch(workdir: Path, spec: dict, run_rank) -> int:
+def launch(workdir: Path, spec: JobSpec, run_rank) -> int:
     """Run `run_rank(workdir, spec, rank) -> exit status` in this node's ranks; the job's exit status here.
 
     torch's own launcher (start_processes, the machinery of mp.spawn) with a c10d TCPStore: node 0's job
@@ -110,7 +107,7 @@ def launch(workdir: Path, spec: dict, run_rank) -> int:
 
     from job_process.protocol import emit
 
-    size, node = world_size(spec), Node.of(spec)
+    size, node = spec.params.world_size, Node.of(spec)
     store = None
     if node.index == 0:
         store = dist.TCPStore(
@@ -141,7 +138,7 @@ def launch(workdir: Path, spec: dict, run_rank) -> int:
     return 0
 
 
-def _rank_main(local_rank: int, workdir: str, spec: dict, node: Node, size: int, run_rank) -> None:
+def _rank_main(local_rank: int, workdir: str, spec: JobSpec, node: Node, size: int, run_rank) -> None:
     import torch
     import torch.distributed as dist
 
@@ -151,7 +148,7 @@ def _rank_main(local_rank: int, workdir: str, spec: dict, node: Node, size: int,
     # Gloo finds its address through the hostname by default; a sandbox has loopback only, and across nodes
     # the operator names the interface (GLOO_SOCKET_IFNAME reaches the sandbox).
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    device = spec.get("device", "cpu")
+    device = spec.device
     torch.set_num_threads(max(1, torch.get_num_threads() // node.local))
     # One device per rank (untested here: the development machine has no GPU or NPU). The job's device is
     # named without an index ("cuda"), so the model goes to the current device, set here.

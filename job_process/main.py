@@ -21,8 +21,10 @@ from pathlib import Path
 from job_process import distributed
 from job_process.distributed import SINGLE, Rank
 from job_process.errors import describe
-from job_process.protocol import CANCELLED_EXIT, ERROR_FILE, RESULT_FILE, SPEC_FILE, emit
+from job_process.objective_names import CROSS_ENTROPY, DISTILL_OUTPUTS, TARGET_OBJECTIVES
+from job_process.protocol import CANCELLED_EXIT, ERROR_FILE, RESULT_FILE, emit
 from job_process.sandbox import limit_self
+from job_process.spec import JobSpec
 from job_process.warm import WARM_FLAG
 from job_process.zygote import FORK_SERVER_FLAG
 
@@ -56,7 +58,7 @@ def _split(x, y, fraction: float, seed: int, targets=None):
     return take(x, tr), take(y, tr), take(x, ev), take(y, ev), take(targets, tr)
 
 
-def _tensors(spec: dict, arrays: dict):
+def _tensors(spec: JobSpec, arrays: dict):
     """The inputs (a tuple in signature order), labels and targets of the dataset as tensors.
 
     Inputs take their signature's dtype: floats are cast (an integer image stays unscaled, as
@@ -67,7 +69,7 @@ def _tensors(spec: dict, arrays: dict):
 
     from job_process.signature import input_arrays, target_arrays
 
-    signature = spec["inputs"]
+    signature = spec.inputs
     sources = input_arrays(signature, arrays)
     x = tuple(
         torch.from_numpy(np.ascontiguousarray(arrays[sources[s["name"]]])).to(getattr(torch, s["dtype"]))
@@ -76,7 +78,7 @@ def _tensors(spec: dict, arrays: dict):
     labels = torch.from_numpy(arrays["labels"].astype(np.int64)) if "labels" in arrays else None
     targets = {
         out: torch.from_numpy(np.ascontiguousarray(arrays[name])).float()
-        for out, name in target_arrays(spec.get("outputs"), arrays).items()
+        for out, name in target_arrays(spec.outputs, arrays).items()
     }
     return x, labels, targets
 
@@ -124,7 +126,7 @@ def _progress_fn(epochs: int):
     return on_step
 
 
-def run(workdir: Path, spec: dict, rank: Rank = SINGLE) -> dict:
+def run(workdir: Path, spec: JobSpec, rank: Rank = SINGLE) -> dict:
     """The job; `rank`: this process's place in a distributed job (job_process/distributed.py), whose ranks
     other than 0 leave after training (RankDone)."""
     import torch
@@ -137,42 +139,41 @@ def run(workdir: Path, spec: dict, rank: Rank = SINGLE) -> dict:
     from job_process.objectives import build_loss, leaf_choices
     from job_process.quality_gate import failures as gate_failures
     from job_process.quality_gate import loss_trend
-    from job_process.signature import from_input_shape, io_names, output_structure
+    from job_process.signature import io_names, output_structure
     from job_process.training import evaluate_accuracy, samples, take
 
-    run_kind = JOB_KINDS[spec["kind"]].load_runner()
-    checkpoints = Checkpoints(workdir, spec["kind"], spec.get("checkpoint_every_steps"), rank)
+    run_kind = JOB_KINDS[spec.kind].load_runner()
+    checkpoints = Checkpoints(workdir, spec.kind, spec.checkpoint_every_steps, rank)
 
     def phase(name: str, **extra) -> None:
         checkpoints.check_cancel()  # every stage boundary is a cheap place to stop
         emit("phase", phase=name, **extra)
 
     phase("preparing", progress=0.02)
-    torch.manual_seed(spec["params"]["seed"])
-    device = _device(spec["device"])
-    spec.setdefault("inputs", from_input_shape(spec["input_shape"], spec["input_dtype"]))
-    arrays = load_arrays(spec["dataset"], spec["dataset_format"])
+    params = spec.params
+    torch.manual_seed(params.seed)
+    device = _device(spec.device)
+    arrays = load_arrays(spec.dataset, spec.dataset_format)
     x, labels, targets = _tensors(spec, arrays)
     del arrays
-    params = spec["params"]
-    objective = params.get("objective", "cross_entropy")
-    fraction, seed = params["eval_fraction"], params["seed"]
+    objective = params.objective or CROSS_ENTROPY
     # The same seeded permutation splits the targets (mse / l1) alongside.
-    train_x, train_labels, eval_x, eval_labels, train_targets = _split(x, labels, fraction, seed, targets or None)
-    train_y = train_targets if objective in ("mse", "l1") else train_labels
+    split_data = _split(x, labels, params.eval_fraction, params.seed, targets or None)
+    train_x, train_labels, eval_x, eval_labels, train_targets = split_data
+    train_y = train_targets if objective in TARGET_OBJECTIVES else train_labels
     split = "held_out"
     if samples(eval_x) == 0:
         first = slice(0, 1000)
         eval_x, eval_labels, split = take(train_x, first), take(train_labels, first), "train"
-    batch = spec["input_shape"][0]
+    batch = spec.input_shape[0]
     example = take(train_x, slice(0, max(1, min(batch, samples(train_x)))))
     rank.out_dir(workdir).mkdir(parents=True, exist_ok=True)
 
     phase("baseline", progress=0.05)
-    original = torch.jit.load(spec["model"], map_location="cpu").eval()
-    if spec.get("outputs") is None:  # `amct compress` (no upload check recorded them) or a pre-signature model
-        spec["outputs"] = output_structure(original, spec["inputs"], batch)
-    io = io_names(spec["inputs"], spec["outputs"], batch)
+    original = torch.jit.load(spec.model, map_location="cpu").eval()
+    if spec.outputs is None:  # `amct compress` (no upload check recorded them) or a pre-signature model
+        spec.outputs = output_structure(original, spec.inputs, batch)
+    io = io_names(spec.inputs, spec.outputs, batch)
     fp32_onnx = str(workdir / "out" / "fp32.onnx")
     if rank.leader:
         export_onnx(original, fp32_onnx, example, **io)
@@ -180,19 +181,19 @@ def run(workdir: Path, spec: dict, rank: Rank = SINGLE) -> dict:
 
     ctx = runners.JobContext(
         workdir=workdir,
-        model_path=spec["model"],
-        cfg_path=spec["cfg"],
+        model_path=spec.model,
+        cfg_path=spec.cfg,
         example=example,
         train_x=train_x,
         train_y=train_y,
         params=params,
         device=device,
-        on_step=_progress_fn(params["epochs"]),
+        on_step=_progress_fn(params.epochs),
         phase=phase,
         checkpoints=checkpoints,
         io=io,
         labelled=labels is not None and train_y is train_labels,
-        loss_fn=build_loss(params, original, spec.get("outputs"), labels is not None, device),
+        loss_fn=build_loss(params, original, spec.outputs, labels is not None, device),
         rank=rank,
     )
     model = run_kind(ctx)
@@ -203,7 +204,7 @@ def run(workdir: Path, spec: dict, rank: Rank = SINGLE) -> dict:
     if "fake_quant" in ctx.files and ctx.files["fake_quant"] != ctx.files["deploy"]:
         onnx_files["fake_quant"] = ctx.files["fake_quant"]
     result_report = report.build_report(
-        spec["kind"],
+        spec.kind,
         original_parameters,
         onnx_files,
         eval_x,
@@ -211,25 +212,26 @@ def run(workdir: Path, spec: dict, rank: Rank = SINGLE) -> dict:
         split,
         batch,
         pytorch_accuracy,
-        params.get("deploy_format", "onnx"),
+        params.deploy_format,
         output_names=io["output_names"],
-        outputs=spec.get("outputs"),
+        outputs=spec.outputs,
         input_names=io["input_names"],
     )
     result_report.update(ctx.report)  # the tables a search kind adds (sensitivity, mixed precision, …)
     if "fused_onnx" in ctx.files:  # PTQ's BN-folded float model: what it was checked at, too
         result_report["shapes"].update(size_report.shapes({"fused": ctx.files["fused_onnx"]}))
-    if "objective" in params:
+    if params.objective is not None:
         result_report["training"] = {"objective": objective, "loss": loss_trend(ctx.losses)}
-        if objective == "distill_outputs":
+        if objective == DISTILL_OUTPUTS:
             result_report["training"]["distill_loss"] = leaf_choices(
-                params.get("distill_loss", "auto"), spec.get("outputs"), labels is not None
+                params.distill_loss, spec.outputs, labels is not None
             )
     missed = gate_failures(result_report, params, ctx.losses)
     result_report["quality_gate"] = {
         "passed": not missed,
         "failures": missed,
-        **{k: params.get(k) for k in ("max_accuracy_drop", "min_output_cosine")},
+        "max_accuracy_drop": params.max_accuracy_drop,
+        "min_output_cosine": params.min_output_cosine,
     }
     report_path = workdir / "out" / "report.json"
     report_path.write_text(json.dumps(result_report, indent=2))
@@ -322,13 +324,13 @@ def main(argv: list[str]) -> int:
 def run_job(workdir: Path) -> int:
     """Run the job whose spec is in `workdir` (a fresh process, a warm one, or a child of the fork server)."""
     _relay_engine_warnings()
-    spec = json.loads((workdir / SPEC_FILE).read_text())
-    if distributed.world_size(spec) > 1:
+    spec = JobSpec.read(workdir)
+    if spec.params.world_size > 1:
         return distributed.launch(workdir, spec, run_rank)
     return run_rank(workdir, spec, SINGLE)
 
 
-def run_rank(workdir: Path, spec: dict, rank: Rank) -> int:
+def run_rank(workdir: Path, spec: JobSpec, rank: Rank) -> int:
     """Run the job as `rank` and say how it ended: result.json / error.json (rank 0; another rank's failure
     only when none was written before it) and the exit status."""
     from job_process.checkpoints import Cancelled

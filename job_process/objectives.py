@@ -18,7 +18,9 @@ import torch
 import torch.nn.functional as F
 
 from amct_engine.teacher_guided import distillation_loss
+from job_process.objective_names import CROSS_ENTROPY, TARGET_OBJECTIVES
 from job_process.signature import flatten_outputs, output_leaves
+from job_process.spec import JobParams
 from job_process.training import forward
 
 
@@ -77,12 +79,12 @@ class OutputDistillLoss:
         return torch.stack(terms).sum()
 
 
-def build_loss(params: dict, original: torch.nn.Module, outputs: dict | None, has_labels: bool, device):
+def build_loss(params: JobParams, original: torch.nn.Module, outputs: dict | None, has_labels: bool, device):
     """The `loss_fn` of the job's objective; None means train_epochs' cross-entropy."""
-    objective = params.get("objective", "cross_entropy")
-    if objective in ("mse", "l1"):
+    objective = params.objective or CROSS_ENTROPY
+    if objective in TARGET_OBJECTIVES:
         return target_loss(objective, outputs)
     if objective == "distill_outputs":
-        choices = leaf_choices(params.get("distill_loss", "auto"), outputs, has_labels)
-        return OutputDistillLoss(original, choices, params.get("temperature", 4.0), device)
+        choices = leaf_choices(params.distill_loss, outputs, has_labels)
+        return OutputDistillLoss(original, choices, params.temperature, device)
     return None

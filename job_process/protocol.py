@@ -35,6 +35,20 @@ CANCELLED_EXIT = 3  # the child stopped itself on a cancel request (not a crash)
 TYPES = ("progress", "phase", "metric", "log", "checkpoint", "resumed", "rendezvous")
 
 
+_JOB_FOLDER = "job-"
+
+
+def job_folder_prefix(job_id: str) -> str:
+    """The start of an attempt's folder name, `job-<job id>-<random>`: the reaper and the next attempt find an
+    attempt's folder by it (`job_folder_prefix("*")` matches every job's)."""
+    return f"{_JOB_FOLDER}{job_id}-"
+
+
+def job_of_folder(name: str) -> str:
+    """The job id in an attempt folder's name."""
+    return name[len(_JOB_FOLDER) :].rsplit("-", 1)[0]
+
+
 def emit(type_: str, **payload: Any) -> None:
     sys.stdout.write(json.dumps({"type": type_, **payload}) + "\n")
     sys.stdout.flush()

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import math
 
+from job_process.spec import JobParams
+
 LOSS_GROWTH = 3.0  # a retraining whose loss triples has diverged; noise never does that on average
 WINDOW = 10  # steps averaged at each end
 
@@ -37,25 +39,25 @@ def loss_trend(losses: list[float]) -> dict | None:
     return {"start": sum(losses[:k]) / k, "end": sum(losses[-k:]) / k, "steps": len(losses)}
 
 
-def failures(report: dict, params: dict, losses: list[float]) -> list[str]:
+def failures(report: dict, params: JobParams, losses: list[float]) -> list[str]:
     """What the job missed, in words a user acts on; empty when it passed."""
     missed = []
     # distill_outputs starts near 0 (the student begins as its teacher): growth from ~0 means nothing
     # there; min_output_cosine is its gate.
-    trend = loss_trend(losses) if params.get("objective") != "distill_outputs" else None
+    trend = loss_trend(losses) if params.objective != "distill_outputs" else None
     if trend and trend["start"] > 0 and trend["end"] > LOSS_GROWTH * trend["start"]:
         missed.append(
             f"the training loss ended at {trend['end']:.4g}, {trend['end'] / trend['start']:.1f}x its "
-            f"start ({trend['start']:.4g}): the training diverged; try a lower lr than {params['lr']:g}"
+            f"start ({trend['start']:.4g}): the training diverged; try a lower lr than {params.lr:g}"
         )
-    limit = params.get("max_accuracy_drop")
+    limit = params.max_accuracy_drop
     if limit is not None and "accuracy_drop" in report and report["accuracy_drop"] > limit:
         acc = report["accuracy"]
         missed.append(
             f"held-out top-1 fell from {acc['fp32']:.4f} (FP32) to {acc['deploy']:.4f} (deploy), a drop "
             f"of {report['accuracy_drop']:.4f} > max_accuracy_drop {limit:g}"
         )
-    limit = params.get("min_output_cosine")
+    limit = params.min_output_cosine
     if limit is not None:
         for name, figures in report.get("outputs", {}).items():
             cosine = figures["deploy"]["mean_cosine"]

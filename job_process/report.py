@@ -16,13 +16,13 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from amct_engine.export.formats import DEPLOY_FORMATS
+from amct_engine.export.formats import DEFAULT_DEPLOY_FORMAT, DEPLOY_FORMATS
 from job_process import size_report
 
 LATENCY_WARMUP, LATENCY_RUNS = 3, 20
 
 
-def _session(path: str, deploy_format: str = "onnx") -> ort.InferenceSession:
+def _session(path: str, deploy_format: str = DEFAULT_DEPLOY_FORMAT) -> ort.InferenceSession:
     """An onnxruntime session on the file, through its format's reference rewrite (e.g. the Ascend
     layout's custom ops, which have no device here)."""
     options = ort.SessionOptions()
@@ -42,7 +42,7 @@ def _feeds(
 
 
 def predict(
-    path: str, x, deploy_format: str = "onnx", batch: int = 256, input_names: list[str] | None = None
+    path: str, x, deploy_format: str = DEFAULT_DEPLOY_FORMAT, batch: int = 256, input_names: list[str] | None = None
 ) -> list[np.ndarray]:
     """Every output of the file over `x` (an array or a tuple of arrays, one per input), concatenated."""
     x = x if isinstance(x, tuple) else (x,)
@@ -51,7 +51,7 @@ def predict(
     return [np.concatenate([p[k] for p in parts]) for k in range(len(parts[0]))]
 
 
-def latency_ms(path: str, x, deploy_format: str = "onnx", input_names: list[str] | None = None) -> dict:
+def latency_ms(path: str, x, deploy_format: str = DEFAULT_DEPLOY_FORMAT, input_names: list[str] | None = None) -> dict:
     x = x if isinstance(x, tuple) else (x,)
     session = _session(path, deploy_format)
     feeds = _feeds(session, x, input_names, 0, len(x[0]))
@@ -231,7 +231,7 @@ def build_report(
     split: str,
     batch: int,
     pytorch_accuracy: float | None,
-    deploy_format: str = "onnx",
+    deploy_format: str = DEFAULT_DEPLOY_FORMAT,
     output_names: list[str] | None = None,
     outputs: dict | None = None,
     input_names: list[str] | None = None,
@@ -243,7 +243,7 @@ def build_report(
     FP32 model on that output (cosine, MSE, max-abs, and top-1 agreement for classifier logits).
     """
     x = tuple(t.numpy() for t in eval_x) if isinstance(eval_x, tuple) else (eval_x.numpy(),)
-    formats = {name: deploy_format if name == "deploy" else "onnx" for name in onnx_files}
+    formats = {name: deploy_format if name == "deploy" else DEFAULT_DEPLOY_FORMAT for name in onnx_files}
     predictions = {name: predict(path, x, formats[name], input_names=input_names) for name, path in onnx_files.items()}
     names = list(output_names or [f"output_{i}" for i in range(len(predictions["fp32"]))])
     if len(names) != len(predictions["fp32"]):

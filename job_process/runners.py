@@ -20,6 +20,7 @@ from job_process import distributed
 from job_process.checkpoints import Checkpoints
 from job_process.distributed import SINGLE, Rank, shard
 from job_process.quality_gate import check_step_loss
+from job_process.spec import JobParams
 from job_process.training import Inputs, ResumableLoader, Targets, make_loader, make_optimizer, train_epochs
 
 # The export names of a one-input, one-output model; a job names its inputs and outputs after the
@@ -39,7 +40,7 @@ class JobContext:
     example: tuple[torch.Tensor, ...]  # one tensor per input, in the signature's order
     train_x: Inputs
     train_y: Targets
-    params: dict
+    params: JobParams
     device: torch.device
     on_step: Callable[[dict], None]
     phase: Callable[[str], None]
@@ -85,14 +86,14 @@ def _to(value, device: torch.device):
 
 
 def _loader(ctx: JobContext):
-    return make_loader(ctx.train_x, ctx.train_y, ctx.params["batch_size"], seed=ctx.params["seed"])
+    return make_loader(ctx.train_x, ctx.train_y, ctx.params.batch_size, seed=ctx.params.seed)
 
 
 def create_pruned(ctx: JobContext, create: Callable, record: str) -> nn.Module:
     """`create` (create_compressed_retrain_model or create_prune_retrain_model) on the job's files. With
     `bn_recalibration_batches`, that many training batches (the job's batch size and shuffle) re-estimate
     the pruned model's BatchNorms before it trains; report.json says how many BatchNorms."""
-    batches = ctx.params.get("bn_recalibration_batches", 0)
+    batches = ctx.params.bn_recalibration_batches
     extra = {"calibration_data": _loader(ctx), "calibration_batches": batches} if batches else {}
     model = create(ctx.model_path, ctx.example, ctx.cfg_path, record, **extra)
     if batches:
@@ -111,12 +112,12 @@ def train(ctx: JobContext, model: nn.Module) -> nn.Module:
     model.to(ctx.device)
     loader = DeviceLoader(_loader(ctx), ctx.device, ctx.rank)
     trained = distributed.wrap(model, ctx.rank, ctx.device)  # DDP: rank 0's weights broadcast to all
-    optimizer = make_optimizer("adam", [p for p in model.parameters() if p.requires_grad], ctx.params["lr"])
+    optimizer = make_optimizer("adam", [p for p in model.parameters() if p.requires_grad], ctx.params.lr)
     start_step = ctx.checkpoints.restore_training(model, optimizer, loader)
     after_step = ctx.checkpoints.training_hook(model, optimizer, loader)
 
     def on_step(event: dict) -> None:
-        check_step_loss(event, ctx.params["lr"])  # a NaN step stops here, before it is checkpointed
+        check_step_loss(event, ctx.params.lr)  # a NaN step stops here, before it is checkpointed
         ctx.losses.append(event["loss"])
         ctx.on_step(event)
         after_step(event)
@@ -124,8 +125,8 @@ def train(ctx: JobContext, model: nn.Module) -> nn.Module:
     train_epochs(
         trained,
         loader,
-        ctx.params["epochs"],
-        ctx.params["lr"],
+        ctx.params.epochs,
+        ctx.params.lr,
         optimizer=optimizer,
         progress=on_step,
         start_step=start_step,
@@ -149,8 +150,8 @@ def export_options(ctx: JobContext) -> dict:
     """Input/output names, the deploy layout and the deploy CPU the job asked for (default: onnx, auto)."""
     return {
         **ctx.io,
-        "deploy_format": ctx.params.get("deploy_format", "onnx"),
-        "deploy_target": ctx.params.get("deploy_target", "auto"),
+        "deploy_format": ctx.params.deploy_format,
+        "deploy_target": ctx.params.deploy_target,
     }
 
 
@@ -230,7 +231,7 @@ def _distill_groups(ctx: JobContext, student: nn.Module, config: str, loader: De
     with open(config) as f:
         body = json.load(f)
     groups = body["distill_group"]
-    per_group = ctx.params["epochs"] * len(loader)
+    per_group = ctx.params.epochs * len(loader)
     done = ctx.checkpoints.restore_distill(student, len(groups), per_group)
     if done == len(groups):  # the crash came after the last group: nothing left to train
         return student.eval()
@@ -248,5 +249,5 @@ def _distill_groups(ctx: JobContext, student: nn.Module, config: str, loader: De
             ctx.checkpoints.save_distill(student, step // per_group, step, len(groups), per_group)
 
     return amct.distill(
-        ctx.model_path, student, config, loader, epochs=ctx.params["epochs"], lr=ctx.params["lr"], progress=on_step
+        ctx.model_path, student, config, loader, epochs=ctx.params.epochs, lr=ctx.params.lr, progress=on_step
     )

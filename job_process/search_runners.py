@@ -32,7 +32,7 @@ SEARCH_SAMPLES = 2000
 def _batches(ctx: JobContext, batch_num: int) -> list[tuple[torch.Tensor, ...]]:
     """The calibration batches: the first batch_num x batch_size training samples, each batch a tuple of the
     model's inputs in signature order (one tensor for a one-input model)."""
-    size, count = ctx.params["batch_size"], samples(ctx.train_x)
+    size, count = ctx.params.batch_size, samples(ctx.train_x)
     if count < batch_num * size:
         raise ValueError(
             f"PTQ needs batch_num x batch_size = {batch_num} x {size} calibration samples; the "
@@ -81,12 +81,10 @@ def ptq(ctx: JobContext) -> nn.Module:
     ctx.phase("exporting_onnx")
     add_saved_models(
         ctx,
-        amct.save_model(
-            fused, record, ctx.path("model"), model=model, deploy_format=ctx.params.get("deploy_format", "onnx")
-        ),
+        amct.save_model(fused, record, ctx.path("model"), model=model, deploy_format=ctx.params.deploy_format),
     )
     ctx.files.update(config=config, record=record, fused_onnx=fused)
-    ctx.report["ptq"] = {"batch_num": batch_num, "calibration_samples": batch_num * ctx.params["batch_size"]}
+    ctx.report["ptq"] = {"batch_num": batch_num, "calibration_samples": batch_num * ctx.params.batch_size}
     return model
 
 
@@ -122,7 +120,7 @@ def auto_mixed_precision(ctx: JobContext) -> nn.Module:
     settings = _settings(ctx)
     batch_num = settings["batch_num"]
     batches = _batches(ctx, batch_num)
-    x_eval, y_eval = _search_data(ctx, batch_num * ctx.params["batch_size"])
+    x_eval, y_eval = _search_data(ctx, batch_num * ctx.params.batch_size)
     candidates = settings["precisions"] or ["INT4", "INT8", "INT16"]
     candidates = [*candidates, "FP32"] if settings["keep_float"] else candidates
     ctx.phase("searching")
@@ -138,7 +136,7 @@ def auto_mixed_precision(ctx: JobContext) -> nn.Module:
         progress=_progress(ctx),
         io=ctx.io,
     )
-    deploy = result.files["ascend_deploy" if ctx.params.get("deploy_format") == "ascend" else "deploy"]
+    deploy = result.files["ascend_deploy" if ctx.params.deploy_format == "ascend" else "deploy"]
     add_saved_models(ctx, {"fake_quant": result.files["fake_quant"], "deploy": deploy})
     ctx.files["mixed_precision_cfg"] = result.cfg_file
     report = result.to_json()
@@ -158,7 +156,7 @@ def prune_search(ctx: JobContext) -> nn.Module:
     settings = _settings(ctx)
     batch_num = settings["batch_num"]
     batches = _batches(ctx, batch_num)
-    x_eval, y_eval = _search_data(ctx, batch_num * ctx.params["batch_size"])
+    x_eval, y_eval = _search_data(ctx, batch_num * ctx.params.batch_size)
     ctx.phase("searching")
     result = auto_channel_prune_search(
         ctx.model_path,

@@ -14,6 +14,7 @@ import numpy as np
 import onnx
 import torch
 
+from amct_engine.export.formats import DEFAULT_DEPLOY_FORMAT
 from amct_engine.export.size_checks import declared_axes, read_size_checks
 from amct_engine.graph.size_probe import AxisGroup, DynamicAxisError, axis_groups, candidate_sizes, resized
 
@@ -54,7 +55,9 @@ def other_sizes(
         for size, inputs in plan:
             batch = 1 if group.is_batch else 256
             try:
-                reference = predict(onnx_files["fp32"], inputs, "onnx", batch=batch, input_names=input_names)
+                reference = predict(
+                    onnx_files["fp32"], inputs, DEFAULT_DEPLOY_FORMAT, batch=batch, input_names=input_names
+                )
             except Exception:  # the model itself does not take this size (its export check skipped it too)
                 continue
             row = {"axis": group.name, "size": size, "samples": int(len(inputs[0]))}

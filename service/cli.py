@@ -241,6 +241,7 @@ def compress(
 ) -> None:
     """Compress a model here, no server: the engine a worker runs, with a progress bar and a summary table."""
     from job_process.bubblewrap import SandboxUnavailable
+    from job_process.spec import JobParams
     from service.local_compress import LocalJobError, check_dataset
     from service.local_compress import compress as run_local
     from service.report_view import layer_tables, summary_table
@@ -263,6 +264,7 @@ def compress(
     }
     params = {k: v for k, v in params.items() if v is not None}
     check_job_params({**params, "device": device.value})  # the bounds POST /v1/jobs has, before the engine starts
+    params = JobParams(**params)
     check_prunes(kind.value, bn_recalibration_batches)
     if not inputs:  # a signature names its arrays and their dtypes; `inputs` of the shorthand may be raw pixels
         check_not_raw_images(data, accept_uint8)
@@ -271,7 +273,7 @@ def compress(
     except LocalJobError as e:
         raise fail(f"{e.type}: {e.detail}") from None
     if objective:
-        params["objective"] = objective
+        params.objective = objective
     with progress_view() as (bar, show):
         try:
             result = run_local(

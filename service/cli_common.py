@@ -18,11 +18,14 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 
+from amct_engine.export import deploy_target, formats
 from amct_engine.export.deploy_target import DEPLOY_TARGETS
 from amct_engine.export.formats import DEPLOY_FORMATS
 from job_process.arrays import array_headers, sniff_format
 from job_process.kinds import DEFAULT_JOB_KIND, JOB_KINDS
 from job_process.signature import INPUTS_EXAMPLE, SignatureError, first_example_shape, from_input_shape, parse_inputs
+from service import settings
+from service.job_states import SUCCEEDED
 from service.local_servers import KEY_FILE, key_file_for, registry_path
 from service.settings import DEVICES
 
@@ -105,8 +108,10 @@ Kind = choices("Kind", JOB_KINDS.names())
 Device = choices("Device", DEVICES)
 DeployFormat = choices("DeployFormat", DEPLOY_FORMATS.names())
 DeployTarget = choices("DeployTarget", DEPLOY_TARGETS)
-DEFAULT_DEPLOY_TARGET = DeployTarget("auto")
-DEFAULT_KIND, DEFAULT_DEVICE, DEFAULT_DEPLOY_FORMAT = Kind(DEFAULT_JOB_KIND), Device("cpu"), DeployFormat("onnx")
+# the choices' defaults, the tables' own
+DEFAULT_KIND, DEFAULT_DEVICE = Kind(DEFAULT_JOB_KIND), Device(settings.DEFAULT_DEVICE)
+DEFAULT_DEPLOY_FORMAT = DeployFormat(formats.DEFAULT_DEPLOY_FORMAT)
+DEFAULT_DEPLOY_TARGET = DeployTarget(deploy_target.DEFAULT_DEPLOY_TARGET)
 
 
 def fail(message: str, code: int = 1) -> typer.Exit:
@@ -296,7 +301,7 @@ def progress_view(description: str = "starting") -> Iterator[tuple[Progress, obj
                 step = f"step {m['step']}/{m.get('total_steps')}" if m.get("step") is not None else ""
                 bar.update(task, completed=m.get("progress"), info=step + loss)
             elif m["type"] == "state":
-                bar.update(task, description=m["status"], completed=1.0 if m["status"] == "succeeded" else None)
+                bar.update(task, description=m["status"], completed=1.0 if m["status"] == SUCCEEDED else None)
             elif m["type"] == "log":
                 bar.console.print(f"[yellow]{m.get('level', 'info')}:[/] {escape(str(m.get('message', '')))}")
 

@@ -49,11 +49,12 @@ from service.cli_common import (
     progress_view,
     service_client,
 )
-from service.client import TERMINAL, ApiError
+from service.client import ApiError
+from service.job_states import CANCELLED, FAILED, QUEUED, RUNNING, SUCCEEDED, TERMINAL
 from service.report_view import summary_table
 
 jobs_app = typer.Typer(help="Submit, follow and fetch jobs on a running service.", no_args_is_help=True)
-STATUS_STYLE = {"queued": "yellow", "running": "cyan", "succeeded": "green", "failed": "red", "cancelled": "magenta"}
+STATUS_STYLE = {QUEUED: "yellow", RUNNING: "cyan", SUCCEEDED: "green", FAILED: "red", CANCELLED: "magenta"}
 SHORT_ID, MIN_PREFIX = 8, 4
 JobIdArg = Annotated[str, typer.Argument(metavar="JOB", help="a job id, or a unique start of one (4+ characters)")]
 
@@ -253,7 +254,7 @@ def _print_outcome(client, job: dict) -> None:
     """Exit status 0 only for a job that succeeded without an error: the job's own verdict, whatever
     decides it on the server (a failed quality check fails the job there, and so exits 1 here)."""
     err_console.print(f"job {job['id']} {_status(job['status'])} in {_elapsed(job)}")
-    if job["status"] == "succeeded" and not job.get("error"):
+    if job["status"] == SUCCEEDED and not job.get("error"):
         report = client.report(job["id"])
         if report:
             console.print(summary_table(report))
@@ -299,7 +300,7 @@ def _why_missing(job: dict, kinds: list[str], error: ApiError) -> str:
             f"job {job['id']} failed its quality gate and kept its outputs, but none is {wanted}; "
             f"`amct jobs download {job['id'][:SHORT_ID]}` fetches them all"
         )
-    if job["status"] in ("failed", "cancelled"):
+    if job["status"] in (FAILED, CANCELLED):
         cause = f" ({job['error']['type']})" if job.get("error") else ""
         return (
             f"job {job['id']} {job['status']}{cause}, so it has no {wanted} artifact; `amct jobs watch "

@@ -23,10 +23,6 @@ from typing import Any
 import httpx
 from httpx_sse import connect_sse
 
-# service/db/jobstate.py TERMINAL, as GET /v1/meta `terminal_states` lists it: the client imports nothing
-# of the server (no SQLAlchemy on a machine that only drives it), and these three are the API contract.
-TERMINAL = ("succeeded", "failed", "cancelled")
-
 
 class ApiError(RuntimeError):
     """A non-2xx answer; `problem` is the RFC 9457 body (or a stand-in built from the status)."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from job_process.arrays import array_headers, sniff_format
+from job_process.objective_names import TARGET_OBJECTIVES
 from job_process.signature import FLOAT_DTYPES, SignatureError, class_width, input_arrays, output_leaves, target_arrays
 from service.settings import Settings
 from service.zipcheck import check_zip
@@ -145,7 +146,7 @@ def check_against_model(description: dict, inputs: list[dict], outputs: dict | N
             "objective distill_outputs (no labels needed)",
             "labels",
         )
-    if objective in ("mse", "l1"):
+    if objective in TARGET_OBJECTIVES:
         targets = target_arrays(outputs, arrays)
         if not targets:
             names = [n for n, _ in output_leaves(outputs)] if outputs else ["output"]

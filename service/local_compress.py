@@ -19,8 +19,9 @@ from job_process.arrays import sniff_format
 from job_process.kinds import JOB_KINDS
 from job_process.launcher import ChildProcess
 from job_process.objective_names import default_objective
-from job_process.protocol import LOG_FILE, SPEC_FILE
+from job_process.protocol import LOG_FILE
 from job_process.signature import example_inputs
+from job_process.spec import JobParams, JobSpec
 from service.datasets import DatasetError, check_against_model, describe_arrays
 
 
@@ -30,7 +31,7 @@ class LocalJobError(RuntimeError):
         self.type, self.detail = type_, detail
 
 
-def check_dataset(data: Path, kind: str, inputs: list[dict], params: dict) -> str:
+def check_dataset(data: Path, kind: str, inputs: list[dict], params: JobParams) -> str:
     """What the API refuses at upload and submit (the checks of service/datasets.py), refused here before the
     engine starts. Returns the objective a retraining kind trains with, as POST /v1/jobs resolves it ("" for
     the other kinds)."""
@@ -39,14 +40,14 @@ def check_dataset(data: Path, kind: str, inputs: list[dict], params: dict) -> st
         description = describe_arrays(str(data), fmt)
         objective = ""
         if JOB_KINDS[kind].needs_labels:
-            objective = params.get("objective") or default_objective(description["has_labels"])
+            objective = params.objective or default_objective(description["has_labels"])
         # No output structure yet (the API records it at upload): the label-width check runs in the engine.
         check_against_model(description, inputs, None, objective)
     except DatasetError as e:
         raise LocalJobError("bad_dataset", f"{data}: {e}") from None
     except Exception as e:  # the user's file, in their terms
         raise LocalJobError("bad_dataset", f"cannot read {data}: {e}") from None
-    if params.get("max_accuracy_drop") is not None and not description["has_labels"]:
+    if params.max_accuracy_drop is not None and not description["has_labels"]:
         raise LocalJobError(
             "bad_dataset",
             f"{data} has no 'labels': --max-accuracy-drop compares top-1 on them; use --min-output-cosine",
@@ -62,7 +63,7 @@ def compress(
     out: Path,
     inputs: list[dict],
     input_shape: list[int],
-    params: dict,
+    params: JobParams,
     device: str = "cpu",
     on_message: Callable[[dict], None] = lambda m: None,
 ) -> dict:
@@ -77,19 +78,18 @@ def compress(
     # Absolute: the child starts in the work folder, where a path relative to ours would point elsewhere.
     workdir = Path(tempfile.mkdtemp(prefix=".amct-work-", dir=out.resolve()))
     try:
-        spec = {
-            "kind": kind,
-            "device": device,
-            "params": params,
-            "input_shape": input_shape,
-            "input_dtype": inputs[0]["dtype"],
-            "inputs": inputs,
-            "dataset_format": fmt,
-            "model": str(model.resolve()),
-            "cfg": str(cfg.resolve()),
-            "dataset": str(data.resolve()),
-        }
-        (workdir / SPEC_FILE).write_text(json.dumps(spec))
+        JobSpec(
+            kind=kind,
+            device=device,
+            params=params,
+            input_shape=input_shape,
+            input_dtype=inputs[0]["dtype"],
+            inputs=inputs,
+            dataset_format=fmt,
+            model=str(model.resolve()),
+            cfg=str(cfg.resolve()),
+            dataset=str(data.resolve()),
+        ).write(workdir)
         # Leaving the block kills it if it still runs: Ctrl-C or a failing callback takes the engine down with us.
         with ChildProcess(workdir, read_only=[model, cfg, data]) as child:
             for message in child:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from sqlalchemy import func, select, update
 
+from job_process.protocol import job_folder_prefix, job_of_folder
 from service import workers
 from service.db import jobstate
 from service.db.models import Job
@@ -89,12 +90,9 @@ def _fail_unserved(session, settings: Settings) -> list[str]:
     return failed
 
 
-JOB_FOLDER_PREFIX = "job-"  # worker/runner.py names each attempt's folder job-<job id>-<random>
-
-
 def job_folders(scratch: Path, job_id: str | None = None) -> list[Path]:
     """The attempt folders under `scratch`, of one job or of all."""
-    pattern = f"{JOB_FOLDER_PREFIX}{job_id}-*" if job_id else f"{JOB_FOLDER_PREFIX}*-*"
+    pattern = job_folder_prefix(job_id or "*") + "*"
     return [p for p in scratch.glob(pattern) if p.is_dir()] if scratch.is_dir() else []
 
 
@@ -105,7 +103,7 @@ def _remove_dead_folders(session, scratch: Path) -> int:
     finished, or gone belongs to a dead one. Its checkpoints are in the store already (uploaded as
     they were announced), so nothing the next attempt needs is lost. ~6 MB each for a small CNN.
     """
-    folders = {p: p.name[len(JOB_FOLDER_PREFIX) :].rsplit("-", 1)[0] for p in job_folders(scratch)}
+    folders = {p: job_of_folder(p.name) for p in job_folders(scratch)}
     if not folders:
         return 0
     running = set(

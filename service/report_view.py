@@ -8,6 +8,8 @@ from __future__ import annotations
 from rich.table import Table
 from rich.text import Text
 
+from amct_engine.export.formats import DEFAULT_DEPLOY_FORMAT
+
 NONZERO_LABEL = "nonzero weights¹"
 NONZERO_NOTE = "¹ of the weight tensors only; an integer code counts when ≠ its zero point"
 
@@ -65,7 +67,9 @@ def report_rows(report: dict) -> list[tuple[str, str, str, str]]:
     )
     formats = report.get("formats", {})
     if formats:
-        rows.append(("format", formats.get("fp32", "onnx"), formats.get("deploy", "onnx"), ""))
+        rows.append(
+            ("format", formats.get("fp32", DEFAULT_DEPLOY_FORMAT), formats.get("deploy", DEFAULT_DEPLOY_FORMAT), "")
+        )
     return rows
 
 

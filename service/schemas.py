@@ -3,59 +3,23 @@
 The values of `kind` and `deploy_format` come from their tables (job_process/kinds.py JOB_KINDS,
 amct_engine/export/formats.py DEPLOY_FORMATS), read when a request is validated and when an app
 renders its OpenAPI document: a kind or format registered later is accepted and listed by the next
-app built. Devices and job states are fixed tuples (service/settings.py, service/db/jobstate.py).
+app built. Devices and job states are fixed tuples (service/settings.py, service/db/jobstate.py). A
+job's settings are job_process/spec.py's `JobParams`, which `JobCreate` extends.
 """
 
 from __future__ import annotations
 
 import unicodedata
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
-from pydantic_core import PydanticCustomError, core_schema
+from pydantic_core import PydanticCustomError
 
-from amct_engine.export.deploy_target import DEPLOY_TARGETS
-from amct_engine.export.formats import DEPLOY_FORMATS
 from job_process.kinds import CFG_KINDS, JOB_KINDS
-from job_process.objective_names import DISTILL_LOSSES, OBJECTIVES
+from job_process.spec import DistillLoss, JobParams, Objective, OneOf
 from service.db.jobstate import STATES
-from service.settings import DEVICES
-
-
-@dataclass(frozen=True)
-class OneOf:
-    """`Annotated[str, OneOf(table.names)]`: a string that must name an entry of a table, and whose
-    OpenAPI `enum` lists the entries the table holds when the document is rendered.
-
-    `check=False` documents the values without refusing others: a response may carry a job of a kind
-    that has been unregistered since (a removed plugin) and must still be listed, not fail.
-    """
-
-    names: Callable[[], Iterable[str]]
-    check: bool = True
-
-    def __get_pydantic_core_schema__(self, source, handler):
-        if not self.check:
-            return handler(source)
-        # Any input reaches _validate, so a number gets the list of names too, as a Literal would answer.
-        return core_schema.no_info_plain_validator_function(self._validate, json_schema_input_schema=handler(source))
-
-    def _validate(self, value: object) -> str:
-        names = tuple(self.names())
-        if not isinstance(value, str) or value not in names:
-            # Worded as pydantic words a Literal's error: 'a', 'b' or 'c'.
-            quoted = [repr(n) for n in names] or ["nothing"]
-            expected = " or ".join(filter(None, [", ".join(quoted[:-1]), quoted[-1]]))
-            raise PydanticCustomError("enum", "Input should be {expected}", {"expected": expected})
-        return value
-
-    def __get_pydantic_json_schema__(self, schema, handler):
-        json_schema = handler(schema)
-        json_schema["enum"] = list(self.names())
-        return json_schema
+from service.settings import DEFAULT_DEVICE, DEVICES
 
 
 def control_character(value: str) -> str | None:
@@ -84,13 +48,9 @@ def _no_control_characters(value: str) -> str:
 # A string with no control characters: every id (path or body) and name a request carries.
 CleanStr = Annotated[str, AfterValidator(_no_control_characters)]
 JobKind = Annotated[str, OneOf(JOB_KINDS.names)]
-DeployFormat = Annotated[str, OneOf(DEPLOY_FORMATS.names)]
-DeployTarget = Annotated[str, OneOf(lambda: DEPLOY_TARGETS)]
 Device = Literal[DEVICES]
 JobStatus = Literal[STATES]
 CfgKind = Literal[CFG_KINDS]
-Objective = Literal[OBJECTIVES]
-DistillLoss = Literal[DISTILL_LOSSES]
 
 
 class _Out(BaseModel):
@@ -140,76 +100,15 @@ class DatasetOut(_Out):
     created_at: datetime
 
 
-class JobCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class JobCreate(JobParams):
+    """POST /v1/jobs: what to run on which files, and the job's settings (job_process/spec.py JobParams, where
+    their bounds, defaults and descriptions live)."""
 
     kind: JobKind
     model_id: CleanStr
     config_id: CleanStr
     dataset_id: CleanStr
-    epochs: int = Field(1, ge=1, le=1000)
-    batch_size: int = Field(64, ge=1, le=65536)
-    lr: float = Field(1e-3, gt=0, le=10)
-    device: Device = "cpu"
-    eval_fraction: float = Field(0.1, ge=0, lt=1, description="held-out share of the dataset for the report")
-    seed: int = Field(0, ge=0, le=2**31 - 1)
-    deploy_format: DeployFormat = Field(
-        "onnx", description="deploy model layout (GET /v1/meta lists each format with what it is for)"
-    )
-    deploy_target: DeployTarget = Field(
-        "auto",
-        description="CPU the onnx deploy model is written for: int8 weights for VNNI x86 and ARM (x86_amx: "
-        "big convs on onnxruntime's AMX kernels), exact uint8 + 128 codes for x86 without VNNI; "
-        "auto: the worker's CPU (the report says which)",
-    )
-    objective: Objective | None = Field(
-        None,
-        description="what a retrain kind trains for: cross_entropy (against `labels`), mse / l1 (against "
-        "target arrays named after the outputs, or `targets`), distill_outputs (match the "
-        "original FP32 model's outputs on the same batch, no labels needed). Default: "
-        "cross_entropy when the dataset has labels, else distill_outputs",
-    )
-    distill_loss: DistillLoss = Field(
-        "auto",
-        description="distill_outputs per output: kl (temperature-softened class distributions), mse, "
-        "cosine; auto: kl for a classifier's logits (a dataset with labels), mse otherwise",
-    )
-    temperature: float = Field(4.0, gt=0, le=100, description="the kl temperature of distill_outputs")
-    bn_recalibration_batches: int = Field(
-        0,
-        ge=0,
-        le=1000,
-        description="the kinds that prune (compressed_retrain, prune_retrain): re-estimate every "
-        "BatchNorm's statistics on this many training batches right after the channels "
-        "go, before training (no labels needed; the engine's calibration_data). These "
-        'batches also feed a data-driven importance criterion (importance: "taylor" '
-        "in the cfg). Default 0: off",
-    )
-    max_accuracy_drop: float | None = Field(
-        None,
-        ge=0,
-        le=1,
-        description="quality gate: fail the job (error.type quality_gate, artifacts kept) when "
-        "the deploy model's held-out top-1 is more than this below the FP32 model's "
-        "(needs labels). Default: off",
-    )
-    min_output_cosine: float | None = Field(
-        None,
-        ge=-1,
-        le=1,
-        description="quality gate: fail the job when the mean cosine of the deploy model's "
-        "outputs to the FP32 model's, on the held-out split, is below this (the "
-        "lowest output). Default: off",
-    )
-    world_size: int = Field(
-        1,
-        ge=1,
-        le=64,
-        description="data-parallel ranks (torch.distributed: gloo on cpu, nccl on cuda, hccl on "
-        "npu), each training on its slice of every `batch_size` batch; the retrain "
-        "kinds only. 1: one process",
-    )
-    nodes: int = Field(1, ge=1, le=16, description="machines the ranks run on; world_size must be a multiple of it")
+    device: Device = DEFAULT_DEVICE
 
 
 class JobError(BaseModel):

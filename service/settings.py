@@ -17,6 +17,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from service.db.session import PoolSize
 
 DEVICES = ("cpu", "cuda", "npu")
+DEFAULT_DEVICE = "cpu"
 MiB = 1024 * 1024
 
 

@@ -16,6 +16,7 @@ from job_process.arrays import array_headers
 from job_process.objectives import OutputDistillLoss, leaf_choices, target_loss
 from job_process.quality_gate import QualityGateFailed, check_step_loss, failures
 from job_process.signature import describe_output, example_inputs, io_names, output_leaves, parse_inputs
+from job_process.spec import JobParams
 from tests.signature_models import TwoHeadCnn
 
 TOKENS = [
@@ -87,11 +88,11 @@ def test_the_quality_gate_names_the_figure_it_missed():
         "accuracy_drop": 0.77,
         "outputs": {"output": {"deploy": {"mean_cosine": -0.6}}},
     }
-    params = {"lr": 10, "max_accuracy_drop": 0.05, "min_output_cosine": 0.9}
+    params = JobParams(lr=10, max_accuracy_drop=0.05, min_output_cosine=0.9)
     missed = failures(report, params, [2.3] * 10 + [9.0] * 10)
     assert len(missed) == 3 and "diverged" in missed[0] and "0.7700 > max_accuracy_drop 0.05" in missed[1]
     assert "-0.6000 < min_output_cosine 0.9" in missed[2]
-    assert failures(report, {"lr": 1, "objective": "distill_outputs"}, [1e-6] * 4 + [1e-3] * 4) == []
+    assert failures(report, JobParams(lr=1, objective="distill_outputs"), [1e-6] * 4 + [1e-3] * 4) == []
 
 
 class NanHead(torch.nn.Module):

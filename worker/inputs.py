@@ -7,13 +7,13 @@ The model, cfg and dataset blobs are fetched from the store; the spec says what 
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 
 from sqlalchemy.orm import sessionmaker
 
-from job_process.protocol import RESUME_FILE, SPEC_FILE
+from job_process.protocol import RESUME_FILE
+from job_process.spec import JobParams, JobSpec
 from service.db.models import Config, Dataset, Job, Model
 from service.settings import Settings
 from service.storage import BlobStore
@@ -45,21 +45,21 @@ def stage_inputs(
     }
     for sha256, name in files.values():
         store.fetch(sha256, workdir / name)
-    spec = {
-        "kind": job.kind,
-        "device": job.device,
-        "params": job.params,
-        "input_shape": model.input_shape,
-        "input_dtype": model.input_dtype,
-        "inputs": model.signature,
-        "outputs": model.outputs,
-        "dataset_format": dataset.format,
-        "checkpoint_every_steps": settings.checkpoint_every_steps,
+    spec = JobSpec(
+        kind=job.kind,
+        device=job.device,
+        params=JobParams.model_validate(job.params),
+        input_shape=model.input_shape,
+        input_dtype=model.input_dtype,
+        inputs=model.signature,
+        outputs=model.outputs,
+        dataset_format=dataset.format,
+        checkpoint_every_steps=settings.checkpoint_every_steps,
         **{k: str((visible_as or workdir) / name) for k, (_, name) in files.items()},
         **(extra or {}),
-    }
+    )
     if checkpoint := last_checkpoint(sessions, job.id):
         # A previous attempt got this far: the job process resumes from here instead of from the start.
         store.fetch(checkpoint, workdir / RESUME_FILE)
         log.info("job %s: attempt %d resumes from checkpoint %s", job.id, job.attempt, checkpoint[:12])
-    (workdir / SPEC_FILE).write_text(json.dumps(spec))
+    spec.write(workdir)

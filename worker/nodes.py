@@ -27,6 +27,8 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
 from job_process.launcher import ChildProcess
+from job_process.protocol import job_folder_prefix
+from job_process.spec import JobParams
 from service.db import jobstate
 from service.db.models import Job, JobNode
 from service.db.session import session_factory
@@ -39,7 +41,7 @@ log = logging.getLogger(__name__)
 
 
 def nodes_of(job: Job) -> int:
-    return int((job.params or {}).get("nodes", 1))
+    return JobParams.model_validate(job.params or {}).nodes
 
 
 def node_spec(settings: Settings, node_rank: int, rendezvous: dict | None = None) -> dict:
@@ -111,7 +113,7 @@ class NodeRunner:
             leader.port,
         )
         self.settings.tmp_dir.mkdir(parents=True, exist_ok=True)
-        workdir = Path(tempfile.mkdtemp(prefix=f"job-{job_id}-", dir=self.settings.tmp_dir))
+        workdir = Path(tempfile.mkdtemp(prefix=job_folder_prefix(job_id), dir=self.settings.tmp_dir))
         try:
             stage_inputs(
                 self.sessions,

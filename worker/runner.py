@@ -22,6 +22,7 @@ from pathlib import Path
 
 from job_process import bubblewrap, sandbox
 from job_process.launcher import ChildProcess
+from job_process.protocol import job_folder_prefix
 from service.db import jobstate
 from service.db.session import session_factory
 from service.reaper import job_folders
@@ -78,7 +79,7 @@ class JobRunner:
         child = self.warm.take(job_id) if self.warm is not None and not several else None
         if child is None:
             child = ChildProcess(
-                Path(tempfile.mkdtemp(prefix=f"job-{job_id}-", dir=self._scratch())), share_net=several
+                Path(tempfile.mkdtemp(prefix=job_folder_prefix(job_id), dir=self._scratch())), share_net=several
             )
         workdir = child.workdir
         try:

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from job_process import bubblewrap
 from job_process.launcher import JOB_MODULE, ChildProcess
+from job_process.protocol import job_folder_prefix
 from worker.fork_server import ForkServerPool
 
 log = logging.getLogger(__name__)
@@ -82,7 +83,7 @@ class WarmPool:
             )
             _discard(child)
             return None
-        child.hand_over(self.scratch / f"job-{job_id}-{self._token}")
+        child.hand_over(self.scratch / f"{job_folder_prefix(job_id)}{self._token}")
         return child
 
     def close(self) -> None:

@@ -25,6 +25,7 @@ class DeployFormatEntry:
 
 
 DEPLOY_FORMATS: Registry[DeployFormatEntry] = Registry("deploy format")
+DEFAULT_DEPLOY_FORMAT = "onnx"  # what every `save_*`, job and command writes unless told otherwise
 
 
 def register_deploy_format(entry: DeployFormatEntry, *, replace: bool = False) -> DeployFormatEntry:
@@ -40,7 +41,7 @@ def check_deploy_format(name: object) -> DeployFormatEntry:
 
 register_deploy_format(
     DeployFormatEntry(
-        "onnx",
+        DEFAULT_DEPLOY_FORMAT,
         "integer model for onnxruntime (QuantizeLinear, integer Conv/MatMul kernels, int32 bias)",
         "amct_engine.export.onnx_formats:ONNX_DEPLOY",
     )

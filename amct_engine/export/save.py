@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from amct_engine.export.deploy_target import DEFAULT_DEPLOY_TARGET, resolve_deploy_target, signed_weights
-from amct_engine.export.formats import check_deploy_format
+from amct_engine.export.formats import DEFAULT_DEPLOY_FORMAT, check_deploy_format
 from amct_engine.export.layer_graph import export_layer_graph, splice_layers
 from amct_engine.export.onnx_formats import FAKE_QUANT, OnnxFormat
 from amct_engine.export.quant_layer import ExportQuantLayer
@@ -145,7 +145,7 @@ def save_quantized_onnx(
     input_names=None,
     output_names=None,
     dynamic_axes=None,
-    deploy_format: str = "onnx",
+    deploy_format: str = DEFAULT_DEPLOY_FORMAT,
     deploy_target: str = DEFAULT_DEPLOY_TARGET,
     layer_graph: onnx.ModelProto | None = None,
 ) -> dict[str, str]:

@@ -17,10 +17,7 @@ from sqlalchemy import and_, select, update
 from sqlalchemy.orm import Session
 
 from service.db.models import Job, JobEvent, utcnow
-
-QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED = "queued", "running", "succeeded", "failed", "cancelled"
-STATES = (QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED)
-TERMINAL = frozenset({SUCCEEDED, FAILED, CANCELLED})
+from service.job_states import CANCELLED, FAILED, QUEUED, RUNNING, STATES, SUCCEEDED, TERMINAL  # noqa: F401 - re-exported
 
 # (from, to) -> the name of the edge, recorded in the event. Nothing else is allowed.
 TRANSITIONS: dict[tuple[str, str], str] = {

@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 
 from job_process.kinds import JOB_KINDS
 from job_process.objective_names import default_objective
+from job_process.spec import JobParams
 from service import workers
 from service.auth import Caller, Credentials, ReadCaller, WriteCaller, read_as_caller
 from service.datasets import DatasetError, check_against_model
@@ -255,26 +256,13 @@ def submit_job(
         )
     lock_project(session, caller.project)
     check_quota(session, caller.project, settings)
-    params = body.model_dump(
-        include={
-            "epochs",
-            "batch_size",
-            "lr",
-            "eval_fraction",
-            "seed",
-            "deploy_format",
-            "deploy_target",
-            "max_accuracy_drop",
-            "min_output_cosine",
-        },
-        exclude_none=True,
+    # the job's settings as JobParams stores them, with the objective check_inputs resolved (None: the kind
+    # does not train, and no objective settings are stored)
+    params = (
+        JobParams.model_validate(body.model_dump(include=set(JobParams.model_fields)))
+        .model_copy(update={"objective": objective})
+        .stored()
     )
-    if body.world_size > 1:
-        params.update(world_size=body.world_size, nodes=body.nodes)
-    if body.bn_recalibration_batches:
-        params["bn_recalibration_batches"] = body.bn_recalibration_batches
-    if objective is not None:
-        params.update(objective=objective, distill_loss=body.distill_loss, temperature=body.temperature)
     job = Job(
         project_id=caller.project,
         kind=body.kind,

@@ -4,6 +4,7 @@
 import { apiKey, getJson, setApiKey } from "./api.js";
 import { jobsView } from "./jobs.js";
 import { jobView } from "./job.js";
+import { loadMeta } from "./meta.js";
 
 const view = document.getElementById("view");
 const banner = document.getElementById("banner");
@@ -27,7 +28,8 @@ async function who() {
   }
 }
 
-function route() {
+async function route() {
+  await loadMeta(); // the job states a view needs (which ones end a job) before it is mounted
   current?.stop();
   const match = location.hash.match(/^#\/jobs\/([\w-]+)/);
   current = match ? jobView(match[1]) : jobsView();

@@ -16,8 +16,6 @@ export function h(tag, attrs = {}, ...children) {
   return node;
 }
 
-export const TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
-
 export function statusChip(status) {
   return h("span", { class: `status status-${status}`, "data-status": status }, status);
 }

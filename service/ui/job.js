@@ -4,7 +4,8 @@
 
 import { download, getJson, postJson, request, streamEvents } from "./api.js";
 import { lossChart } from "./chart.js";
-import { TERMINAL, bytes, duration, elapsed, h, number, progressBar, statusChip, when } from "./dom.js";
+import { bytes, duration, elapsed, h, number, progressBar, statusChip, when } from "./dom.js";
+import { TERMINAL } from "./meta.js";
 import { applyEvent, modelName } from "./jobs.js";
 
 const ratio = (before, after) => (before ? `${(after / before).toFixed(2)}×` : "–");

@@ -1,7 +1,8 @@
 // #/ : the jobs table, live from each active job's event stream, and the form that submits a job.
 
 import { ApiError, getJson, postForm, postJson, streamEvents } from "./api.js";
-import { TERMINAL, duration, elapsed, h, progressBar, statusChip, when } from "./dom.js";
+import { duration, elapsed, h, progressBar, statusChip, when } from "./dom.js";
+import { TERMINAL, serverMeta } from "./meta.js";
 
 const REFRESH_MS = 4000; // new jobs from other clients appear within this
 // Browsers open about 6 HTTP/1.1 connections per host; each stream holds one, so keep some free.
@@ -139,14 +140,6 @@ export function jobsView() {
 
 function field(label, input, hint) {
   return h("label", { class: "field" }, h("span", {}, label), input, hint ? h("small", {}, hint) : null);
-}
-
-// What the server accepts (GET /v1/meta: job kinds, deploy formats, devices), read from its tables, so the
-// form offers what this server runs, never a copy kept here. Fetched again after a failure (e.g. no key yet).
-let metaRequest = null;
-function serverMeta() {
-  if (!metaRequest) metaRequest = getJson("/v1/meta").catch((err) => { metaRequest = null; throw err; });
-  return metaRequest;
 }
 
 // A select the server's choices fill in; empty (and so, being required, unsubmittable) until then.
