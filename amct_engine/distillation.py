@@ -23,8 +23,9 @@ from amct_engine.config.quant_json import (
 from amct_engine.export.deploy_target import DEFAULT_DEPLOY_TARGET, check_deploy_target
 from amct_engine.export.formats import DEFAULT_DEPLOY_FORMAT, check_deploy_format
 from amct_engine.export.save import quant_layers, save_quantized_onnx
-from amct_engine.graph.analysis import distill_groups, quantizable_layers
+from amct_engine.graph.analysis import quantizable_layers
 from amct_engine.graph.capture import as_input_tuple, capture_model
+from amct_engine.graph.distill_groups import distill_groups
 from amct_engine.layer_table import distill_type_names
 from amct_engine.quant.insert import insert_quant_layers
 from amct_engine.quant_retrain import records_for_save

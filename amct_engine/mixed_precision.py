@@ -159,66 +159,25 @@ def auto_mixed_precision(
     `input_data`, each calibration batch and `eval_data` are a tensor or a tuple of the model's inputs;
     `io` names the saved files' inputs and outputs (input_names / output_names / dynamic_axes)."""
     os.makedirs(workdir, exist_ok=True)
-    types = layer_types(model, input_data)
-    quantised = [p for p in ("INT4", "INT8", "INT16") if p in candidates or p == "INT8"]
-    wrappers, paths = {}, {}
-    for p in quantised:
-        calibration = calibrate(model, input_data, calibration_data, {n: PRECISIONS[p] for n in types})
-        for path, wrapper in quant_layers(calibration).items():
-            wrappers[(wrapper.layer_name, p)], paths[wrapper.layer_name] = wrapper, path
-    base = float_twin(calibration)
-    reference = outputs(base, eval_data)
-    weights = {n: c[1] for n, c in layer_costs(base, input_data, types).items()}
-
-    def measure(choice: dict[str, str]) -> Deviation:
-        layers = {paths[n]: wrappers[(n, p)] for n, p in choice.items() if p != "FP32"}
-        with swapped(base, layers) as mixed:
-            return deviation(outputs(mixed, eval_data), reference, eval_labels)
-
-    def size(choice) -> float:
-        return sum(weights[n] * WEIGHT_BYTES[p] for n, p in choice.items())
-
-    choice, steps = {n: "INT8" for n in types}, []
-    dev = measure(choice)
-    single = {n: measure({n: "INT8"}).damage for n in types}
-    for name in sorted(types, key=lambda n: -single[n]):  # raise the most fragile first
-        while not budget.met(dev) and choice[name] != RAISE_ORDER[-1]:
-            step = RAISE_ORDER[RAISE_ORDER.index(choice[name]) + 1]
-            if step not in candidates:
-                break
-            choice[name] = step
-            dev = measure(choice)
-            steps.append({"layer": name, "to": step, "damage": dev.damage, "accepted": True})
-    lower = []
-    if "INT4" in candidates:
-        int4_damage = {n: measure({n: "INT4"}).damage for n in types if choice[n] == "INT8"}
-        lower = sorted(int4_damage, key=lambda n: max(int4_damage[n], 0.0) / (weights[n] * 0.5) - 1e-12 * weights[n])
-    accepted = []
-    for done, name in enumerate(lower, 1):
-        trial = dict(choice, **{name: "INT4"})
-        trial_dev = measure(trial)
-        ok = budget.met(trial_dev)
-        steps.append({"layer": name, "to": "INT4", "damage": trial_dev.damage, "accepted": ok})
-        if ok:
-            choice, dev = trial, trial_dev
-            accepted.append(name)
-        if progress is not None:
-            progress(done, len(lower))
-    cfg_file = Path(workdir, "mixed_precision.cfg")
+    search = _Search(model, input_data, calibration_data, eval_data, eval_labels, candidates)
+    choice = {n: "INT8" for n in search.types}
+    dev = search.raise_fragile(choice, budget)
+    dev, accepted = search.lower_to_int4(choice, dev, budget, progress)
     batch_num = len(calibration_data)
     int8_cfg = Path(workdir, "all_int8.cfg")
-    int8_cfg.write_text(calibration_cfg_text({n: "INT8" for n in types}, batch_num))
+    int8_cfg.write_text(calibration_cfg_text({n: "INT8" for n in search.types}, batch_num))
     int8_files, _ = run_cfg(model, input_data, calibration_data, int8_cfg, workdir, "int8", io)
-    int8_dev = deviation(ort_outputs(int8_files["deploy"], eval_data), reference, eval_labels)
+    int8_dev = deviation(ort_outputs(int8_files["deploy"], eval_data), search.reference, eval_labels)
+    cfg_file = Path(workdir, "mixed_precision.cfg")
     while True:
         cfg_file.write_text(calibration_cfg_text(choice, batch_num))
         files, calibration = run_cfg(model, input_data, calibration_data, cfg_file, workdir, "mixed", io)
-        deployed = deviation(ort_outputs(files["deploy"], eval_data), reference, eval_labels)
+        deployed = deviation(ort_outputs(files["deploy"], eval_data), search.reference, eval_labels)
         if budget.met(deployed) or not accepted:
             break
         choice[accepted.pop()] = "INT8"  # the deploy model missed: undo the last INT4 step
-        steps.append({"layer": "(verify)", "to": "undo INT4", "damage": deployed.damage, "accepted": True})
-        dev = measure(choice)
+        search.steps.append({"layer": "(verify)", "to": "undo INT4", "damage": deployed.damage, "accepted": True})
+        dev = search.measure(choice)
     sizes = {
         "deploy": files["deploy"],
         "ascend_deploy": files["ascend_deploy"],
@@ -227,14 +186,74 @@ def auto_mixed_precision(
     }
     return MixedPrecisionResult(
         precisions=choice,
-        weight_bytes=size(choice),
-        int8_weight_bytes=size({n: "INT8" for n in types}),
+        weight_bytes=search.size(choice),
+        int8_weight_bytes=search.size({n: "INT8" for n in search.types}),
         searched=dev,
         deployed=deployed,
         int8_deployed=int8_dev,
         cfg_file=str(cfg_file),
         files=files,
         file_bytes={k: os.path.getsize(v) for k, v in sizes.items()},
-        steps=steps,
+        steps=search.steps,
         model=calibration,
     )
+
+
+class _Search:
+    """The search's state: every layer calibrated at each precision once, composed onto the BN-folded float
+    model to measure a choice (layer -> precision) against the FP32 outputs; `steps` records every move."""
+
+    def __init__(self, model, input_data, calibration_data, eval_data, eval_labels, candidates) -> None:
+        self.types = layer_types(model, input_data)
+        self.candidates, self.eval_data, self.eval_labels = candidates, eval_data, eval_labels
+        self.wrappers, self.paths = {}, {}
+        for p in (p for p in ("INT4", "INT8", "INT16") if p in candidates or p == "INT8"):
+            calibration = calibrate(model, input_data, calibration_data, {n: PRECISIONS[p] for n in self.types})
+            for path, wrapper in quant_layers(calibration).items():
+                self.wrappers[(wrapper.layer_name, p)], self.paths[wrapper.layer_name] = wrapper, path
+        self.base = float_twin(calibration)
+        self.reference = outputs(self.base, eval_data)
+        self.weights = {n: c[1] for n, c in layer_costs(self.base, input_data, self.types).items()}
+        self.steps: list[dict] = []
+
+    def measure(self, choice: dict[str, str]) -> Deviation:
+        layers = {self.paths[n]: self.wrappers[(n, p)] for n, p in choice.items() if p != "FP32"}
+        with swapped(self.base, layers) as mixed:
+            return deviation(outputs(mixed, self.eval_data), self.reference, self.eval_labels)
+
+    def size(self, choice: dict[str, str]) -> float:
+        return sum(self.weights[n] * WEIGHT_BYTES[p] for n, p in choice.items())
+
+    def raise_fragile(self, choice: dict[str, str], budget: Budget) -> Deviation:
+        """Raise layers' precision, the most fragile first, until the budget is met (in place); the deviation."""
+        dev = self.measure(choice)
+        single = {n: self.measure({n: "INT8"}).damage for n in self.types}
+        for name in sorted(self.types, key=lambda n: -single[n]):
+            while not budget.met(dev) and choice[name] != RAISE_ORDER[-1]:
+                step = RAISE_ORDER[RAISE_ORDER.index(choice[name]) + 1]
+                if step not in self.candidates:
+                    break
+                choice[name] = step
+                dev = self.measure(choice)
+                self.steps.append({"layer": name, "to": step, "damage": dev.damage, "accepted": True})
+        return dev
+
+    def lower_to_int4(self, choice, dev: Deviation, budget: Budget, progress) -> tuple[Deviation, list[str]]:
+        """Try each INT8 layer at INT4, the least damage per byte saved first, keeping those the budget allows."""
+        lower = []
+        if "INT4" in self.candidates:
+            damage = {n: self.measure({n: "INT4"}).damage for n in self.types if choice[n] == "INT8"}
+            weights = self.weights
+            lower = sorted(damage, key=lambda n: max(damage[n], 0.0) / (weights[n] * 0.5) - 1e-12 * weights[n])
+        accepted = []
+        for done, name in enumerate(lower, 1):
+            trial = dict(choice, **{name: "INT4"})
+            trial_dev = self.measure(trial)
+            ok = budget.met(trial_dev)
+            self.steps.append({"layer": name, "to": "INT4", "damage": trial_dev.damage, "accepted": ok})
+            if ok:
+                choice[name], dev = "INT4", trial_dev
+                accepted.append(name)
+            if progress is not None:
+                progress(done, len(lower))
+        return dev, accepted

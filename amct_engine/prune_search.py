@@ -190,82 +190,110 @@ def auto_channel_prune_search(
     """
     if not 0 < target_macs_ratio < 1:
         raise ValueError(f"target_macs_ratio must lie in (0, 1), got {target_macs_ratio}")
-    base = float_twin(calibrate(model, input_data, calibration_data[:1], {}))
-    reference = outputs(base, eval_data)
-    costs = layer_costs(base, input_data, layer_types(base, input_data))
-    total = sum(c[0] for c in costs.values())
-    target = target_macs_ratio * total
-    groups = [g for g in build_channel_groups(capture_model(base, as_input_tuple(input_data))).groups if not g.disabled]
-    shares = {
-        (g.id, rung): 1 - remain_count(g.size, ratio, False, g.divisions) / g.size
-        for g in groups
-        for rung, ratio in enumerate(ratios, 1)
-    }
-    rungs = len(ratios)
-    frontier = (
-        _frontier(groups, shares, costs, target, rungs) if (rungs + 1) ** len(groups) <= EXHAUSTIVE_LIMIT else None
+    space = _SearchSpace(model, input_data, calibration_data, eval_data, ratios, target_macs_ratio)
+    frontier = space.frontier()
+    report = _progress(
+        len(space.groups) * len(ratios) + (min(MEASURED_CHOICES, len(frontier)) if frontier else 1), progress
     )
-    report = _progress(len(groups) * rungs + (min(MEASURED_CHOICES, len(frontier)) if frontier else 1), progress)
     batches = [(as_input_tuple(b),) for b in calibration_data]  # (inputs,): the calibration reader's batch form
-    damages = _damage_table(model, input_data, groups, ratios, batches, eval_data, reference, eval_labels, report)
-
-    def estimate(choice: dict[int, int]) -> float:
-        return sum(damages[(gid, r)] for gid, r in choice.items() if r)
-
-    def macs(choice: dict[int, int]) -> float:
-        return _macs(costs, groups, _shares(shares, choice))
-
+    space.damages = _damage_table(
+        model, input_data, space.groups, ratios, batches, eval_data, space.reference, eval_labels, report
+    )
     if frontier is None:
-        candidates = [_greedy(groups, damages, shares, costs, total, target, rungs)]
+        candidates = [
+            _greedy(space.groups, space.damages, space.shares, space.costs, space.total, space.target, len(ratios))
+        ]
     else:
-        candidates = sorted(frontier, key=lambda c: (estimate(c), -macs(c)))[:MEASURED_CHOICES]
-
-    def named(choice: dict[int, int]) -> dict[str, float]:
-        return {name: ratios[choice[g.id] - 1] for g in groups if choice[g.id] for name in g.producer_names}
-
+        candidates = sorted(frontier, key=lambda c: (space.estimate(c), -space.macs(c)))[:MEASURED_CHOICES]
     measured = []
     with tempfile.TemporaryDirectory() as tmp:
         for choice in candidates:
-            pruned = _pruned(model, input_data, named(choice), batches, tmp)
-            dev = deviation(outputs(pruned, eval_data), reference, eval_labels)
-            measured.append((dev.damage, -macs(choice), len(measured), choice, dev, model_macs(pruned, input_data)))
+            pruned = _pruned(model, input_data, space.named(choice), batches, tmp)
+            dev = deviation(outputs(pruned, eval_data), space.reference, eval_labels)
+            measured.append(
+                (dev.damage, -space.macs(choice), len(measured), choice, dev, model_macs(pruned, input_data))
+            )
             report()
     _, _, _, choice, dev, built_macs = min(measured)
-    chosen = named(choice)
-    Path(cfg_file).write_text(retrain_cfg_text(chosen))
-    steps, applied = [], {}
-    for g in groups:  # the choice, applied group by group
-        if choice[g.id]:
-            applied[g.id] = choice[g.id]
-            steps.append(
+    Path(cfg_file).write_text(retrain_cfg_text(space.named(choice)))
+    return space.result(choice, dev, built_macs, measured, str(cfg_file))
+
+
+class _SearchSpace:
+    """The groups that may lose channels, the MACs each ratio saves, and (once measured) the damage each does
+    alone; a choice maps a group id to its rung (0: untouched, r: ratios[r - 1])."""
+
+    def __init__(self, model, input_data, calibration_data, eval_data, ratios, target_macs_ratio: float) -> None:
+        base = float_twin(calibrate(model, input_data, calibration_data[:1], {}))
+        self.reference = outputs(base, eval_data)
+        self.costs = layer_costs(base, input_data, layer_types(base, input_data))
+        self.total = sum(c[0] for c in self.costs.values())
+        self.target_ratio, self.target = target_macs_ratio, target_macs_ratio * self.total
+        captured = capture_model(base, as_input_tuple(input_data))
+        self.groups = [g for g in build_channel_groups(captured).groups if not g.disabled]
+        self.ratios = ratios
+        self.shares = {
+            (g.id, rung): 1 - remain_count(g.size, ratio, False, g.divisions) / g.size
+            for g in self.groups
+            for rung, ratio in enumerate(ratios, 1)
+        }
+        self.damages: dict[tuple[int, int], float] = {}
+
+    def frontier(self) -> list[dict[int, int]] | None:
+        """Every choice on the MACs target's frontier, or None when there are too many to enumerate."""
+        rungs = len(self.ratios)
+        if (rungs + 1) ** len(self.groups) > EXHAUSTIVE_LIMIT:
+            return None
+        return _frontier(self.groups, self.shares, self.costs, self.target, rungs)
+
+    def estimate(self, choice: dict[int, int]) -> float:
+        return sum(self.damages[(gid, r)] for gid, r in choice.items() if r)
+
+    def macs(self, choice: dict[int, int]) -> float:
+        return _macs(self.costs, self.groups, _shares(self.shares, choice))
+
+    def named(self, choice: dict[int, int]) -> dict[str, float]:
+        return {name: self.ratios[choice[g.id] - 1] for g in self.groups if choice[g.id] for name in g.producer_names}
+
+    def result(self, choice, dev, built_macs: float, measured: list, cfg_file: str) -> PruneSearchResult:
+        steps, applied = [], {}
+        for g in self.groups:  # the choice, applied group by group
+            if choice[g.id]:
+                applied[g.id] = choice[g.id]
+                steps.append(
+                    {
+                        "group": g.producer_names,
+                        "ratio": self.ratios[choice[g.id] - 1],
+                        "damage": self.damages[(g.id, choice[g.id])],
+                        "macs_ratio": self.macs(applied) / self.total,
+                    }
+                )
+        return PruneSearchResult(
+            ratios=self.named(choice),
+            target_macs_ratio=self.target_ratio,
+            estimated_macs_ratio=self.macs(choice) / self.total,
+            measured_macs_ratio=built_macs / self.total,
+            estimated_damage=self.estimate(choice),
+            measured={"top1_drop": dev.top1_drop, "cosine": dev.cosine},
+            cfg_file=cfg_file,
+            steps=steps,
+            damages=[
                 {
                     "group": g.producer_names,
-                    "ratio": ratios[choice[g.id] - 1],
-                    "damage": damages[(g.id, choice[g.id])],
-                    "macs_ratio": macs(applied) / total,
+                    "ratio": self.ratios[r - 1],
+                    "damage": self.damages[(g.id, r)],
+                    "share": self.shares[(g.id, r)],
                 }
-            )
-    return PruneSearchResult(
-        ratios=chosen,
-        target_macs_ratio=target_macs_ratio,
-        estimated_macs_ratio=macs(choice) / total,
-        measured_macs_ratio=built_macs / total,
-        estimated_damage=estimate(choice),
-        measured={"top1_drop": dev.top1_drop, "cosine": dev.cosine},
-        cfg_file=str(cfg_file),
-        steps=steps,
-        damages=[
-            {
-                "group": g.producer_names,
-                "ratio": ratios[r - 1],
-                "damage": damages[(g.id, r)],
-                "share": shares[(g.id, r)],
-            }
-            for g in groups
-            for r in range(1, rungs + 1)
-        ],
-        choices=[
-            {"ratios": named(c), "estimated_damage": estimate(c), "damage": d, "macs_ratio": -m / total}
-            for d, m, _, c, _, _ in measured
-        ],
-    )
+                for g in self.groups
+                for r in range(1, len(self.ratios) + 1)
+            ],
+            choices=[
+                {
+                    "ratios": self.named(c),
+                    "estimated_damage": self.estimate(c),
+                    "damage": d,
+                    "macs_ratio": -m / self.total,
+                }
+                for d, m, _, c, _, _ in measured
+            ],
+        )

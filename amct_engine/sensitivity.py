@@ -22,7 +22,6 @@ from amct_engine.export.save import quant_layers
 from amct_engine.graph.capture import as_input_tuple, capture_model
 from amct_engine.layer_variants import (
     PRECISIONS,
-    Deviation,
     calibrate,
     deviation,
     float_twin,
@@ -119,57 +118,67 @@ def analyse_sensitivity(
         raise ValueError(f"prune_ratios must lie in (0, 1), got {list(prune_ratios)}")
     types = layer_types(model, input_data)
     models = {p: calibrate(model, input_data, calibration_data, {n: PRECISIONS[p] for n in types}) for p in precisions}
-    calibrations = {p: quant_layers(m) for p, m in models.items()}
     base = float_twin(next(iter(models.values())))
-    reference = outputs(base, eval_data)
-    costs = layer_costs(base, input_data, types)
-    total_macs, total_weights = (max(1, sum(c[i] for c in costs.values())) for i in (0, 1))
     groups = []
     if prune_ratios:
         groups = [
             g for g in build_channel_groups(capture_model(base, as_input_tuple(input_data))).groups if not g.disabled
         ]
-    jobs = len(types) * len(precisions) + len(groups) * len(prune_ratios)
-    top1 = None if eval_labels is None else float((reference.argmax(1) == eval_labels.reshape(-1)).float().mean())
-    table, done = SensitivityTable(top1), 0
-
-    def add(layers: list[str], variant: str, dev: Deviation) -> None:
-        nonlocal done
-        macs, weights = (sum(costs[n][i] for n in layers if n in costs) for i in (0, 1))
-        drop = None if dev.top1_drop is None else round(dev.top1_drop, 4)
-        table.rows.append(
-            SensitivityRow(
-                ",".join(layers),
-                ",".join(types.get(n, "?") for n in layers),
-                variant,
-                drop,
-                dev.cosine,
-                dev.mse,
-                round(dev.damage, 4),
-                macs / total_macs,
-                weights / total_weights,
-            )
-        )
-        done += 1
-        if progress is not None:
-            progress(done, jobs)
-
-    for precision, wrappers in calibrations.items():
-        by_layer = {w.layer_name: (path, w) for path, w in wrappers.items()}
+    rows = _Rows(
+        base,
+        input_data,
+        types,
+        eval_data,
+        eval_labels,
+        len(types) * len(precisions) + len(groups) * len(prune_ratios),
+        progress,
+    )
+    for precision, calibrated in models.items():
+        by_layer = {w.layer_name: (path, w) for path, w in quant_layers(calibrated).items()}
         for name in types:
             path, wrapper = by_layer[name]
             with swapped(base, {path: wrapper}) as mixed:
-                add([name], precision, deviation(outputs(mixed, eval_data), reference, eval_labels))
+                rows.add([name], precision, mixed)
     for group in groups:
         for ratio in prune_ratios:
             masked = _masked(base, group, ratio)
-            if not masked:
-                continue
-            with swapped(base, masked) as pruned:
-                add(
-                    group.producer_names,
-                    f"prune {ratio:g}",
-                    deviation(outputs(pruned, eval_data), reference, eval_labels),
-                )
-    table.rows.sort(key=lambda r: -r.damage)
-    return table
+            if masked:
+                with swapped(base, masked) as pruned:
+                    rows.add(group.producer_names, f"prune {ratio:g}", pruned)
+    rows.table.rows.sort(key=lambda r: -r.damage)
+    return rows.table
+
+
+class _Rows:
+    """The table being filled: each variant measured against the float model's outputs, with its layers' share
+    of the model's multiply-accumulates and weights."""
+
+    def __init__(self, base, input_data, types, eval_data, eval_labels, jobs: int, progress) -> None:
+        self.types, self.eval_data, self.eval_labels = types, eval_data, eval_labels
+        self.reference = outputs(base, eval_data)
+        self.costs = layer_costs(base, input_data, types)
+        self.totals = [max(1, sum(c[i] for c in self.costs.values())) for i in (0, 1)]
+        top1 = None
+        if eval_labels is not None:
+            top1 = float((self.reference.argmax(1) == eval_labels.reshape(-1)).float().mean())
+        self.table = SensitivityTable(top1)
+        self.jobs, self.progress = jobs, progress
+
+    def add(self, layers: list[str], variant: str, model: nn.Module) -> None:
+        dev = deviation(outputs(model, self.eval_data), self.reference, self.eval_labels)
+        macs, weights = (sum(self.costs[n][i] for n in layers if n in self.costs) for i in (0, 1))
+        self.table.rows.append(
+            SensitivityRow(
+                ",".join(layers),
+                ",".join(self.types.get(n, "?") for n in layers),
+                variant,
+                None if dev.top1_drop is None else round(dev.top1_drop, 4),
+                dev.cosine,
+                dev.mse,
+                round(dev.damage, 4),
+                macs / self.totals[0],
+                weights / self.totals[1],
+            )
+        )
+        if self.progress is not None:
+            self.progress(len(self.table.rows), self.jobs)

@@ -36,15 +36,15 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.service_load import (  # noqa: E402
+from bench.service_stack import (  # noqa: E402
     PG_ADMIN_URL,
     REDIS_URL,
-    _drop_redis_keys,
-    _free_port,
-    _job_body,
-    _wait_ready,
+    drop_redis_keys,
+    free_port,
+    job_body,
     postgres_database,
     tiny_inputs,
+    wait_ready,
 )
 from job_process.sandbox import stop_group  # noqa: E402
 
@@ -108,7 +108,7 @@ async def _closed_loop(
 def api_server(tree: Path, jobs: int) -> Iterator[dict]:
     """The tree's API (one process, its own database) with `jobs` queued jobs; stopped on exit."""
     with postgres_database() as database_url, tempfile.TemporaryDirectory(prefix="amct-api-cost-") as tmp:
-        port = _free_port()
+        port = free_port()
         env = dict(
             os.environ,
             PYTHONPATH=str(tree),
@@ -131,7 +131,7 @@ def api_server(tree: Path, jobs: int) -> Iterator[dict]:
             )
         url = f"http://127.0.0.1:{port}"
         try:
-            _wait_ready(url, proc, log)
+            wait_ready(url, proc, log)
             headers = {"Authorization": f"Bearer {_admin_key(tree, database_url)}"}
             with httpx.Client(base_url=url, headers=headers, timeout=120) as http:
                 model_bytes, data_bytes = tiny_inputs()
@@ -157,11 +157,11 @@ def api_server(tree: Path, jobs: int) -> Iterator[dict]:
                         raise RuntimeError("the model did not become ready")
                     time.sleep(0.2)
                 ids = {"model_id": model, "config_id": cfg, "dataset_id": data}
-                job_ids = [http.post("/v1/jobs", json=_job_body(ids, seed=i)).json()["id"] for i in range(jobs)]
+                job_ids = [http.post("/v1/jobs", json=job_body(ids, seed=i)).json()["id"] for i in range(jobs)]
             yield {"tree": str(tree), "pid": proc.pid, "url": url, "headers": headers, "job_ids": job_ids}
         finally:
             stop_group(proc, 20)
-            _drop_redis_keys(env["AMCT_QUEUE_PREFIX"])  # the queued jobs' messages: nobody consumes them
+            drop_redis_keys(env["AMCT_QUEUE_PREFIX"])  # the queued jobs' messages: nobody consumes them
 
 
 def window(server: dict, clients: int, seconds: float, conditional: bool) -> dict:

@@ -29,60 +29,11 @@ if __package__ in (None, ""):  # run as a script: make `bench` and `amct_engine`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import amct_engine as amct  # noqa: E402
-from amct_engine.graph.analysis import distill_groups, quantizable_layers  # noqa: E402
+from amct_engine.graph.analysis import quantizable_layers  # noqa: E402
 from amct_engine.graph.capture import capture_model  # noqa: E402
+from amct_engine.graph.distill_groups import distill_groups  # noqa: E402
 from bench.common import error_summary, ratios, time_repeats  # noqa: E402
-
-
-class Bottleneck(nn.Module):
-    expansion = 4
-
-    def __init__(self, cin: int, width: int, stride: int = 1) -> None:
-        super().__init__()
-        cout = width * self.expansion
-        self.conv1 = nn.Conv2d(cin, width, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(width)
-        self.conv2 = nn.Conv2d(width, width, 3, stride=stride, padding=1, bias=False)
-        self.bn2 = nn.BatchNorm2d(width)
-        self.conv3 = nn.Conv2d(width, cout, 1, bias=False)
-        self.bn3 = nn.BatchNorm2d(cout)
-        self.relu = nn.ReLU(inplace=True)
-        self.downsample = None
-        if stride != 1 or cin != cout:
-            conv = nn.Conv2d(cin, cout, 1, stride=stride, bias=False)
-            self.downsample = nn.Sequential(conv, nn.BatchNorm2d(cout))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        identity = x if self.downsample is None else self.downsample(x)
-        y = self.relu(self.bn1(self.conv1(x)))
-        y = self.relu(self.bn2(self.conv2(y)))
-        y = self.bn3(self.conv3(y))
-        return self.relu(y + identity)
-
-
-class ResNet50(nn.Module):
-    """torchvision's resnet50 layout (25.6 M parameters), written out so the bench needs no torchvision."""
-
-    def __init__(self, num_classes: int = 1000) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(3, 64, 7, stride=2, padding=3, bias=False)
-        self.bn1 = nn.BatchNorm2d(64)
-        self.relu = nn.ReLU(inplace=True)
-        self.maxpool = nn.MaxPool2d(3, stride=2, padding=1)
-        cin = 64
-        for i, (width, blocks, stride) in enumerate([(64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2)], 1):
-            layers = []
-            for b in range(blocks):
-                layers.append(Bottleneck(cin, width, stride if b == 0 else 1))
-                cin = width * Bottleneck.expansion
-            setattr(self, f"layer{i}", nn.Sequential(*layers))
-        self.avgpool = nn.AdaptiveAvgPool2d(1)
-        self.fc = nn.Linear(cin, num_classes)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
-        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
-        return self.fc(torch.flatten(self.avgpool(x), 1))
+from bench.resnets import ResNet50  # noqa: E402
 
 
 def onnx_export_and_load(model: nn.Module, x: torch.Tensor, dynamo: bool) -> onnx.ModelProto:

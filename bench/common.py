@@ -12,6 +12,18 @@ from typing import Any
 
 import numpy as np
 
+# The instruction-set flags a CPU's int8 speed depends on, as /proc/cpuinfo names them (every bench report prints
+# the ones this machine has).
+ISA_FLAGS = ("avx2", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "amx_int8", "asimddp", "i8mm")
+
+
+def isa_flags() -> list[str]:
+    """The ISA_FLAGS this machine's CPU has."""
+    from amct_engine.export.deploy_target import cpu_flags
+
+    flags = cpu_flags()
+    return [f for f in ISA_FLAGS if f in flags]
+
 
 def summarize(samples: Sequence[float]) -> dict[str, float]:
     """``{min, median, max}`` of a non-empty list of timings (seconds)."""

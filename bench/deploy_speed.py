@@ -42,68 +42,26 @@ if __package__ in (None, ""):  # run as a script: make `bench`, `tests` and `amc
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import amct_engine as amct  # noqa: E402
-from amct_engine.export.deploy_target import cpu_flags, detect_deploy_target  # noqa: E402
-from amct_engine.export.qdq_graph import deploy_report  # noqa: E402
+from amct_engine.export.deploy_target import detect_deploy_target  # noqa: E402
+from amct_engine.export.qdq.fusion_report import deploy_report  # noqa: E402
 from amct_engine.export.save import export_onnx  # noqa: E402
 from bench.common import (  # noqa: E402
     error_summary,
     file_size,
     interleaved_cpu_time,
     interleaved_latency,
+    isa_flags,
     ort_session,
     random_feeds,
 )
+from bench.ort_ptq import quantize  # noqa: E402
 from bench.peers import torchao_ptq_onnx  # noqa: E402
-from bench.ptq import ArrayReader  # noqa: E402
+from bench.resnets import ResNet18  # noqa: E402
 from examples.models import FashionCnn459k  # noqa: E402
 
 THREADS = 2
-ISA_FLAGS = ("avx2", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "amx_int8", "asimddp", "i8mm")
 IO = {"input_names": ["x"], "output_names": ["y"], "dynamic_axes": {"x": {0: "n"}, "y": {0: "n"}}}
 ROUNDS = {True: 6, False: 15}  # interleaved rounds (3 runs of each model a round), by --quick
-
-
-class BasicBlock(nn.Module):
-    def __init__(self, cin: int, cout: int, stride: int = 1) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(cout)
-        # One ReLU module per call: torchao's X86 quantiser refuses a module called twice ("Input partition
-        # has more than one output node"); torchvision reuses one, which changes no weight or output.
-        self.relu1, self.relu2 = nn.ReLU(), nn.ReLU()
-        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
-        self.bn2 = nn.BatchNorm2d(cout)
-        self.downsample = None
-        if stride != 1 or cin != cout:
-            self.downsample = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        identity = x if self.downsample is None else self.downsample(x)
-        y = self.relu1(self.bn1(self.conv1(x)))
-        return self.relu2(self.bn2(self.conv2(y)) + identity)
-
-
-class ResNet18(nn.Module):
-    """torchvision's resnet18 layout (BasicBlocks [2, 2, 2, 2], widths 64-128-256-512), 1000 classes."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(3, 64, 7, 2, 3, bias=False)
-        self.bn1 = nn.BatchNorm2d(64)
-        self.relu = nn.ReLU()
-        self.maxpool = nn.MaxPool2d(3, 2, 1)
-        stages, cin = [], 64
-        for i, cout in enumerate((64, 128, 256, 512)):
-            stages.append(nn.Sequential(BasicBlock(cin, cout, 1 if i == 0 else 2), BasicBlock(cout, cout)))
-            cin = cout
-        self.layer1, self.layer2, self.layer3, self.layer4 = stages
-        self.avgpool = nn.AdaptiveAvgPool2d(1)
-        self.fc = nn.Linear(512, 1000)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
-        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
-        return self.fc(torch.flatten(self.avgpool(x), 1))
 
 
 def _randomised_bn(model: nn.Module, seed: int = 0) -> nn.Module:
@@ -121,37 +79,15 @@ def isa_header() -> dict[str, Any]:
 
     import onnxruntime
 
-    flags = cpu_flags()
     return {
         "cpu": platform.processor() or platform.machine(),
-        "isa": [f for f in ISA_FLAGS if f in flags],
+        "isa": isa_flags(),
         "deploy_target(auto)": detect_deploy_target(),
         "onnxruntime": onnxruntime.__version__,
         "threads": THREADS,
         "cores": os.cpu_count(),
         "load_avg_at_start": os.getloadavg(),
     }
-
-
-def ort_ptq(fp32: str, calibration: np.ndarray, out: Path, fmt: str, activation: str) -> str:
-    """onnxruntime's quantize_static: per-channel int8 weights, `activation` uint8 (U8S8) or int8 (S8S8)."""
-    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
-    from onnxruntime.quantization.shape_inference import quant_pre_process
-
-    prepared = out.with_name(out.stem + "_pre.onnx")
-    if not prepared.exists():
-        quant_pre_process(fp32, str(prepared))
-    quantize_static(
-        str(prepared),
-        str(out),
-        ArrayReader("x", calibration.astype(np.float32), batch=16),
-        quant_format=QuantFormat.QDQ if fmt == "QDQ" else QuantFormat.QOperator,
-        per_channel=True,
-        activation_type=QuantType.QUInt8 if activation == "U8" else QuantType.QInt8,
-        weight_type=QuantType.QInt8,
-        calibrate_method=CalibrationMethod.MinMax,
-    )
-    return str(out)
 
 
 def ours(model: nn.Module, calibration: torch.Tensor, folder: Path) -> str:
@@ -203,7 +139,9 @@ def cnn_section(
         for act in ("U8", "S8"):
             label = f"ORT PTQ {fmt} {act}S8"
             try:
-                files[label] = ort_ptq(fp32, calibration.numpy(), folder / f"ptq_{fmt}_{act}.onnx", fmt, act)
+                files[label] = quantize(fp32, calibration.numpy(), folder / f"ptq_{fmt}_{act}.onnx", 16, fmt, act)[
+                    "onnx"
+                ]
             except Exception as exc:  # a peer that fails is a row that says so
                 notes[label] = error_summary(exc)
     try:

@@ -54,66 +54,20 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import onnx
-
 if __package__ in (None, ""):  # run as a script: make `bench` and `amct_engine` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import file_size, ort_accuracy, summarize  # noqa: E402
+from bench.common import file_size, isa_flags, ort_accuracy, summarize  # noqa: E402
 from bench.fashion import export_fp32  # noqa: E402
+from bench.ort_ptq import CALIBRATION_BATCH, quantize  # noqa: E402
 
 CALIBRATION_IMAGES = 512
-CALIBRATION_BATCH = 128
 NAME = "ORT static PTQ (QDQ, per-channel)"
 OURS = {"ifmr": "amct PTQ (IFMR, INT8)", "hfmg": "amct PTQ (HFMG, INT8)"}
 NNCF_NAME = "NNCF PTQ (nncf.quantize)"
 ORT_FROM_TORCH = "ORT: torch.onnx.export + quant_pre_process + quantize_static"
 ORT_FROM_FILE = "ORT: quant_pre_process + quantize_static (FP32 ONNX file given)"
 BUDGETS = (0.0, 0.1, 0.25, 0.5, 1.0, 2.0)  # top-1 points, for the mixed-precision curve
-ISA_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8", "asimddp", "i8mm")
-
-
-class ArrayReader:
-    """The ``CalibrationDataReader`` protocol over an array: one batch of ``batch`` images per call."""
-
-    def __init__(self, name: str, x: np.ndarray, batch: int = 64) -> None:
-        self.name, self.x, self.batch, self.offset = name, x, batch, 0
-
-    def get_next(self) -> dict[str, np.ndarray] | None:
-        if self.offset >= len(self.x):
-            return None
-        chunk = self.x[self.offset : self.offset + self.batch]
-        self.offset += self.batch
-        return {self.name: chunk}
-
-    def rewind(self) -> None:
-        self.offset = 0
-
-
-def quantize(
-    fp32_onnx: str | Path, calibration: np.ndarray, out: str | Path, batch: int = CALIBRATION_BATCH
-) -> dict[str, Any]:
-    """Pre-process + static QDQ quantisation of ``fp32_onnx`` into ``out``; returns ``{onnx, calibrate_s}``."""
-    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
-    from onnxruntime.quantization.shape_inference import quant_pre_process
-
-    out = Path(out)
-    start = time.perf_counter()
-    prepared = out.with_name(out.stem + "_pre.onnx")
-    quant_pre_process(str(fp32_onnx), str(prepared))
-    input_name = onnx.load(str(prepared), load_external_data=False).graph.input[0].name
-    quantize_static(
-        str(prepared),
-        str(out),
-        ArrayReader(input_name, np.ascontiguousarray(calibration, dtype=np.float32), batch),
-        quant_format=QuantFormat.QDQ,
-        per_channel=True,
-        activation_type=QuantType.QInt8,
-        weight_type=QuantType.QInt8,
-        calibrate_method=CalibrationMethod.MinMax,
-    )
-    return {"onnx": str(out), "calibrate_s": time.perf_counter() - start}
 
 
 def _calibration_batches(setup) -> list:
@@ -324,13 +278,10 @@ def header(threads: int) -> dict[str, Any]:
     import onnxruntime
     import torch
 
-    from amct_engine.export.deploy_target import cpu_flags
-
-    flags = cpu_flags()
     return {
         "cpu": platform.processor() or platform.machine(),
         "cores": os.cpu_count(),
-        "isa": [f for f in ISA_FLAGS if f in flags],
+        "isa": isa_flags(),
         "torch": torch.__version__,
         "threads": threads,
         "onnxruntime": onnxruntime.__version__,

@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import signal
 import subprocess
@@ -49,7 +48,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script: make `bench` and `amct_engine` importable
     sys.path.insert(0, str(ROOT))
 
-from amct_engine.export.deploy_target import cpu_flags  # noqa: E402
+from bench.provenance import git_revision, machine  # noqa: E402
 from job_process.sandbox import stop_group  # noqa: E402
 
 SECTIONS = (
@@ -109,7 +108,6 @@ VERSIONS = (
     "redis",
     "httpx",
 )
-ISA_FLAGS = ("avx2", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "amx_int8", "asimddp", "i8mm")
 Result = dict[str, Any]
 
 
@@ -128,7 +126,7 @@ def _missing_fashion() -> str | None:
 
 def _missing_servers() -> str | None:
     """Why PostgreSQL and Redis (bench/service_load.py's URLs) cannot be used, or None."""
-    from bench.service_load import PG_ADMIN_URL, REDIS_URL
+    from bench.service_stack import PG_ADMIN_URL, REDIS_URL
 
     try:
         import psycopg
@@ -267,71 +265,6 @@ def child_main(name: str, quick: bool, out: Path) -> int:
 
 
 # --------------------------------------------------------------------------- the whole run (parent)
-
-
-def machine() -> dict[str, Any]:
-    """What the numbers were measured on."""
-    cpu = platform.processor() or "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    ram_gib = None
-    try:
-        kib = next(
-            int(line.split()[1])
-            for line in Path("/proc/meminfo").read_text().splitlines()
-            if line.startswith("MemTotal")
-        )
-        ram_gib = round(kib / 1024 / 1024, 1)
-    except (OSError, StopIteration):
-        pass
-    os_name = platform.platform()
-    try:
-        release = dict(line.split("=", 1) for line in Path("/etc/os-release").read_text().splitlines() if "=" in line)
-        os_name = f"{release.get('PRETTY_NAME', '').strip(chr(34))} (kernel {platform.release()})"
-    except OSError:
-        pass
-    return {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "usable_cores": len(os.sched_getaffinity(0)),
-        "ram_gib": ram_gib,
-        "os": os_name,
-        "python": platform.python_version(),
-        "load_avg_at_start": os.getloadavg(),
-        "isa": [flag for flag in ISA_FLAGS if flag in cpu_flags()],
-    }
-
-
-def git_revision() -> str:
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
-        ).stdout.strip()
-        # The report and plots are this command's own output: a previous run leaves them modified.
-        dirty = subprocess.run(
-            [
-                "git",
-                "status",
-                "--porcelain",
-                "--untracked-files=no",
-                "--",
-                ".",
-                ":!docs/benchmarks.md",
-                ":!docs/images",
-            ],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        return head + (" (with uncommitted changes)" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def spawn_section(name: str, quick: bool, folder: Path) -> dict[str, Any]:

@@ -29,10 +29,8 @@ if __package__ in (None, ""):  # run as a script: make `bench` and `amct_engine`
 
 import amct_engine as amct  # noqa: E402
 from amct_engine.export import save  # noqa: E402
-from amct_engine.export.deploy_target import cpu_flags  # noqa: E402
+from bench.common import isa_flags  # noqa: E402
 from examples.models import SmallFashionCnn  # noqa: E402
-
-ISA = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8")
 
 
 @contextmanager
@@ -117,8 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     warnings.simplefilter("ignore")
     torch.set_num_threads(2)
-    flags = cpu_flags()
-    print(f"CPU: {platform.processor() or platform.machine()}; ISA: {', '.join(f for f in ISA if f in flags)}")
+    print(f"CPU: {platform.processor() or platform.machine()}; ISA: {', '.join(isa_flags())}")
     report = {}
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)

@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.service_load import TERMINAL, _backend_env, _job_body, _log, running_server, upload_inputs  # noqa: E402
+from bench.service_stack import TERMINAL, backend_env, job_body, log, running_server, upload_inputs  # noqa: E402
 
 # Per mode: the environment, and the worker's log line that says it is ready for a job (a warm process says
 # it once per job, a fork server once).
@@ -90,7 +90,7 @@ def run_mode(mode: str, samples: int, idle_s: float) -> dict[str, Any]:
     extra, ready = MODES[mode]
     with (
         tempfile.TemporaryDirectory(prefix="amct-warm-bench-", ignore_cleanup_errors=True) as tmp,
-        _backend_env("postgres") as env,
+        backend_env("postgres") as env,
     ):
         env = {**env, **extra}
         with (
@@ -103,14 +103,14 @@ def run_mode(mode: str, samples: int, idle_s: float) -> dict[str, Any]:
                 time.sleep(idle_s)
                 if ready:
                     _wait_ready(server.data_dir / "serve.log", ready, 1 if mode == "fork" else i + 1)
-                job = client.post("/v1/jobs", json=_job_body(ids, seed=i)).json()
+                job = client.post("/v1/jobs", json=job_body(ids, seed=i)).json()
                 deadline = time.monotonic() + 300
                 while client.get(f"/v1/jobs/{job['id']}").json()["status"] not in TERMINAL:
                     if time.monotonic() > deadline:
                         raise TimeoutError(f"job {job['id']} did not finish")
                     time.sleep(0.2)
                 rows.append(_times(server.database_url, job["id"]))
-                _log(f"{mode} {i + 1}/{samples}: {rows[-1]}")
+                log(f"{mode} {i + 1}/{samples}: {rows[-1]}")
     keys = ("submit_to_running_s", "running_to_training_s", "running_to_first_step_s", "submit_to_first_step_s")
     medians = {k: statistics.median(r[k] for r in rows if r[k] is not None) for k in keys}
     return {"samples": rows, "median": medians}

@@ -248,14 +248,7 @@ def build_report(
     names = list(output_names or [f"output_{i}" for i in range(len(predictions["fp32"]))])
     if len(names) != len(predictions["fp32"]):
         names = [f"output_{i}" for i in range(len(predictions["fp32"]))]
-    per_output = {}
-    for k, name in enumerate(names):
-        classifier = _is_classifier(list(predictions["fp32"][k].shape), eval_y is not None, k == 0)
-        per_output[name] = {
-            "shape": list(predictions["fp32"][k].shape[1:]),
-            "kind": "classifier_logits" if classifier else "tensor",
-            **{f: _agreement(predictions["fp32"][k], out[k]) for f, out in predictions.items() if f != "fp32"},
-        }
+    per_output = _per_output(predictions, names, eval_y is not None)
     first = {name: out[0] for name, out in predictions.items()}
     report: dict = {
         "kind": kind,
@@ -275,12 +268,7 @@ def build_report(
         report["accuracy"]["compressed_pytorch"] = pytorch_accuracy
         report["accuracy_drop"] = report["accuracy"]["fp32"] - report["accuracy"]["deploy"]
         report["accuracy_output"] = names[0]
-    n = len(x[0])
-    sample = tuple(np.ascontiguousarray(a[:batch]) if n >= batch else np.repeat(a[:1], batch, axis=0) for a in x)
-    report["latency_ms"] = {
-        name: latency_ms(onnx_files[name], sample, formats[name], input_names) for name in ("fp32", "deploy")
-    }
-    report["latency_ms"]["speedup"] = report["latency_ms"]["fp32"]["median"] / report["latency_ms"]["deploy"]["median"]
+    report["latency_ms"] = _latency(onnx_files, x, batch, formats, input_names)
     report["size_ratio"] = report["onnx_size_bytes"]["deploy"] / report["onnx_size_bytes"]["fp32"]
     report["formats"] = formats
     report["shapes"] = size_report.shapes(onnx_files)
@@ -289,3 +277,25 @@ def build_report(
         note = f"{deploy_format} layout timed through its onnxruntime reference rewrite"
         report["latency_ms"]["deploy"]["note"] = note
     return report
+
+
+def _per_output(predictions: dict, names: list[str], has_labels: bool) -> dict:
+    """Each output's row: its shape, whether it is the classifier's logits, every file against the FP32 one."""
+    rows = {}
+    for k, name in enumerate(names):
+        classifier = _is_classifier(list(predictions["fp32"][k].shape), has_labels, k == 0)
+        rows[name] = {
+            "shape": list(predictions["fp32"][k].shape[1:]),
+            "kind": "classifier_logits" if classifier else "tensor",
+            **{f: _agreement(predictions["fp32"][k], out[k]) for f, out in predictions.items() if f != "fp32"},
+        }
+    return rows
+
+
+def _latency(onnx_files: dict, x: tuple, batch: int, formats: dict, input_names) -> dict:
+    """The FP32 and deploy files' onnxruntime latency on one batch of the held-out rows, and the speed-up."""
+    n = len(x[0])
+    sample = tuple(np.ascontiguousarray(a[:batch]) if n >= batch else np.repeat(a[:1], batch, axis=0) for a in x)
+    latency = {name: latency_ms(onnx_files[name], sample, formats[name], input_names) for name in ("fp32", "deploy")}
+    latency["speedup"] = latency["fp32"]["median"] / latency["deploy"]["median"]
+    return latency

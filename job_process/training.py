@@ -179,13 +179,8 @@ def train_epochs(
     if epochs < 0:
         raise ValueError(f"epochs must be >= 0, got {epochs}")
     if isinstance(optimizer, str):
-        opt = make_optimizer(optimizer, [p for p in model.parameters() if p.requires_grad], lr)
-    else:
-        opt = optimizer
-    try:
-        steps_per_epoch = len(loader)  # type: ignore[arg-type]
-    except TypeError:
-        steps_per_epoch = 0
+        optimizer = make_optimizer(optimizer, [p for p in model.parameters() if p.requires_grad], lr)
+    steps_per_epoch = len(loader) if hasattr(loader, "__len__") else 0
     if start_step < 0 or (start_step and not steps_per_epoch):
         raise ValueError(f"start_step={start_step} needs a loader with a length and must be >= 0")
     total_steps = steps_per_epoch * epochs if steps_per_epoch else None
@@ -198,13 +193,13 @@ def train_epochs(
         for index, (xb, yb) in enumerate(loader):
             if epoch == first_epoch and index < skip:
                 continue
-            opt.zero_grad(set_to_none=True)
+            optimizer.zero_grad(set_to_none=True)
             if loss_fn is not None:
                 loss = loss_fn(model, xb, yb)
             else:
                 loss = cross_entropy(first_output(forward(model, xb)), yb)
             loss.backward()
-            opt.step()
+            optimizer.step()
             losses.append(float(loss.detach()))
             if progress is not None:
                 step = start_step + len(losses)

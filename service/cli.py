@@ -18,32 +18,23 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
+from job_process.spec import JobParams
 from service import local_servers
 from service.cli_common import (
     DEFAULT_DATA_DIR,
-    DEFAULT_DEPLOY_FORMAT,
-    DEFAULT_DEPLOY_TARGET,
     DEFAULT_DEVICE,
     DEFAULT_KIND,
-    BnRecalibrationOpt,
-    DeployFormat,
-    DeployTarget,
     Device,
-    DistillLossOpt,
     InputsOpt,
     Kind,
-    MaxAccuracyDropOpt,
-    MinOutputCosineOpt,
-    ObjectiveOpt,
-    TemperatureOpt,
-    check_job_params,
+    check_job_settings,
     check_not_raw_images,
-    check_prunes,
     console,
     fail,
     model_signature,
     progress_view,
 )
+from service.cli_job_options import job_options
 from service.cli_jobs import jobs_app
 from service.settings import DEVICES, Settings
 
@@ -208,6 +199,7 @@ def migrate() -> None:
 
 
 @app.command()
+@job_options(exclude=("world_size", "nodes"))
 def compress(
     model: Annotated[Path, typer.Option(exists=True, dir_okay=False, help="TorchScript file")],
     cfg: Annotated[Path, typer.Option(exists=True, dir_okay=False, help="AMCT .cfg")],
@@ -215,25 +207,11 @@ def compress(
         Path, typer.Option(exists=True, dir_okay=False, help=".npz or .safetensors with `inputs` (and `labels`)")
     ],
     out: Annotated[Path, typer.Option(help="folder for the ONNX models, record, report.json")],
+    params: JobParams,
     kind: Annotated[Kind, typer.Option()] = DEFAULT_KIND,
     input_shape: Annotated[str | None, typer.Option(help="e.g. 1,1,28,28; default: from the data")] = None,
     inputs: InputsOpt = None,
-    epochs: int = 1,
-    batch_size: int = 64,
-    lr: float = 1e-3,
-    eval_fraction: Annotated[float, typer.Option(help="held-out share for the report")] = 0.1,
-    seed: int = 0,
     device: Annotated[Device, typer.Option()] = DEFAULT_DEVICE,
-    deploy_format: Annotated[DeployFormat, typer.Option()] = DEFAULT_DEPLOY_FORMAT,
-    deploy_target: Annotated[
-        DeployTarget, typer.Option(help="CPU of the onnx deploy model; auto: this machine's")
-    ] = DEFAULT_DEPLOY_TARGET,
-    objective: ObjectiveOpt = None,
-    distill_loss: DistillLossOpt = "auto",
-    temperature: TemperatureOpt = 4.0,
-    bn_recalibration_batches: BnRecalibrationOpt = 0,
-    max_accuracy_drop: MaxAccuracyDropOpt = None,
-    min_output_cosine: MinOutputCosineOpt = None,
     accept_uint8: Annotated[
         bool,
         typer.Option("--accept-uint8", help="use uint8 inputs as they are (for a model that scales its input itself)"),
@@ -241,39 +219,17 @@ def compress(
 ) -> None:
     """Compress a model here, no server: the engine a worker runs, with a progress bar and a summary table."""
     from job_process.bubblewrap import SandboxUnavailable
-    from job_process.spec import JobParams
     from service.local_compress import LocalJobError, check_dataset
     from service.local_compress import compress as run_local
-    from service.report_view import layer_tables, summary_table
 
     signature, shape = model_signature(inputs, input_shape, data)
-    params = {
-        "epochs": epochs,
-        "batch_size": batch_size,
-        "lr": lr,
-        "eval_fraction": eval_fraction,
-        "seed": seed,
-        "deploy_format": deploy_format.value,
-        "deploy_target": deploy_target.value,
-        "objective": objective,
-        "distill_loss": distill_loss,
-        "temperature": temperature,
-        "bn_recalibration_batches": bn_recalibration_batches or None,
-        "max_accuracy_drop": max_accuracy_drop,
-        "min_output_cosine": min_output_cosine,
-    }
-    params = {k: v for k, v in params.items() if v is not None}
-    check_job_params({**params, "device": device.value})  # the bounds POST /v1/jobs has, before the engine starts
-    params = JobParams(**params)
-    check_prunes(kind.value, bn_recalibration_batches)
+    check_job_settings(kind.value, params)
     if not inputs:  # a signature names its arrays and their dtypes; `inputs` of the shorthand may be raw pixels
         check_not_raw_images(data, accept_uint8)
     try:  # what the API would refuse at upload and submit, refused before the engine starts
-        objective = check_dataset(data, kind.value, signature, params)
+        params.objective = check_dataset(data, kind.value, signature, params)
     except LocalJobError as e:
         raise fail(f"{e.type}: {e.detail}") from None
-    if objective:
-        params.objective = objective
     with progress_view() as (bar, show):
         try:
             result = run_local(
@@ -284,7 +240,13 @@ def compress(
         except SandboxUnavailable as e:  # the engine runs the model in bubblewrap here too (docs/security.md)
             raise fail(str(e)) from None
         bar.update(bar.task_ids[0], completed=1.0, description="done")
-    console.print(summary_table(result["report"], title=f"{kind.value}: {model.name} → {out}"))
+    _print_result(result, f"{kind.value}: {model.name} → {out}")
+
+
+def _print_result(result: dict, title: str) -> None:
+    from service.report_view import layer_tables, summary_table
+
+    console.print(summary_table(result["report"], title=title))
     for table in layer_tables(result["report"]):
         console.print(table)
     files = Table("artifact", "file", "bytes")

@@ -65,23 +65,6 @@ InputsOpt = Annotated[
 ]
 
 # The training objective and quality-gate options `amct compress` and `amct jobs submit` share (JobCreate's fields).
-ObjectiveOpt = Annotated[
-    str | None,
-    typer.Option(
-        help="cross_entropy | mse | l1 | distill_outputs; default: cross_entropy with labels, else distill_outputs"
-    ),
-]
-DistillLossOpt = Annotated[str, typer.Option(help="distill_outputs per output: auto | kl | mse | cosine")]
-TemperatureOpt = Annotated[float, typer.Option(help="the kl temperature of distill_outputs")]
-BnRecalibrationOpt = Annotated[
-    int,
-    typer.Option(
-        help="compressed_retrain / prune_retrain: re-estimate the BatchNorms of the pruned model on this many "
-        "training batches before training (0: off)"
-    ),
-]
-MaxAccuracyDropOpt = Annotated[float | None, typer.Option(help="quality gate on held-out top-1")]
-MinOutputCosineOpt = Annotated[float | None, typer.Option(help="quality gate on output cosine")]
 
 
 def _flags_show_no_type(display_type_rich):
@@ -174,30 +157,15 @@ def service_client(server: str, api_key: str | None, data_dir: Path | None):
             raise fail(_explain(e, key)) from None
 
 
-def check_job_params(params: dict) -> None:
-    """The API's bounds on a job's parameters (service/schemas.py JobCreate), here before anything is
-    uploaded or run, so `amct compress` and `amct jobs submit` accept what POST /v1/jobs accepts."""
-    from pydantic import TypeAdapter, ValidationError
+def check_job_settings(kind: str, settings) -> None:
+    """The rules POST /v1/jobs applies to a job's settings (service/job_rules.py), before anything runs or uploads;
+    whether several nodes are allowed is the server's to say."""
+    from service.job_rules import JobRuleError, check_settings
 
-    from service.schemas import JobCreate
-
-    for name, value in params.items():
-        field = JobCreate.model_fields.get(name)
-        if field is None:
-            continue
-        try:
-            TypeAdapter(Annotated[field.annotation, field]).validate_python(value)
-        except ValidationError as e:
-            raise fail(f"--{name.replace('_', '-')} {value}: {e.errors()[0]['msg']}") from None
-
-
-def check_prunes(kind: str, bn_recalibration_batches: int) -> None:
-    """POST /v1/jobs refuses bn_recalibration_batches for a kind that does not prune; so do the commands."""
-    if bn_recalibration_batches and not JOB_KINDS[kind].prunes:
-        raise fail(
-            f"--bn-recalibration-batches recalibrates a pruned model's BatchNorms; a {kind} job does not "
-            "prune (compressed_retrain and prune_retrain do)"
-        )
+    try:
+        check_settings(kind, settings, multinode=True)
+    except JobRuleError as e:
+        raise fail(f"--{e.field.replace('_', '-')}: {e}") from None
 
 
 def inputs_header(dataset: Path) -> tuple[list[int], str]:

@@ -18,29 +18,19 @@ from rich.markup import escape
 from rich.table import Column, Table
 
 from job_process.kinds import JOB_KINDS
+from job_process.spec import JobParams
 from service.cli_common import (
-    DEFAULT_DEPLOY_FORMAT,
-    DEFAULT_DEPLOY_TARGET,
     DEFAULT_DEVICE,
     DEFAULT_KIND,
     DEFAULT_SERVER,
     ApiKeyOpt,
-    BnRecalibrationOpt,
     DataDirOpt,
-    DeployFormat,
-    DeployTarget,
     Device,
-    DistillLossOpt,
     InputsOpt,
     Kind,
-    MaxAccuracyDropOpt,
-    MinOutputCosineOpt,
-    ObjectiveOpt,
     ServerOpt,
-    TemperatureOpt,
-    check_job_params,
+    check_job_settings,
     check_not_raw_images,
-    check_prunes,
     console,
     err_console,
     fail,
@@ -49,6 +39,7 @@ from service.cli_common import (
     progress_view,
     service_client,
 )
+from service.cli_job_options import job_options
 from service.client import ApiError
 from service.job_states import CANCELLED, FAILED, QUEUED, RUNNING, SUCCEEDED, TERMINAL
 from service.report_view import summary_table
@@ -104,31 +95,16 @@ def resolve_job(client, text: str) -> dict:
 
 
 @jobs_app.command()
+@job_options()
 def submit(
     model: Annotated[Path, typer.Option(exists=True, dir_okay=False, help="TorchScript file")],
     cfg: Annotated[Path, typer.Option(exists=True, dir_okay=False, help="AMCT .cfg")],
     data: Annotated[Path, typer.Option(exists=True, dir_okay=False, help=".npz or .safetensors")],
+    params: JobParams,
     kind: Annotated[Kind, typer.Option()] = DEFAULT_KIND,
     input_shape: Annotated[str | None, typer.Option(help="e.g. 1,1,28,28; default: from the dataset")] = None,
     inputs: InputsOpt = None,
-    epochs: int = 1,
-    batch_size: int = 64,
-    lr: float = 1e-3,
-    eval_fraction: float = 0.1,
-    seed: int = 0,
     device: Annotated[Device, typer.Option()] = DEFAULT_DEVICE,
-    deploy_format: Annotated[DeployFormat, typer.Option()] = DEFAULT_DEPLOY_FORMAT,
-    deploy_target: Annotated[
-        DeployTarget, typer.Option(help="CPU of the onnx deploy model; auto: the worker's")
-    ] = DEFAULT_DEPLOY_TARGET,
-    objective: ObjectiveOpt = None,
-    distill_loss: DistillLossOpt = "auto",
-    temperature: TemperatureOpt = 4.0,
-    bn_recalibration_batches: BnRecalibrationOpt = 0,
-    max_accuracy_drop: MaxAccuracyDropOpt = None,
-    min_output_cosine: MinOutputCosineOpt = None,
-    world_size: Annotated[int, typer.Option(help="data-parallel ranks of a retrain job (docs/scaling.md)")] = 1,
-    nodes: Annotated[int, typer.Option(help="machines its ranks run on (world_size a multiple of it)")] = 1,
     idempotency_key: Annotated[str | None, typer.Option(help="default: a fresh one per run")] = None,
     accept_uint8: Annotated[
         bool,
@@ -144,26 +120,7 @@ def submit(
         raise fail("give --inputs or --input-shape, not both")
     signature = parse_inputs_option(inputs) if inputs else None  # checked as the API checks it, before any upload
     shape = None if signature else parse_shape(input_shape, data)
-    params = {
-        "epochs": epochs,
-        "batch_size": batch_size,
-        "lr": lr,
-        "eval_fraction": eval_fraction,
-        "seed": seed,
-        "device": device.value,
-        "deploy_format": deploy_format.value,
-        "deploy_target": deploy_target.value,
-        "objective": objective,
-        "distill_loss": distill_loss,
-        "temperature": temperature,
-        "max_accuracy_drop": max_accuracy_drop,
-        "min_output_cosine": min_output_cosine,
-        "bn_recalibration_batches": bn_recalibration_batches or None,
-        "world_size": world_size if world_size > 1 else None,
-        "nodes": nodes if nodes > 1 else None,
-    }
-    check_job_params({k: v for k, v in params.items() if v is not None})
-    check_prunes(kind.value, bn_recalibration_batches)
+    check_job_settings(kind.value, params)
     if not inputs:
         check_not_raw_images(data, accept_uint8)
     with service_client(server, api_key, data_dir) as client:
@@ -177,7 +134,8 @@ def submit(
             cfg_row["id"],
             data_row["id"],
             idempotency_key=idempotency_key or str(uuid.uuid4()),
-            **params,
+            device=device.value,
+            **params.model_dump(exclude_defaults=True),
         )
         err_console.print(f"submitted {kind.value} job {job['id']} ({_status(job['status'])})")
         print(job["id"])

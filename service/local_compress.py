@@ -16,13 +16,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from job_process.arrays import sniff_format
-from job_process.kinds import JOB_KINDS
 from job_process.launcher import ChildProcess
-from job_process.objective_names import default_objective
 from job_process.protocol import LOG_FILE
 from job_process.signature import example_inputs
 from job_process.spec import JobParams, JobSpec
-from service.datasets import DatasetError, check_against_model, describe_arrays
+from service.datasets import DatasetError, describe_arrays
+from service.job_rules import JobRuleError, check_data
 
 
 class LocalJobError(RuntimeError):
@@ -31,28 +30,20 @@ class LocalJobError(RuntimeError):
         self.type, self.detail = type_, detail
 
 
-def check_dataset(data: Path, kind: str, inputs: list[dict], params: JobParams) -> str:
-    """What the API refuses at upload and submit (the checks of service/datasets.py), refused here before the
-    engine starts. Returns the objective a retraining kind trains with, as POST /v1/jobs resolves it ("" for
-    the other kinds)."""
+def check_dataset(data: Path, kind: str, inputs: list[dict], params: JobParams) -> str | None:
+    """What the API refuses at submit (service/job_rules.py), refused here before the engine starts. Returns
+    the objective a retraining kind trains with, as POST /v1/jobs resolves it (None for the other kinds)."""
     try:
-        fmt = sniff_format(str(data))
-        description = describe_arrays(str(data), fmt)
-        objective = ""
-        if JOB_KINDS[kind].needs_labels:
-            objective = params.objective or default_objective(description["has_labels"])
-        # No output structure yet (the API records it at upload): the label-width check runs in the engine.
-        check_against_model(description, inputs, None, objective)
+        description = describe_arrays(str(data), sniff_format(str(data)))
     except DatasetError as e:
         raise LocalJobError("bad_dataset", f"{data}: {e}") from None
     except Exception as e:  # the user's file, in their terms
         raise LocalJobError("bad_dataset", f"cannot read {data}: {e}") from None
-    if params.max_accuracy_drop is not None and not description["has_labels"]:
-        raise LocalJobError(
-            "bad_dataset",
-            f"{data} has no 'labels': --max-accuracy-drop compares top-1 on them; use --min-output-cosine",
-        )
-    return objective
+    try:
+        # No output structure yet (the API records it at upload): the label-width check runs in the engine.
+        return check_data(kind, params, description, inputs, None, (str(data), "the model"))
+    except JobRuleError as e:
+        raise LocalJobError("bad_dataset", f"{e} (--{e.field.replace('_', '-')})") from None
 
 
 def compress(

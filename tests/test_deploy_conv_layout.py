@@ -14,9 +14,9 @@ from onnx import numpy_helper
 from torch import nn
 
 import amct_engine as amct
-import amct_engine.export.qdq_graph as qdq_graph
+import amct_engine.export.qdq.finalize as finalize
 from amct_engine.export.deploy_target import detect_deploy_target, signed_weights
-from amct_engine.export.qdq_graph import FUSED_OPS, deploy_report, optimized_ops
+from amct_engine.export.qdq.fusion_report import FUSED_OPS, deploy_report, optimized_ops
 from job_process.report import onnx_parameters
 
 
@@ -88,7 +88,7 @@ def test_tall_kernels_run_as_wide_kernels_with_bit_identical_outputs(tmp_path, m
     glue = {"QuantizeLinear", "Transpose", "Reshape", "Flatten", "NhwcMaxPool", "Clip"}
     assert [op for op in ops[:last] if op not in FUSED_OPS | glue] == []  # int8 from the first conv to the fc
 
-    monkeypatch.setattr(qdq_graph, "tall_kernels_as_wide", lambda model: [])
+    monkeypatch.setattr(finalize, "tall_kernels_as_wide", lambda model: [])
     _, reference = _save(TallNet, x, tmp_path, "tall")
     assert all(_kernel(n)[1] == 1 for n in _qlinear_convs(reference["deploy"]).values())
     deploy = _run(paths["deploy"], x)
@@ -116,7 +116,7 @@ def test_convs_on_three_channels_get_a_fourth_zero_channel_on_vnni_only(tmp_path
     assert ops.count("QLinearConv") == 2 and "Conv" not in ops and ops.count("Pad") == int(padded)
     if not signed_weights(detect_deploy_target()):
         return  # the int8-weight kernels saturate on this CPU: nothing exact to compare (export.deploy_target)
-    monkeypatch.setattr(qdq_graph, "pad_input_channels", lambda model: [])
+    monkeypatch.setitem(finalize.TARGET_REWRITES, "padded_input_channels", lambda model: [])
     _, reference = _save(RgbNet, x, tmp_path, f"{target}_ref", deploy_target=target)
     np.testing.assert_array_equal(_run(paths["deploy"], x), _run(reference["deploy"], x))
     assert np.abs(_run(paths["deploy"], x) - expected).max() <= 0.02 * np.abs(expected).max()
@@ -137,7 +137,7 @@ class StemNet(nn.Module):
 @pytest.mark.parametrize("net, shape", [(TallNet, (2, 1, 64, 1)), (StemNet, (2, 3, 16, 16))], ids=["1x512", "7x7"])
 def test_kernels_over_3x3_stay_unpadded(tmp_path, net, shape):
     """Padding lost on long kernels (1 channel under 1x512: four times the multiplies, 2.4x the time) and on
-    ResNet-18's 7x7 stem (1.3x slower padded inside the network; conv_layout._padding_pays)."""
+    ResNet-18's 7x7 stem (1.3x slower padded inside the network; conv_int8_paths._padding_pays)."""
     x = torch.randn(shape, generator=torch.Generator().manual_seed(5))
     _, paths = _save(net, x, tmp_path, "big_kernel", deploy_target="x86_vnni")
     assert deploy_report(paths["deploy"])["conv_layout"]["padded_input_channels"] == []
@@ -158,7 +158,7 @@ class GreyStemNet(nn.Module):
 
 
 def test_a_one_channel_stem_runs_float_on_its_codes_and_stays_exact(tmp_path, monkeypatch):
-    """QLinearConv on one input channel ran 4.4x slower than onnxruntime's float NCHWc conv (conv_layout.float_stems):
+    """QLinearConv on one input channel ran 4.4x slower than onnxruntime's float NCHWc conv (conv_float_stems.py):
     the stem sums its integer codes in float, rescales once after the pool, and the outputs stay the eval model's."""
     x = torch.rand(8, 1, 16, 16, generator=torch.Generator().manual_seed(7))
     expected, paths = _save(GreyStemNet, x, tmp_path, "stem", deploy_target="x86_vnni")
@@ -176,7 +176,7 @@ def test_a_one_channel_stem_runs_float_on_its_codes_and_stays_exact(tmp_path, mo
     if not signed_weights(detect_deploy_target()):
         return  # the int8-weight kernels saturate on this CPU: nothing exact to compare (export.deploy_target)
     np.testing.assert_array_equal(_run(paths["deploy"], x), expected)
-    monkeypatch.setattr(qdq_graph, "float_stems", lambda model: [])
+    monkeypatch.setitem(finalize.TARGET_REWRITES, "float_stems", lambda model: [])
     _, reference = _save(GreyStemNet, x, tmp_path, "stem_ref", deploy_target="x86_vnni")
     np.testing.assert_array_equal(_run(paths["deploy"], x), _run(reference["deploy"], x))
 
@@ -218,7 +218,7 @@ class WideNet(nn.Module):
 
 
 def test_amx_moves_big_convs_to_the_gemm_path_with_the_same_integers(tmp_path):
-    """x86_amx (conv_layout.convs_on_the_gemm_path): a big conv's weight zero point becomes an overridable
+    """x86_amx (conv_int8_paths.convs_on_the_gemm_path): a big conv's weight zero point becomes an overridable
     initialiser of zeros, so onnxruntime's QLinearConv leaves its symmetric kernel for QGEMM (AMX tiles where
     the CPU has them). The user still sees one input, ORT still fuses, the outputs are the x86_vnni file's."""
     x = torch.randn(4, 3, 16, 16, generator=torch.Generator().manual_seed(6))

@@ -12,8 +12,8 @@ import torch
 from torch import nn
 
 import amct_engine as amct
-import amct_engine.export.qdq_graph as qdq_graph
-from amct_engine.export.qdq_graph import deploy_report, optimized_ops
+import amct_engine.export.qdq.finalize as finalize
+from amct_engine.export.qdq.fusion_report import deploy_report, optimized_ops
 
 
 class FeedForward(nn.Module):
@@ -70,7 +70,7 @@ def test_a_float_output_linear_is_one_matmul_integer_to_float_with_its_bias(tmp_
     ops = [n.op_type for n in optimized_ops(model).graph.node]
     assert ops.count("MatMulIntegerToFloat") == 2 and not {"MatMulInteger", "DequantizeLinear", "MatMul"} & set(ops)
 
-    monkeypatch.setattr(qdq_graph, "matmuls_to_integer_to_float", lambda model: [])
+    monkeypatch.setattr(finalize, "matmuls_to_integer_to_float", lambda model: [])
     _, reference, _ = _save(tmp_path, "qdq")
     deploy = _run(paths["deploy"], x)
     np.testing.assert_allclose(deploy, _run(reference["deploy"], x), rtol=0, atol=1e-5)  # float32 rounding

@@ -11,7 +11,7 @@ from onnx import numpy_helper
 
 import amct_engine as amct
 from amct_engine.export.deploy_target import check_deploy_target, detect_deploy_target
-from amct_engine.export.qdq_graph import deploy_report
+from amct_engine.export.qdq.fusion_report import deploy_report
 from tests.test_quant_retrain import INPUT, trained_qat_model
 
 
@@ -59,7 +59,7 @@ def test_weight_codes_follow_the_target_and_the_report_says_which(qat, target, d
         str(config), qmodel, str(record), str(tmp_path / target), INPUT, deploy_target=target
     )
     assert _weight_codes(paths["deploy"]) == {layer: (np.dtype(dtype), {zero}) for layer in ("conv1", "conv2", "fc")}
-    # One input channel under a 3x3 kernel: on x86_vnni conv1 runs float on its int8 codes (conv_layout.float_stems).
+    # One input channel under a 3x3 kernel: on x86_vnni conv1 runs float on its int8 codes (conv_float_stems.py).
     x86_signed = target in ("x86_vnni", "x86_amx")
     assert deploy_report(paths["deploy"])["conv_layout"]["float_stems"] == (["conv1/Conv"] if x86_signed else [])
     assert deploy_report(paths["deploy"])["deploy_target"] == target

@@ -19,7 +19,7 @@ from torch import nn
 
 import amct_engine as amct
 from amct_engine.export.deploy_target import detect_deploy_target
-from amct_engine.export.qdq_graph import FUSED_OPS, deploy_report, optimized_ops
+from amct_engine.export.qdq.fusion_report import FUSED_OPS, deploy_report, optimized_ops
 from examples.fashion_mnist import fashion_mnist_available, load_fashion_mnist
 from examples.models import SmallFashionCnn
 from tests.models import TinyResNet

@@ -13,12 +13,12 @@ from torch import nn
 from amct_engine.graph.analysis import (
     Chain,
     conv_bn_act_chains,
-    distill_groups,
     excluded_layers,
     input_from_relu,
     quantizable_layers,
 )
 from amct_engine.graph.capture import capture_model
+from amct_engine.graph.distill_groups import distill_groups
 from amct_engine.layer_table import distill_type_names
 from tests.models import (
     ActivationsNet,

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import amct_engine as amct
-from amct_engine.export.qdq_graph import deploy_report
+from amct_engine.export.qdq.fusion_report import deploy_report
 from amct_engine.quant.retrain_layer import QuantRetrainLayer
 from amct_engine.record import RecordFile
 from tests.models import BranchesNet, ConvBnReluNet

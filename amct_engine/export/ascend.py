@@ -16,12 +16,10 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from amct_engine.export.layer_graph import LAYER_ATTR, WTS_TYPE_ATTR
 from amct_engine.export.onnx_graph import constants_to_initializers
 
 ASCEND_DOMAIN = "amct.ascend"
-# Temporary attributes carrying the layer name and weight type through torch.onnx.export.
-LAYER_ATTR = "amct_layer"
-WTS_TYPE_ATTR = "amct_wts_type"
 OFFSET_W_SHIFT = 40
 SHIFT_N_SHIFT = 32
 

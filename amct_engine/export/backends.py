@@ -7,7 +7,7 @@ record); an `OnnxFormat` (amct_engine.export.onnx_formats) names the writer of i
 - `FakeQuantBackend`: standard QuantizeLinear/DequantizeLinear on the activation and the weight;
   onnxruntime runs it and matches the PyTorch QAT model (the fake-quant model).
 - `QdqDeployBackend`: the deploy model in onnxruntime's QDQ form (input QuantizeLinear ->
-  DequantizeLinear, DequantizeLinear on the INT8 weight and int32 bias, the float op); export.qdq_graph
+  DequantizeLinear, DequantizeLinear on the INT8 weight and int32 bias, the float op); export/qdq/
   then quantises the tensors between layers so ORT fuses every layer into its int8 kernels.
 - `AscendDeployBackend`: AMCT's AscendQuant/AscendDequant layout for the ATC converter.
 
@@ -22,7 +22,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from amct_engine.export.ascend import ASCEND_DOMAIN, LAYER_ATTR, WTS_TYPE_ATTR, pack_dequant_param
+from amct_engine.export.ascend import ASCEND_DOMAIN, pack_dequant_param
+from amct_engine.export.layer_graph import LAYER_ATTR, WTS_TYPE_ATTR
 from amct_engine.export.quant_layer import ExportQuantLayer
 from amct_engine.layers import behaviour_of
 
@@ -139,7 +140,7 @@ class QdqDeployBackend:
     """The deploy model as onnxruntime's own static quantiser writes it (QDQ form): the input
     quantised by the layer's quantiser, DequantizeLinear on the integer weight and the int32 bias
     (scale scale_w * scale_d), the float op between them. onnxruntime fuses each such group into
-    QLinearConv / QGemm once export.qdq_graph has quantised the layer's output too.
+    QLinearConv / QGemm once export/qdq/boundaries.py has quantised the layer's output too.
 
     `module.signed_weights` (export.deploy_target) picks int8 or uint8 + 128 weight codes.
     """
@@ -150,7 +151,7 @@ class QdqDeployBackend:
         behaviour = behaviour_of(layer)
         if f.act_bits != 8 or not behaviour.int8_kernel:
             # No integer kernel for INT16 inputs or transposed convs in onnxruntime: the fake-quant form,
-            # marked by an Identity that export.qdq_graph names `<layer>/NoInt8Kernel` for the report.
+            # marked by an Identity that export/qdq/boundaries.py names `<layer>/NoInt8Kernel` for the report.
             return g.op("Identity", FakeQuantBackend.emit(g, x, module), **{f"{LAYER_ATTR}_s": module.layer_name})
         tag = {f"{LAYER_ATTR}_s": module.layer_name}
         x_hat = _activation_qdq(g, x, f.scale_d, f.offset_d, tag)

@@ -6,7 +6,7 @@ in saturating 16-bit lanes: 2 x 255 x 127 > 32767, so full-range int8 weights gi
 dot-product kernels are exact. So:
 - "x86_vnni", "arm": signed int8 weights with zero point 0, ORT's fast U8S8 kernels;
 - "x86_amx" (AMX-INT8, e.g. Xeon Sapphire Rapids): as "x86_vnni", and each conv's weight zero point written
-  so that ORT runs the conv on its QGEMM path, which uses AMX tiles (export.conv_layout
+  so that ORT runs the conv on its QGEMM path, which uses AMX tiles (export/conv_int8_paths.py
   `convs_on_the_gemm_path`: the same zeros, not constant to the kernel);
 - "x86_avx2": the same integers as uint8 codes + 128 (zero point 128), ORT's exact u8u8 kernels;
 - "auto": the exporting machine's kind (`/proc/cpuinfo` flags, `platform.machine()`).
@@ -16,9 +16,31 @@ Torch-free so that the API and the CLI can list the choices.
 from __future__ import annotations
 
 import platform
+from dataclasses import dataclass
 
-DEPLOY_TARGETS = ("auto", "x86_amx", "x86_vnni", "x86_avx2", "arm")
+
+@dataclass(frozen=True)
+class DeployTarget:
+    """A CPU kind a deploy model is written for: how its int8 weights are stored, and which of the deploy
+    finaliser's target-specific conv rewrites apply (export/qdq/finalize.py `TARGET_REWRITES` names them)."""
+
+    name: str
+    signed_weights: bool  # int8 codes with zero point 0 (exact here); else uint8 codes + 128
+    rewrites: tuple[str, ...] = ()
+
+
+TARGETS = {
+    target.name: target
+    for target in (
+        # the float stem before the channel padding (export/conv_float_stems.py, export/conv_int8_paths.py)
+        DeployTarget("x86_amx", True, ("float_stems", "gemm_path_convs")),
+        DeployTarget("x86_vnni", True, ("float_stems", "padded_input_channels")),
+        DeployTarget("x86_avx2", False),
+        DeployTarget("arm", True),
+    )
+}
 DEFAULT_DEPLOY_TARGET = "auto"
+DEPLOY_TARGETS = (DEFAULT_DEPLOY_TARGET, *TARGETS)
 
 
 def check_deploy_target(name: object) -> str:
@@ -58,4 +80,4 @@ def resolve_deploy_target(name: str = DEFAULT_DEPLOY_TARGET) -> str:
 
 def signed_weights(target: str) -> bool:
     """True where int8 weights with zero point 0 run exactly (VNNI, ARM)."""
-    return resolve_deploy_target(target) != "x86_avx2"
+    return TARGETS[resolve_deploy_target(target)].signed_weights

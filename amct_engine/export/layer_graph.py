@@ -27,6 +27,10 @@ from torch.onnx import symbolic_helper
 from amct_engine.export.dynamic_shapes import traceable_sizes
 from amct_engine.layers import behaviour_of
 
+# Temporary attributes a layer writer puts on the nodes it writes (the layer's name, its weight type), read
+# and removed by the file's finaliser (export/qdq/boundaries.py, export/ascend.py).
+LAYER_ATTR = "amct_layer"
+WTS_TYPE_ATTR = "amct_wts_type"
 PLACEHOLDER_DOMAIN = "amct.layer"
 PLACEHOLDER_OP = "Layer"
 OPSET = 17

@@ -14,7 +14,7 @@ import onnx
 
 from amct_engine.export.ascend import ASCEND_DOMAIN, ascend_to_standard_onnx, finalize_ascend_model
 from amct_engine.export.backends import AscendDeployBackend, FakeQuantBackend, QdqDeployBackend
-from amct_engine.export.qdq_graph import finalize_qdq_deploy
+from amct_engine.export.qdq.finalize import finalize_qdq_deploy
 from amct_engine.export.quant_layer import LayerWriter
 
 
@@ -28,7 +28,7 @@ class OnnxFormat:
 
     - `layer_writer`: emits each quantised layer into the traced graph (export.layer_graph);
     - `finalize_with_inputs`: like `finalize`, also given the example input feeds (name -> array)
-      and the resolved deploy target (export.qdq_graph calibrates the quantisers it adds);
+      and the resolved deploy target (export/qdq/calibration.py calibrates the quantisers it adds);
     - `custom_opsets`: domain -> version for custom ops the writer emits (the file's opset imports);
     - `finalize`: applied to the written file (None: kept as the exporter wrote it);
     - `to_reference_onnx`: a standard-ONNX model computing the same, which `check_onnx` runs in
@@ -51,7 +51,7 @@ class OnnxFormat:
 # The float graph with QuantizeLinear/DequantizeLinear that matches the PyTorch QAT model.
 FAKE_QUANT = OnnxFormat("fake_quant", FakeQuantBackend)
 
-# QDQ graph onnxruntime fuses into QLinearConv/QGemm/QLinearAdd/... end to end (export.qdq_graph).
+# QDQ graph onnxruntime fuses into QLinearConv/QGemm/QLinearAdd/... end to end (export/qdq/).
 ONNX_DEPLOY = OnnxFormat("onnx", QdqDeployBackend, finalize_with_inputs=finalize_qdq_deploy)
 
 # docs/spec/engine.md §5: AMCT's layout for ATC; onnxruntime checks it through the reference rewrite.

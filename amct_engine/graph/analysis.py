@@ -1,5 +1,5 @@
 """Analyses over a ``CapturedModel``: which layers can be compressed (docs/spec/engine.md §4.9), conv→BN→activation
-chains, and distillation groups (docs/spec/engine.md §6.1).
+chains, and whether a layer reads a ReLU's output. Distillation groups: graph/distill_groups.py.
 
 "Consumer" always means an fx user of a node. A ``call_function``/``call_method`` user (flatten, view,
 add) is not a module, so it ends a chain: the module after it is not a single consumer of the one
@@ -18,17 +18,10 @@ from amct_engine.graph import layer_types
 from amct_engine.graph.capture import CapturedModel
 from amct_engine.graph.lifting import op_name
 from amct_engine.graph.shapes import node_shapes
-from amct_engine.layer_table import distill_type_names, retrain_type_names
+from amct_engine.layer_table import retrain_type_names
 from amct_engine.layers import behaviour_of
 
-DISTILL_BN_TYPES: tuple[str, ...] = ("BatchNorm2d",)
-# ONNX Relu, LeakyRelu, Sigmoid, Tanh, Softmax (DISTILL_ACTIVATION_ONNX_TYPES) as modules
-DISTILL_ACTIVATION_TYPES: tuple[str, ...] = ("ReLU", "LeakyReLU", "Sigmoid", "Tanh", "Softmax")
 BN_TYPES: tuple[str, ...] = tuple(t.__name__ for t in layer_types.BN_TYPES)
-
-
-def _distill_module_types() -> tuple[str, ...]:
-    return distill_type_names() + DISTILL_BN_TYPES + DISTILL_ACTIVATION_TYPES
 
 
 ACTIVATION_TYPES: tuple[str, ...] = ("ReLU", "ReLU6", "LeakyReLU", "Sigmoid", "Tanh", "Softmax")
@@ -142,15 +135,15 @@ def conv_bn_act_chains(cm: CapturedModel, types: Sequence[str] | None = None) ->
     ranks = _OutputRanks(cm)
     for info in quantizable_layers(cm, types):
         node = cm.nodes_of(info.name)[0]
-        bn = _single_consumer(node)
+        bn = single_consumer(node)
         if not (
-            _is_module_of(cm, bn, BN_TYPES)
+            is_module_of(cm, bn, BN_TYPES)
             and cm.call_count(bn.target) == 1
             and _bn_reads_layer_channels(info.module, cm.get_module(bn.target), ranks(node))
         ):
             bn = None
-        act = _single_consumer(bn or node)
-        act_type = _activation_type(cm, act)
+        act = single_consumer(bn or node)
+        act_type = activation_type(cm, act)
         act_module = act.target if act_type and act.op == "call_module" else None
         chains.append(Chain(info.name, bn.target if bn else None, act_module, act_type))
     return chains
@@ -255,7 +248,7 @@ def _keeps_sign(cm: CapturedModel, node: fx.Node) -> bool:
     if node.op == "call_module":
         return type(cm.get_module(node.target)).__name__ in _SIGN_KEEPING_MODULES
     if node.op in ("call_function", "call_method"):
-        return _function_name(node) in _SIGN_KEEPING_FUNCTIONS
+        return function_name(node) in _SIGN_KEEPING_FUNCTIONS
     return False
 
 
@@ -264,199 +257,45 @@ def _is_relu(cm: CapturedModel, node: Any) -> bool:
         return False
     if node.op == "call_module":
         return type(cm.get_module(node.target)).__name__ == "ReLU"
-    return node.op in ("call_function", "call_method") and _function_name(node) in ("relu", "relu_")
+    return node.op in ("call_function", "call_method") and function_name(node) in ("relu", "relu_")
 
 
-def distill_groups(
-    cm: CapturedModel,
-    group_size: int = 1,
-    user_groups: Iterable[Any] = (),
-) -> list[list[str]]:
-    """Distillation groups per docs/spec/engine.md §6.1, sorted by the position of each group's first module.
-
-    ``user_groups`` holds (start, end) layer-name pairs, or objects with ``start_layer_name`` and
-    ``end_layer_name`` (the cfg's ``distill_group``).
-    """
-    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
-        raise ValueError(f"group_size must be an integer >= 1, got {group_size!r}")
-    fixed = [_expand_user_group(cm, start, end) for start, end in _pairs(user_groups)]
-    _check_disjoint(cm, fixed)
-    taken = {name for group in fixed for name in group}
-    groups = fixed + _cascade(_distill_units(cm, taken), group_size)
-    if not groups:
-        raise ValueError(
-            "Not found distill group: the model has no Conv2d or Linear layer that can be "
-            f"distilled (excluded: {excluded_layers(cm, distill_type_names()) or 'none'})"
-        )
-    return sorted(groups, key=lambda group: cm.position(group[0]))
-
-
-def _distill_units(cm: CapturedModel, taken: set[str]) -> list[list[fx.Node]]:
-    """docs/spec/engine.md §6.1 step 1: [layer, BatchNorm2d, activation], [layer, activation] or [layer]."""
-    units = []
-    for info in quantizable_layers(cm, distill_type_names()):
-        if info.name in taken:
-            continue
-        unit = [cm.nodes_of(info.name)[0]]
-        nxt = _single_consumer(unit[-1])
-        bn_ok = _is_module_of(cm, nxt, DISTILL_BN_TYPES) and cm.call_count(nxt.target) == 1
-        if bn_ok and nxt.target not in taken:
-            unit.append(nxt)
-            nxt = _single_consumer(nxt)
-        if _is_module_of(cm, nxt, DISTILL_ACTIVATION_TYPES) and _free(cm, nxt.target, taken):
-            unit.append(nxt)
-        units.append(unit)
-    return units
-
-
-def _cascade(units: list[list[fx.Node]], group_size: int) -> list[list[str]]:
-    """docs/spec/engine.md §6.1 step 2: join a unit to the next while its last node feeds only that unit's layer."""
-    index_of_start = {unit[0]: i for i, unit in enumerate(units)}
-    used: set[int] = set()
-    groups = []
-    for i in range(len(units)):  # units come in topological order of their layer
-        if i in used:
-            continue
-        chain = [i]
-        used.add(i)
-        while len(chain) < group_size:
-            j = index_of_start.get(_single_consumer(units[chain[-1]][-1]))
-            if j is None or j in used:
-                break
-            chain.append(j)
-            used.add(j)
-        groups.append(_dedupe(node.target for k in chain for node in units[k]))
-    return groups
-
-
-def _expand_user_group(cm: CapturedModel, start: str, end: str) -> list[str]:
-    """docs/spec/engine.md §6.1 step 3: the modules on the only route from ``start`` to ``end``."""
-    label = f"Distill group {start} → {end}"
-    for name in (start, end):
-        if not cm.nodes_of(name):
-            raise ValueError(f"{label}: layer '{name}' is not called in the model's forward (check the module path)")
-    if cm.call_count(start) > 1:
-        raise ValueError(f"{label}: the start layer '{start}' is reused (called {cm.call_count(start)} times)")
-    route = _only_route(cm.nodes_of(start)[0], set(cm.nodes_of(end)), start, end)
-    for node in route:
-        if not _is_module_of(cm, node, _distill_module_types()):
-            raise ValueError(
-                f"{label}: the route passes through {_describe(cm, node)}, which is not one "
-                f"of the distill module types {', '.join(_distill_module_types())}"
-            )
-        if _is_module_of(cm, node, BN_TYPES) and cm.call_count(node.target) > 1:
-            raise ValueError(
-                f"{label}: the BatchNorm '{node.target}' on the route is reused "
-                f"(called {cm.call_count(node.target)} times)"
-            )
-    return _dedupe(node.target for node in route)
-
-
-def _only_route(start: fx.Node, ends: set[fx.Node], start_name: str, end_name: str) -> list[fx.Node]:
-    """DFS over the paths from start to an end node; exactly one must exist."""
-    reaches_end = _ancestors(ends)  # prune the DFS to nodes that lead to an end: it stops at 2 routes
-    routes: list[list[fx.Node]] = []
-    stack = [[start]] if start in reaches_end else []
-    while stack and len(routes) < 2:
-        path = stack.pop()
-        if path[-1] in ends:
-            routes.append(path)
-            continue
-        stack.extend(path + [user] for user in path[-1].users if user in reaches_end)
-    if len(routes) == 1:
-        return routes[0]
-    why = (
-        f"'{end_name}' cannot be reached from '{start_name}'"
-        if not routes
-        else "the data can flow between them along more than one path (a branch or a residual add)"
-    )
-    raise ValueError(
-        f"Can not find an only route from {start_name} to {end_name}: {why}. "
-        "Choose a start and an end layer on one straight chain of modules."
-    )
-
-
-def _ancestors(nodes: set[fx.Node]) -> set[fx.Node]:
-    seen: set[fx.Node] = set()
-    stack = list(nodes)
-    while stack:
-        node = stack.pop()
-        if node not in seen:
-            seen.add(node)
-            stack.extend(node.all_input_nodes)
-    return seen
-
-
-def _check_disjoint(cm: CapturedModel, groups: list[list[str]]) -> None:
-    # docs/spec/engine.md §6.1: groups must not intersect; a reused activation module may sit in several
-    for i, first in enumerate(groups):
-        for second in groups[i + 1 :]:
-            common = [name for name in first if name in second and not _shareable(cm, name)]
-            if common:
-                raise ValueError(
-                    f"Distill groups {first[0]} → {first[-1]} and {second[0]} → {second[-1]} "
-                    f"share {', '.join(common)}; distill groups must not intersect"
-                )
-
-
-def _free(cm: CapturedModel, name: str, taken: set[str]) -> bool:
-    """Not in another group yet, or shareable."""
-    return name not in taken or _shareable(cm, name)
-
-
-def _shareable(cm: CapturedModel, name: str) -> bool:
-    # docs/spec/engine.md §6.1: a reused activation module may sit in several groups (it holds no state to train)
-    return cm.call_count(name) > 1 and _module_type(cm, name) in DISTILL_ACTIVATION_TYPES
-
-
-def _pairs(user_groups: Iterable[Any]) -> list[tuple[str, str]]:
-    pairs = []
-    for group in user_groups:
-        if hasattr(group, "start_layer_name"):
-            pairs.append((group.start_layer_name, group.end_layer_name))
-        elif isinstance(group, (tuple, list)) and len(group) == 2 and all(isinstance(g, str) for g in group):
-            pairs.append((group[0], group[1]))
-        else:
-            raise TypeError(f"a user distill group must be a (start_layer_name, end_layer_name) pair, got {group!r}")
-    return pairs
-
-
-def _single_consumer(node: fx.Node | None) -> fx.Node | None:
+def single_consumer(node: fx.Node | None) -> fx.Node | None:
     if node is None or len(node.users) != 1:
         return None
     return next(iter(node.users))
 
 
-def _module_type(cm: CapturedModel, name: str) -> str:
+def module_type_name(cm: CapturedModel, name: str) -> str:
     return type(cm.get_module(name)).__name__
 
 
-def _is_module_of(cm: CapturedModel, node: fx.Node | None, types: Sequence[str]) -> bool:
-    return node is not None and node.op == "call_module" and _module_type(cm, node.target) in types
+def is_module_of(cm: CapturedModel, node: fx.Node | None, types: Sequence[str]) -> bool:
+    return node is not None and node.op == "call_module" and module_type_name(cm, node.target) in types
 
 
-def _activation_type(cm: CapturedModel, node: fx.Node | None) -> str | None:
+def activation_type(cm: CapturedModel, node: fx.Node | None) -> str | None:
     if node is None:
         return None
     if node.op == "call_module":
-        type_name = _module_type(cm, node.target)
+        type_name = module_type_name(cm, node.target)
         return type_name if type_name in ACTIVATION_TYPES else None
     if node.op in ("call_function", "call_method"):
-        return ACTIVATION_FUNCTIONS.get(_function_name(node))
+        return ACTIVATION_FUNCTIONS.get(function_name(node))
     return None
 
 
-def _function_name(node: fx.Node) -> str | None:
+def function_name(node: fx.Node) -> str | None:
     if node.op == "call_method":
         return node.target
     return op_name(node.target) or getattr(node.target, "__name__", None)
 
 
-def _describe(cm: CapturedModel, node: fx.Node) -> str:
+def describe_node(cm: CapturedModel, node: fx.Node) -> str:
     if node.op == "call_module":
-        return f"'{node.target}' ({_module_type(cm, node.target)})"
-    return f"`{node.name}` ({node.op} {_function_name(node) or node.target})"
+        return f"'{node.target}' ({module_type_name(cm, node.target)})"
+    return f"`{node.name}` ({node.op} {function_name(node) or node.target})"
 
 
-def _dedupe(names: Iterable[str]) -> list[str]:
+def dedupe(names: Iterable[str]) -> list[str]:
     return list(dict.fromkeys(names))

@@ -21,6 +21,7 @@ import torch
 from torch import fx, nn
 
 from amct_engine.graph.layer_types import BN_TYPES, CONV_TRANSPOSE_TYPES, CONV_TYPES
+from amct_engine.graph.lifted_modules import batch_norm_module, conv_module, linear_module, stateless_module
 
 
 @dataclass(frozen=True)
@@ -65,10 +66,6 @@ STATELESS_OPS: dict[str, frozenset[str]] = {
     "dropout": frozenset({"Dropout"}),
     "feature_dropout": frozenset({"Dropout2d", "Dropout3d"}),
 }
-_INPLACE_CLASSES = frozenset({"ReLU", "ReLU6", "Hardtanh", "LeakyReLU", "Dropout", "Dropout2d", "Dropout3d"})
-_CONV_BY_DIM = {1: nn.Conv1d, 2: nn.Conv2d, 3: nn.Conv3d}
-_CONV_TRANSPOSE_BY_DIM = {1: nn.ConvTranspose1d, 2: nn.ConvTranspose2d, 3: nn.ConvTranspose3d}
-_BN_BY_RANK = {2: nn.BatchNorm1d, 3: nn.BatchNorm1d, 4: nn.BatchNorm2d, 5: nn.BatchNorm3d}
 
 
 def op_name(target: Any) -> str | None:
@@ -105,16 +102,6 @@ def bind_args(node: fx.Node) -> dict[str, Any]:
         elif arg.has_default_value():
             bound[arg.name] = arg.default_value
     return bound
-
-
-def _ntuple(value: Any, n: int) -> Any:
-    # aten lists may be shortened to one element ([1] for stride 1); nn modules want one per dim
-    if isinstance(value, str):
-        return value
-    if isinstance(value, int):
-        return (value,) * n
-    value = tuple(value)
-    return value * n if len(value) == 1 else value
 
 
 class _Lifter:
@@ -201,77 +188,17 @@ class _Lifter:
         return scope.path if ok else None
 
     def _build(self, category: str, args: dict, node: fx.Node, scope: Scope | None) -> nn.Module | None:
-        if category == "conv":
-            return self._build_conv(args, op_name(node.target))
-        if category == "linear":
-            return self._build_linear(args)
-        if category == "bn":
-            return self._build_bn(args)
-        return _build_stateless(scope.class_name, args, op_name(node.target).endswith("_"))
-
-    def _build_conv(self, args: dict, name: str) -> nn.Module | None:
-        weight = self.parameter(args["weight"])
-        if weight is None or args.get("input") is None:
-            return None
-        dims = weight.dim() - 2
-        transposed = bool(args.get("transposed", False)) or name.startswith("conv_transpose")
-        groups = int(args.get("groups", 1))
-        if transposed:
-            cin, cout = weight.shape[0], weight.shape[1] * groups
-        else:
-            cin, cout = weight.shape[1] * groups, weight.shape[0]
-        classes = _CONV_TRANSPOSE_BY_DIM if transposed else _CONV_BY_DIM
-        cls = classes.get(dims)
-        if cls is None:
-            return None
-        kw = dict(
-            stride=_ntuple(args.get("stride", 1), dims),
-            padding=_ntuple(args.get("padding", 0), dims),
-            dilation=_ntuple(args.get("dilation", 1), dims),
-            groups=groups,
-        )
-        if transposed:
-            kw["output_padding"] = _ntuple(args.get("output_padding", 0), dims)
-        bias = self.parameter(args.get("bias"))
-        conv = cls(cin, cout, tuple(weight.shape[2:]), bias=bias is not None, device="meta", **kw)
-        conv.weight = weight
-        if bias is not None:
-            conv.bias = bias
-        return conv
-
-    def _build_linear(self, args: dict) -> nn.Module | None:
-        weight = self.parameter(args["weight"])
-        if weight is None or weight.dim() != 2:
-            return None
-        bias = self.parameter(args.get("bias"))
-        linear = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device="meta")
-        linear.weight = weight
-        if bias is not None:
-            linear.bias = bias
-        return linear
-
-    def _build_bn(self, args: dict) -> nn.Module | None:
-        mean, var = self.tensor(args.get("running_mean")), self.tensor(args.get("running_var"))
+        """The module of a call: its parameters (shared as they are) and its attributes from the call's arguments."""
         weight, bias = self.parameter(args.get("weight")), self.parameter(args.get("bias"))
-        ref = weight if weight is not None else mean
-        if ref is None:
-            return None
-        rank = _rank(args["input"])
-        cls = _BN_BY_RANK.get(rank, nn.BatchNorm2d)
-        bn = cls(
-            ref.shape[0],
-            eps=float(args["eps"]),
-            momentum=float(args["momentum"]),
-            affine=weight is not None,
-            track_running_stats=mean is not None,
-            device="meta",
-        )
-        if weight is not None:
-            bn.weight, bn.bias = weight, bias
-        if mean is not None:
-            bn.running_mean, bn.running_var = mean, var
-            bn.num_batches_tracked = self._batches_tracked(args["running_mean"].target)
-        return bn
+        if category == "conv":
+            return conv_module(args, op_name(node.target), weight, bias)
+        if category == "linear":
+            return linear_module(weight, bias)
+        if category == "bn":
+            mean, var = self.tensor(args.get("running_mean")), self.tensor(args.get("running_var"))
+            tracked = self._batches_tracked(args["running_mean"].target) if mean is not None else None
+            return batch_norm_module(args, weight, bias, mean, var, tracked)
+        return stateless_module(scope.class_name, args, op_name(node.target).endswith("_"))
 
     def _batches_tracked(self, mean_target: str) -> torch.Tensor:
         name = mean_target.rsplit(".", 1)[0] + ".num_batches_tracked"
@@ -315,34 +242,10 @@ class _Lifter:
                     _set_path(self.gm, node.target, param)
 
 
-def _build_stateless(class_name: str, args: dict, inplace: bool) -> nn.Module | None:
-    if inplace and class_name not in _INPLACE_CLASSES:
-        return None  # an in-place sigmoid_/tanh_ has no module form that keeps its semantics
-    if class_name == "ReLU":
-        return nn.ReLU(inplace=inplace)
-    if class_name == "ReLU6":
-        six = (float(args.get("min_val", 0.0)), float(args.get("max_val", 6.0))) == (0.0, 6.0)
-        return nn.ReLU6(inplace=inplace) if six else None
-    if class_name == "Hardtanh":
-        return nn.Hardtanh(float(args.get("min_val", -1.0)), float(args.get("max_val", 1.0)), inplace=inplace)
-    if class_name == "LeakyReLU":
-        return nn.LeakyReLU(float(args.get("negative_slope", 0.01)), inplace=inplace)
-    if class_name == "Softmax":
-        return nn.Softmax(dim=args["dim"]) if args.get("dtype") is None else None
-    if class_name in ("Dropout", "Dropout2d", "Dropout3d"):
-        return getattr(nn, class_name)(float(args["p"]), inplace=inplace)
-    return {"Sigmoid": nn.Sigmoid, "Tanh": nn.Tanh}[class_name]()
-
-
 def _same_module(a: nn.Module, b: nn.Module) -> bool:
     # a module called twice lifts to the same object twice: same class, same weight tensor
     same_weight = getattr(a, "weight", None) is getattr(b, "weight", None)
     return type(a) is type(b) and same_weight and repr(a) == repr(b)
-
-
-def _rank(node: Any) -> int | None:
-    val = node.meta.get("val") if isinstance(node, fx.Node) else None
-    return val.dim() if isinstance(val, torch.Tensor) else None
 
 
 def _get_attr(root: nn.Module, target: str) -> Any:

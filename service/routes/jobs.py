@@ -4,24 +4,18 @@ from __future__ import annotations
 
 import base64
 import functools
-import hashlib
 import json
 from datetime import UTC, datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request, Response
-from sqlalchemy import Connection, Row, Select, and_, bindparam, func, or_, select, update
-from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
+from sqlalchemy import Connection, Row, Select, and_, bindparam, or_, select
 
-from job_process.kinds import JOB_KINDS
-from job_process.objective_names import default_objective
-from job_process.spec import JobParams
+from service import job_submission as submission
 from service import workers
 from service.auth import Caller, Credentials, ReadCaller, WriteCaller, read_as_caller
-from service.datasets import DatasetError, check_against_model
 from service.db import jobstate
-from service.db.models import Artifact, Config, Dataset, Job, Model, Project
+from service.db.models import Artifact, Job
 from service.deps import DispatcherDep, SessionDep, SettingsDep
 from service.etag import NOT_MODIFIED, conditional_json
 from service.problems import Problem
@@ -37,7 +31,6 @@ from service.schemas import (
     JobStatus,
     control_character,
 )
-from service.settings import Settings
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
@@ -81,137 +74,6 @@ def artifact_out(a: Artifact) -> ArtifactOut:
     )
 
 
-def check_inputs(session: Session, body: JobCreate, project: str, settings: Settings) -> str | None:
-    """Refuse at submit what could only fail later in the worker, naming the field; returns the objective
-    a retrain kind trains with (None for the kinds that take none)."""
-    check_world(body, settings)
-    model = get_or_404(session, Model, body.model_id, project, "model")
-    config = get_or_404(session, Config, body.config_id, project, "config")
-    dataset = get_or_404(session, Dataset, body.dataset_id, project, "dataset")
-    if model.status != "ready":
-        raise Problem(
-            422, f"model {model.id} is {model.status}: {model.status_detail or 'not usable'}", field="model_id"
-        )
-    kind = JOB_KINDS[body.kind]
-    verdict = config.summary.get("job_kinds", {}).get(body.kind)
-    if config.kind != kind.cfg_kind:
-        raise Problem(
-            422,
-            f"config {config.id} is a {config.kind} cfg; a {body.kind} job needs a {kind.cfg_kind} cfg",
-            field="config_id",
-        )
-    if verdict is None:  # the cfg was checked at upload, before this job kind was registered
-        raise Problem(
-            422,
-            f"config {config.id} was uploaded before the job kind {body.kind} existed; "
-            "upload it again to have it checked for that kind",
-            field="config_id",
-        )
-    if not verdict["ok"]:
-        raise Problem(
-            422,
-            f"config {config.id} does not suit {body.kind}: {verdict['detail']}",
-            field="config_id",
-            line=verdict.get("line"),
-            column=verdict.get("column"),
-        )
-    if body.bn_recalibration_batches and not kind.prunes:
-        raise Problem(
-            422,
-            f"bn_recalibration_batches recalibrates a pruned model's BatchNorms; a {body.kind} job "
-            "does not prune (compressed_retrain and prune_retrain do)",
-            field="bn_recalibration_batches",
-        )
-    objective = job_objective(body, dataset) if kind.needs_labels else None
-    try:
-        check_against_model(dataset.description, model.signature, model.outputs, objective or "")
-    except DatasetError as e:
-        raise Problem(
-            422,
-            f"dataset {dataset.id} does not suit model {model.id}: {e}",
-            field="dataset_id",
-            **({"array": e.array} if e.array else {}),
-        ) from None
-    if body.max_accuracy_drop is not None and not dataset.description["has_labels"]:
-        raise Problem(
-            422,
-            "max_accuracy_drop compares top-1 on the dataset's labels, which it lacks; use min_output_cosine",
-            field="max_accuracy_drop",
-        )
-    return objective
-
-
-def check_world(body: JobCreate, settings: Settings) -> None:
-    """A distributed job (docs/scaling.md, "Distributed jobs"): a kind that trains data-parallel; across several
-    nodes only where the operator enabled it."""
-    if body.world_size > 1 and not JOB_KINDS[body.kind].distributed:
-        able = ", ".join(k.name for k in JOB_KINDS.values() if k.distributed)
-        raise Problem(422, f"{body.kind} jobs run in one process; world_size > 1 suits {able}", field="world_size")
-    if body.world_size % body.nodes:
-        raise Problem(422, f"world_size {body.world_size} is not a multiple of nodes {body.nodes}", field="nodes")
-    if body.nodes > 1 and not settings.multinode:
-        raise Problem(
-            422,
-            "this server runs every job on one node (jobs across several nodes share the host "
-            "network in their sandboxes: AMCT_MULTINODE, docs/security.md)",
-            field="nodes",
-        )
-
-
-def job_objective(body: JobCreate, dataset: Dataset) -> str:
-    return body.objective or default_objective(dataset.description["has_labels"])
-
-
-def request_hash(body: JobCreate) -> str:
-    data = body.model_dump(mode="json")
-    for name in ("world_size", "nodes"):  # fields added later: at their default, the hash a replay had before
-        if data[name] == 1:
-            del data[name]
-    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
-
-
-def _replay(session: Session, project: str, key: str, digest: str) -> Job | None:
-    job = session.scalars(select(Job).where(Job.project_id == project, Job.idempotency_key == key)).first()
-    if job is not None and job.request_hash != digest:
-        raise Problem(422, "this Idempotency-Key was used with a different request body", field="Idempotency-Key")
-    return job
-
-
-def lock_project(session: Session, project: str) -> None:
-    """Serialise the submits of one project until this transaction ends, so the quota's count and the
-    insert that follows are one step: without it 200 parallel submits against a quota of 20 let 26 in.
-
-    PostgreSQL: a row lock on the project (SELECT … FOR UPDATE). SQLite has no row locks and ignores
-    FOR UPDATE; a no-op UPDATE of the row takes its database write lock instead (the driver opens the
-    transaction at the first write, so the count below reads after every earlier submit committed).
-    """
-    if session.get_bind().dialect.name == "sqlite":
-        session.execute(update(Project).where(Project.id == project).values(id=Project.id))
-    else:
-        session.execute(select(Project.id).where(Project.id == project).with_for_update())
-
-
-def check_quota(session: Session, project: str, settings: Settings) -> None:
-    """At most `max_active_jobs` queued + running jobs per project; the caller holds lock_project."""
-    active = session.scalar(
-        select(func.count())
-        .select_from(Job)
-        .where(Job.project_id == project, Job.status.in_((jobstate.QUEUED, jobstate.RUNNING)))
-    )
-    if active >= settings.max_active_jobs:
-        raise Problem(
-            429,
-            f"project {project!r} has {active} queued or running jobs; the limit is "
-            f"{settings.max_active_jobs}. Submit again when one has finished.",
-            title="Too Many Requests",
-            type_="/problems/quota-exceeded",
-            field="max_active_jobs",
-            limit=settings.max_active_jobs,
-            active=active,
-            headers={"Retry-After": str(settings.quota_retry_after_s)},
-        )
-
-
 @router.post(
     "",
     status_code=202,
@@ -239,13 +101,13 @@ def submit_job(
 ) -> JobOut:
     if idempotency_key is not None:
         refuse_control_characters(idempotency_key, "Idempotency-Key")
-    digest = request_hash(body)
+    digest = submission.request_hash(body)
     # A replay answers with the job it already made, whatever the quota says now.
-    if idempotency_key and (job := _replay(session, caller.project, idempotency_key, digest)):
+    if idempotency_key and (job := submission.find_replay(session, caller.project, idempotency_key, digest)):
         response.headers["Location"] = f"/v1/jobs/{job.id}"
         response.headers["Idempotent-Replayed"] = "true"
         return job_out(job)
-    objective = check_inputs(session, body, caller.project, settings)
+    objective = submission.check_inputs(session, body, caller.project, settings)
     if (served := workers.unserved(session, body.device, settings)) is not None:
         raise Problem(
             409,
@@ -254,43 +116,13 @@ def submit_job(
             field="device",
             served_devices=served,
         )
-    lock_project(session, caller.project)
-    check_quota(session, caller.project, settings)
-    # the job's settings as JobParams stores them, with the objective check_inputs resolved (None: the kind
-    # does not train, and no objective settings are stored)
-    params = (
-        JobParams.model_validate(body.model_dump(include=set(JobParams.model_fields)))
-        .model_copy(update={"objective": objective})
-        .stored()
-    )
-    job = Job(
-        project_id=caller.project,
-        kind=body.kind,
-        status=jobstate.QUEUED,
-        model_id=body.model_id,
-        config_id=body.config_id,
-        dataset_id=body.dataset_id,
-        params=params,
-        device=body.device,
-        queue=settings.queue_for(body.device),
-        max_attempts=settings.max_attempts,
-        idempotency_key=idempotency_key,
-        request_hash=digest,
-    )
-    session.add(job)
-    try:
-        session.flush()
-        jobstate.add_event(session, job.id, "state", {"status": jobstate.QUEUED, "edge": "submitted"})
-        session.commit()
-    except IntegrityError:
-        # The same key raced in from a concurrent request: answer with the winner.
-        session.rollback()
-        job = _replay(session, caller.project, idempotency_key or "", digest)
-        if job is None:
-            raise
-        response.headers["Idempotent-Replayed"] = "true"
-    else:
+    submission.lock_project(session, caller.project)
+    submission.check_quota(session, caller.project, settings)
+    job, new = submission.create_job(session, body, caller.project, settings, idempotency_key, digest, objective)
+    if new:
         dispatcher.enqueue(job.id, job.queue)
+    else:
+        response.headers["Idempotent-Replayed"] = "true"
     response.headers["Location"] = f"/v1/jobs/{job.id}"
     return job_out(job)
 

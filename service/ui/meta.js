@@ -14,8 +14,10 @@ export function serverMeta() {
 export const TERMINAL = new Set();
 
 export async function loadMeta() {
+  if (TERMINAL.size) return;
   try {
-    const meta = await serverMeta();
+    // Its own request, not serverMeta()'s: one still pending from before the key was set would fail too.
+    const meta = await getJson("/v1/meta");
     for (const status of meta.terminal_states) TERMINAL.add(status);
   } catch {
     // 401 without a key: shown by the banner; the views mount again once a key is pasted

@@ -1,0 +1,273 @@
+"""Quantise every tensor between two quantised layers so onnxruntime runs the graph in int8.
+
+The layer writer (export.backends.QdqDeployBackend) quantises each layer's *input* with the
+layer's own quantiser, as AMCT does. onnxruntime's QDQ fusions (QLinearConv, QGemm, QLinearAdd,
+QLinearConcat, QLinearGlobalAveragePool, int8 MaxPool) also need the *output* of each op quantised
+(`DequantizeLinear -> op -> QuantizeLinear`). This pass, on the exported ONNX graph:
+
+- finds every float tensor from which a quantised layer's input is reached ("leads to a
+  quantised layer"), except a ReLU's input: ORT drops a ReLU followed by QuantizeLinear whose zero
+  point is the lowest code, so the conv before it still fuses;
+- gives it its quantisation parameters: those of the quantiser that reads it or that reads it
+  through ops commuting with quantisation (MaxPool, Flatten, Reshape, ...): exact, since
+  max(q(a), q(b)) = q(max(a, b)); otherwise (residual Add inputs and outputs, pool inputs,
+  concat inputs, a float op such as CREPE's BatchNorm after a ReLU) uint8 parameters calibrated
+  on the example input (one quantisation step of error at that tensor, as ORT's quantiser);
+- inserts QuantizeLinear and one DequantizeLinear per reader.
+Naming follows in export/qdq/names.py; the tensors no quantiser covers are calibrated in export/qdq/calibration.py."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from amct_engine.export.layer_graph import LAYER_ATTR
+from amct_engine.export.onnx_graph import constants_to_initializers
+from amct_engine.export.qdq.calibration import calibrate
+from amct_engine.export.qdq.codes import shape_ops_on_codes
+from amct_engine.export.qdq.graph_index import LAYER_OPS, GraphIndex, layer_tag
+from amct_engine.export.qdq.zero_pads import fold_zero_pads
+
+# Ops through which quantisation commutes: the input takes the output's parameters exactly.
+COMMUTING_OPS = {"MaxPool", "Flatten", "Reshape", "Identity", "Dropout", "Transpose", "Squeeze", "Unsqueeze"}
+
+
+# Ops ORT runs in int8 between quantisers (QDQ fusions, dropped QDQ pairs, or our BatchNorm rewrite).
+INT8_OPS = COMMUTING_OPS | {
+    "Relu",
+    "Add",
+    "Concat",
+    "GlobalAveragePool",
+    "AveragePool",
+    "BatchNormalization",
+    "Sigmoid",
+    "LeakyRelu",
+}
+
+
+def _merge_equal_quantizers(model: onnx.ModelProto) -> None:
+    """One QuantizeLinear per tensor and parameter values: layers sharing an input quantiser
+    (a block output read by a conv and a downsample conv) read one, so ORT can fuse the producer."""
+    graph = model.graph
+    values = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    first: dict[tuple, str] = {}
+    replaced: dict[str, str] = {}
+    keep = []
+    for node in graph.node:
+        if node.op_type == "QuantizeLinear" and len(node.input) == 3 and all(i in values for i in node.input[1:]):
+            key = (
+                node.input[0],
+                values[node.input[1]].tobytes(),
+                values[node.input[2]].tobytes(),
+                str(values[node.input[2]].dtype),
+                tuple(a.SerializeToString() for a in node.attribute),
+            )
+            if key in first:
+                replaced[node.output[0]] = first[key]
+                continue
+            first[key] = node.output[0]
+        keep.append(node)
+    for node in keep:
+        node.input[:] = [replaced.get(n, n) for n in node.input]
+    del graph.node[:]
+    graph.node.extend(keep)
+
+
+def _topological_tensors(model: onnx.ModelProto) -> list[str]:
+    return [out for node in model.graph.node for out in node.output]
+
+
+def _plan(g: GraphIndex) -> tuple[dict[str, tuple[str, str] | None], list[str]]:
+    """Tensor -> its quantiser's (scale, zero point) names, or None where it must be calibrated."""
+    leads: dict[str, bool] = {}
+    params: dict[str, tuple[str, str] | None] = {}
+    for name in reversed(_topological_tensors(g.model)):
+        readers = [n for n, _ in g.readers[name]]
+        # Only through ops with an int8 form: a transformer's LayerNorm, Softmax or GELU stays float.
+        leads[name] = g.is_float_activation(name) and any(
+            n.op_type == "QuantizeLinear" or (n.op_type in INT8_OPS and any(leads.get(o, False) for o in n.output))
+            for n in readers
+        )
+        if not leads[name]:
+            continue
+        own = g.quantizer_params(name)
+        if own is None:
+            through = [params.get(n.output[0]) for n in readers if n.op_type in COMMUTING_OPS]
+            own = next((p for p in through if p is not None), None)
+        params[name] = own
+    plan = {}
+    for name, p in params.items():
+        producer = g.producer[name]
+        if producer.op_type not in INT8_OPS | LAYER_OPS | {"DequantizeLinear"}:
+            continue  # a float op's output: quantised by the layer reading it, as AMCT does
+        readers = [n for n, _ in g.readers[name]]
+        if producer.op_type == "DequantizeLinear":
+            continue
+        if (
+            readers
+            and layer_tag(producer)
+            and all(n.op_type == "Add" and layer_tag(n) == layer_tag(producer) for n in readers)
+        ):
+            continue  # a MatMul layer's own bias Add: the layer's output is the Add's
+        if readers and all(n.op_type == "Relu" for n in readers):
+            continue  # the ReLU's output is quantised; ORT removes the ReLU (zero point = lowest code)
+        if (
+            all(n.op_type == "QuantizeLinear" for n in readers)
+            and name not in g.outputs
+            and not _relu_kept_by_ort(g, name, p)
+        ):
+            continue  # already quantised for every reader
+        plan[name] = p
+    return plan, [n for n, p in plan.items() if p is None]
+
+
+def _relu_kept_by_ort(g: GraphIndex, name: str, params: tuple[str, str] | None) -> bool:
+    """A ReLU output whose quantiser's zero point is not the lowest code: ORT keeps that ReLU in float
+    (and so cannot fuse the conv before it); we rewrite it as Clip(q, min=zero point) on the codes."""
+    producer = g.producer[name]
+    if producer.op_type != "Relu" or params is None or name in g.outputs:
+        return False
+    if [n.op_type for n, _ in g.readers[producer.input[0]]] != ["Relu"]:
+        return False
+    zero = numpy_helper.to_array(g.initializers[params[1]])
+    return int(zero) != int(np.iinfo(zero.dtype).min)
+
+
+def _base_name(g: GraphIndex, tensor: str) -> str:
+    """A readable stem for the quantiser of `tensor`: its producer's layer or node name."""
+    node = g.producer[tensor]
+    tag = layer_tag(node)
+    return f"{tag}.output" if tag else (node.name.strip("/").replace("/", ".") or tensor) + ".output"
+
+
+def _pop_tags(model: onnx.ModelProto) -> None:
+    """Name each tagged node `<layer>/<Op>` (unique) and drop the temporary attribute ORT rejects."""
+    used: set[str] = set()
+    for node in model.graph.node:
+        names = [a.name for a in node.attribute]
+        if LAYER_ATTR not in names:
+            continue
+        tag = node.attribute[names.index(LAYER_ATTR)].s.decode()
+        del node.attribute[names.index(LAYER_ATTR)]
+        stem = f"{tag}/NoInt8Kernel" if node.op_type == "Identity" else f"{tag}/{node.op_type}"
+        node.name, k = stem, 1
+        while node.name in used:
+            node.name, k = f"{stem}_{k}", k + 1
+        used.add(node.name)
+
+
+def quantize_boundaries(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> onnx.ModelProto:
+    """Insert QuantizeLinear/DequantizeLinear on every tensor between quantised layers (module doc)."""
+    constants_to_initializers(model)
+    _pop_tags(model)
+    fold_zero_pads(model)
+    _merge_equal_quantizers(model)
+    g = GraphIndex(model)
+    plan, to_calibrate = _plan(g)
+    calibrated = calibrate(model, to_calibrate, feeds)
+    edit = _Insertions(g)
+    bases: set[str] = set()
+    for name, params in plan.items():
+        base, k = _base_name(g, name), 1
+        while base in bases:  # a layer with two planned outputs (MatMul, then its bias Add)
+            base, k = f"{_base_name(g, name)}_{k}", k + 1
+        bases.add(base)
+        if params is None and name not in calibrated:
+            continue
+        if params is None:
+            params = edit.add_parameters(base, *calibrated[name])
+        edit.quantize(name, base, params)
+    edit.apply()
+    shape_ops_on_codes(model)
+    return model
+
+
+class _Insertions:
+    """The nodes quantize_boundaries adds after each tensor's producer, the nodes it drops, and the tensors
+    that replace a dropped quantiser's output; `apply` rebuilds the node list in order."""
+
+    def __init__(self, g: GraphIndex) -> None:
+        self.g = g
+        self.new_nodes: dict[str, list[onnx.NodeProto]] = defaultdict(list)  # after the producer of a tensor
+        self.dropped: set = set()  # ReLUs rewritten as Clip on codes, and the quantisers they made redundant
+        self.rewired: dict[str, str] = {}  # output of a dropped quantiser -> the codes that replace it
+
+    def add_parameters(self, base: str, scale, zero_point) -> tuple[str, str]:
+        names = (f"{base}_scale", f"{base}_zero_point")
+        added = [
+            numpy_helper.from_array(np.array(value), n) for value, n in zip((scale, zero_point), names, strict=True)
+        ]
+        self.g.model.graph.initializer.extend(added)
+        self.g.initializers.update((t.name, t) for t in added)
+        return names
+
+    def quantize(self, name: str, base: str, params: tuple[str, str]) -> None:
+        """Quantise tensor `name` with `params` once, and give each reader but its quantisers a DequantizeLinear."""
+        g = self.g
+        quantized = next(
+            (
+                n.output[0]
+                for n, _ in g.readers[name]
+                if n.op_type == "QuantizeLinear" and tuple(n.input[1:3]) == params
+            ),
+            None,
+        )
+        if _relu_kept_by_ort(g, name, params):
+            quantized = self._relu_on_codes(name, base, params)
+        elif quantized is None:
+            quantized = f"{base}_quantized"
+            self.new_nodes[name].append(
+                helper.make_node("QuantizeLinear", [name, *params], [quantized], name=f"{base}/QuantizeLinear")
+            )
+        for k, (reader, index) in enumerate(g.readers[name]):
+            if reader.op_type == "QuantizeLinear" or (reader.name or id(reader)) in self.dropped:
+                continue
+            dequantized = f"{base}_dequantized_{k}"
+            self.new_nodes[quantized].append(
+                helper.make_node(
+                    "DequantizeLinear", [quantized, *params], [dequantized], name=f"{base}/DequantizeLinear_{k}"
+                )
+            )
+            reader.input[index] = dequantized
+
+    def _relu_on_codes(self, name: str, base: str, params: tuple[str, str]) -> str:
+        """relu on codes is max(q, zero point), exactly: quantise the ReLU's input instead, and clip the codes."""
+        g = self.g
+        relu = g.producer[name]
+        codes = f"{base}_quantized"
+        self.new_nodes[relu.input[0]].extend(
+            [
+                helper.make_node(
+                    "QuantizeLinear", [relu.input[0], *params], [f"{base}_prerelu"], name=f"{base}/QuantizeLinear"
+                ),
+                # Clip on uint8 is vectorised in ORT; Max ran 5x slower on a ResNet-18 stem.
+                helper.make_node("Clip", [f"{base}_prerelu", params[1]], [codes], name=f"{base}/Clip"),
+            ]
+        )
+        self.dropped.add(relu.name or id(relu))
+        for reader, _ in g.readers[name]:
+            if reader.op_type == "QuantizeLinear" and tuple(reader.input[1:3]) == params:
+                self.dropped.add(reader.name or id(reader))
+                self.rewired[reader.output[0]] = codes
+        return codes
+
+    def apply(self) -> None:
+        graph = self.g.model.graph
+        ordered: list[onnx.NodeProto] = []
+
+        def place(node: onnx.NodeProto) -> None:
+            if (node.name or id(node)) in self.dropped:
+                return
+            node.input[:] = [self.rewired.get(n, n) for n in node.input]
+            ordered.append(node)
+            for out in node.output:
+                for follower in self.new_nodes.pop(out, []):
+                    place(follower)
+
+        for node in list(graph.node):
+            place(node)
+        del graph.node[:]
+        graph.node.extend(ordered)
