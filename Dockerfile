@@ -19,6 +19,8 @@ COPY amct_engine ./amct_engine
 RUN pip install '.[service]'
 COPY service ./service
 COPY worker ./worker
+COPY core ./core
+COPY job_host ./job_host
 COPY job_process ./job_process
 COPY migrations ./migrations
 COPY alembic.ini ./

@@ -40,6 +40,7 @@ test-fast: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 # Regenerate the committed _pb2 modules from the .proto files.
 proto: $(STAMP)

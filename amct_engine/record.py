@@ -83,7 +83,8 @@ class RecordFile:
         os.replace(tmp, self.path)  # a crash mid-write never leaves half a record
         cached = record_pb2.ScaleOffsetRecord()
         cached.CopyFrom(record)
-        self._cached = (self._stamp(), cached)
+        stamp = self._stamp()
+        self._cached = (stamp, cached) if stamp is not None else None
 
     def hold(self) -> None:
         """Keep the entries later write_layers calls give until release() (read() does not see them).

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
-from collections.abc import Iterator
+from collections.abc import Callable, ItemsView, Iterator, ValuesView
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
@@ -64,10 +64,10 @@ class Registry(Generic[T]):
     def names(self) -> tuple[str, ...]:
         return tuple(self._entries)
 
-    def items(self):
+    def items(self) -> ItemsView[str, T]:
         return self._entries.items()
 
-    def values(self):
+    def values(self) -> ValuesView[T]:
         return self._entries.values()
 
 
@@ -82,7 +82,7 @@ def load_object(path: str) -> Any:
     return value
 
 
-def lazy_exports(package: str, exports: dict[str, str]):
+def lazy_exports(package: str, exports: dict[str, str]) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
     """PEP 562 ``__getattr__`` and ``__dir__`` for a package whose public names (name -> defining
     module) load on first use, so importing the package imports none of them (nor torch)."""
 

@@ -46,7 +46,7 @@ from bench.service_stack import (  # noqa: E402
     tiny_inputs,
     wait_ready,
 )
-from job_process.sandbox import stop_group  # noqa: E402
+from job_host.sandbox import stop_group  # noqa: E402
 
 
 def _cpu_s(pid: int) -> float:
@@ -65,7 +65,7 @@ def _python_of(tree: Path) -> str:
 def _admin_key(tree: Path, database_url: str) -> str:
     """An admin key made with the tree's own code (its `amct admin create-key`)."""
     code = (
-        "import sys; from service import auth; from service.db.session import session_factory; "
+        "import sys; from service import auth; from core.db.session import session_factory; "
         "print(auth.create_key(session_factory(sys.argv[1]), 'default', ['admin'], name='bench')[1])"
     )
     out = subprocess.run(

@@ -71,7 +71,7 @@ def database():
     try:
         yield PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
     finally:
-        from service.db.session import engine_for
+        from core.db.session import engine_for
 
         engine_for.cache_clear()
         admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

@@ -49,7 +49,7 @@ if str(ROOT) not in sys.path:  # run as a script: make `bench` and `amct_engine`
     sys.path.insert(0, str(ROOT))
 
 from bench.provenance import git_revision, machine  # noqa: E402
-from job_process.sandbox import stop_group  # noqa: E402
+from job_host.sandbox import stop_group  # noqa: E402
 
 SECTIONS = (
     "engine",

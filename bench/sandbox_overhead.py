@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from job_process import bubblewrap, sandbox
+from job_host import bubblewrap, sandbox
 
 CHILDREN = {
     "true": ["/usr/bin/true"],

@@ -16,8 +16,8 @@ def status_counts(database_url: str, job_ids: list[str]) -> Counter[str]:
     """Jobs of the batch per status, read from the database (progress polling stays off the API under test)."""
     from sqlalchemy import func, select
 
-    from service.db.models import Job
-    from service.db.session import session_factory
+    from core.db.models import Job
+    from core.db.session import session_factory
 
     with session_factory(database_url)() as session:
         rows = session.execute(select(Job.status, func.count()).where(Job.id.in_(job_ids)).group_by(Job.status))
@@ -44,8 +44,8 @@ def cancel_queued(client: httpx.Client, job_ids: list[str], database_url: str) -
     """Cancel every job of the batch that is still queued (the window closed); returns how many."""
     from sqlalchemy import select
 
-    from service.db.models import Job
-    from service.db.session import session_factory
+    from core.db.models import Job
+    from core.db.session import session_factory
 
     with session_factory(database_url)() as session:
         queued = list(session.scalars(select(Job.id).where(Job.id.in_(job_ids), Job.status == "queued")))
@@ -60,8 +60,8 @@ def audit_database(database_url: str, job_ids: list[str]) -> dict[str, Any]:
     """Job rows and their events: which jobs exist, ended, ran (claimed), ran more than once, were re-sent."""
     from sqlalchemy import select
 
-    from service.db.models import Job, JobEvent
-    from service.db.session import session_factory
+    from core.db.models import Job, JobEvent
+    from core.db.session import session_factory
 
     wanted = set(job_ids)
     with session_factory(database_url)() as session:

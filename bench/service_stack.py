@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from job_process.sandbox import stop_group
+from job_host.sandbox import stop_group
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -93,8 +93,8 @@ def api_key(data_dir: Path, database_url: str | None) -> tuple[str, dict[str, st
             time.sleep(0.1)
         secret = key_file.read_text().strip()
     else:
-        from service.db.session import session_factory
-        from service.settings import Settings
+        from core.db.session import session_factory
+        from core.settings import Settings
 
         _key_id, secret = auth.create_key(session_factory(database_url), Settings().project, ["admin"], name="bench")
     return "keys", {"Authorization": f"Bearer {secret}"}
@@ -158,7 +158,7 @@ def postgres_database() -> Iterator[str]:
     try:
         yield PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
     finally:
-        from service.db.session import engine_for
+        from core.db.session import engine_for
 
         engine_for.cache_clear()  # close our pooled connections before the drop
         with psycopg.connect(PG_ADMIN_URL, autocommit=True, connect_timeout=3) as admin:
@@ -226,8 +226,8 @@ def wait_status(client: httpx.Client, job_id: str, statuses: set[str], timeout: 
 @contextmanager
 def extra_worker(data_dir: Path, env_extra: dict[str, str], beat: bool = False) -> Iterator[subprocess.Popen]:
     """A worker on the same queues: consumers compete for every message (PostgreSQL + Redis only)."""
+    from core.settings import DEVICES, Settings
     from service.cli import worker_command
-    from service.settings import DEVICES, Settings
 
     env = dict(os.environ, PYTHONPATH=str(ROOT), AMCT_DATA_DIR=str(data_dir), **WORKER_ENV, **env_extra)
     settings = Settings(data_dir=data_dir, queue_prefix=env_extra["AMCT_QUEUE_PREFIX"])

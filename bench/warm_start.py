@@ -49,8 +49,8 @@ MODES = {
 def _times(database_url: str, job_id: str) -> dict[str, float | None]:
     from sqlalchemy import select
 
-    from service.db.models import Job, JobEvent
-    from service.db.session import session_factory
+    from core.db.models import Job, JobEvent
+    from core.db.session import session_factory
 
     with session_factory(database_url)() as session:
         job = session.get(Job, job_id)

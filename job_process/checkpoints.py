@@ -22,8 +22,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from job_host.protocol import CANCEL_FILE, CHECKPOINT_DIR, RESUME_FILE, emit
 from job_process.distributed import SINGLE, Rank, any_rank
-from job_process.protocol import CANCEL_FILE, CHECKPOINT_DIR, RESUME_FILE, emit
 
 FORMAT = 1
 

@@ -38,8 +38,8 @@ from dataclasses import dataclass, replace
 from datetime import timedelta
 from pathlib import Path
 
-from job_process.protocol import CANCELLED_EXIT, ERROR_FILE
-from job_process.spec import JobSpec
+from job_host.protocol import CANCELLED_EXIT, ERROR_FILE
+from job_host.spec import JobSpec
 
 BACKENDS = {"cpu": "gloo", "cuda": "nccl", "npu": "hccl"}
 LOOPBACK = "127.0.0.1"
@@ -105,7 +105,7 @@ def launch(workdir: Path, spec: JobSpec, run_rank) -> int:
     import torch.distributed as dist
     import torch.multiprocessing as mp
 
-    from job_process.protocol import emit
+    from job_host.protocol import emit
 
     size, node = spec.params.world_size, Node.of(spec)
     store = None

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from job_host.objective_names import CROSS_ENTROPY, TARGET_OBJECTIVES
+from job_host.spec import JobSpec
 from job_process.distributed import Rank
-from job_process.objective_names import CROSS_ENTROPY, TARGET_OBJECTIVES
-from job_process.spec import JobSpec
 
 
 def _split(x, y, fraction: float, seed: int, targets=None):
@@ -39,7 +39,7 @@ def _tensors(spec: JobSpec, arrays: dict):
     import numpy as np
     import torch
 
-    from job_process.signature import input_arrays, target_arrays
+    from job_host.signature import input_arrays, target_arrays
 
     signature = spec.inputs
     sources = input_arrays(signature, arrays)
@@ -84,7 +84,7 @@ def prepare_data(spec: JobSpec) -> JobData:
     """The dataset as tensors, split by the job's seed (the targets of mse / l1 alongside), and the example."""
     import torch
 
-    from job_process.arrays import load_arrays
+    from job_host.arrays import load_arrays
     from job_process.training import samples, take
 
     params = spec.params
@@ -110,7 +110,7 @@ def baseline(spec: JobSpec, workdir: Path, data: JobData, rank: Rank) -> Baselin
     import torch
 
     from amct_engine.export.save import export_onnx
-    from job_process.signature import io_names, output_structure
+    from job_host.signature import io_names, output_structure
 
     original = torch.jit.load(spec.model, map_location="cpu").eval()
     if spec.outputs is None:  # `amct compress` (no upload check recorded them) or a pre-signature model

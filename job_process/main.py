@@ -18,16 +18,23 @@ import traceback
 import warnings
 from pathlib import Path
 
+from job_host.errors import describe
+from job_host.protocol import (
+    CANCELLED_EXIT,
+    ERROR_FILE,
+    FORK_SERVER_FLAG,
+    READY_LINE,
+    RESULT_FILE,
+    STARTED_LINE,
+    WARM_FLAG,
+    emit,
+)
+from job_host.sandbox import limit_self
+from job_host.spec import JobSpec
 from job_process import distributed
 from job_process.distributed import SINGLE, Rank
-from job_process.errors import describe
 from job_process.job_data import baseline, prepare_data
 from job_process.outcome import GateMissed, verify
-from job_process.protocol import CANCELLED_EXIT, ERROR_FILE, RESULT_FILE, emit
-from job_process.sandbox import limit_self
-from job_process.spec import JobSpec
-from job_process.warm import WARM_FLAG
-from job_process.zygote import FORK_SERVER_FLAG
 
 # Share of overall progress each stage ends at; training fills the span between.
 TRAIN_START, TRAIN_END = 0.1, 0.8
@@ -79,9 +86,9 @@ def _progress_fn(epochs: int):
 def run(workdir: Path, spec: JobSpec, rank: Rank = SINGLE) -> dict:
     """The job; `rank`: this process's place in a distributed job (job_process/distributed.py), whose ranks
     other than 0 leave after training (RankDone)."""
+    from job_host.kinds import JOB_KINDS
     from job_process import runners
     from job_process.checkpoints import Checkpoints
-    from job_process.kinds import JOB_KINDS
     from job_process.objectives import build_loss
 
     run_kind = JOB_KINDS[spec.kind].load_runner()
@@ -137,11 +144,11 @@ def _wait_warm() -> bool:
     from job_process import warm
 
     started = time.monotonic()
-    sys.stdout.write(warm.STARTED_LINE + "\n")  # bwrap has set up the sandbox: the folder may be renamed now
+    sys.stdout.write(STARTED_LINE + "\n")  # bwrap has set up the sandbox: the folder may be renamed now
     sys.stdout.flush()
     warm.warm_up()
     ready = time.monotonic()
-    sys.stdout.write(warm.READY_LINE + "\n")
+    sys.stdout.write(READY_LINE + "\n")
     sys.stdout.flush()
     if not warm.wait_for_start():
         return False

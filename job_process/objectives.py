@@ -1,4 +1,4 @@
-"""The loss a retrain job trains with, picked by its `objective` (job_process/objective_names.py).
+"""The loss a retrain job trains with, picked by its `objective` (job_host/objective_names.py).
 
 - `cross_entropy`: the first output against `labels` (train_epochs' own loss; today's behaviour).
 - `mse` / `l1`: each output that has a target array (named after it, or `targets`) against it.
@@ -18,9 +18,9 @@ import torch
 import torch.nn.functional as F
 
 from amct_engine.teacher_guided import distillation_loss
-from job_process.objective_names import CROSS_ENTROPY, TARGET_OBJECTIVES
-from job_process.signature import flatten_outputs, output_leaves
-from job_process.spec import JobParams
+from job_host.objective_names import CROSS_ENTROPY, TARGET_OBJECTIVES
+from job_host.signature import flatten_outputs, output_leaves
+from job_host.spec import JobParams
 from job_process.training import forward
 
 

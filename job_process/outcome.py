@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from job_host.objective_names import DISTILL_OUTPUTS
+from job_host.spec import JobSpec
 from job_process.job_data import Baseline, JobData
-from job_process.objective_names import DISTILL_OUTPUTS
-from job_process.spec import JobSpec
 
 MEDIA_TYPES = {
     ".json": "application/json",

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 
-from job_process.spec import JobParams
+from job_host.spec import JobParams
 
 LOSS_GROWTH = 3.0  # a retraining whose loss triples has diverged; noise never does that on average
 WINDOW = 10  # steps averaged at each end

@@ -16,15 +16,15 @@ import torch
 from torch import nn
 
 import amct_engine as amct
+from job_host.spec import JobParams
 from job_process import distributed
 from job_process.checkpoints import Checkpoints
 from job_process.distributed import SINGLE, Rank, shard
 from job_process.quality_gate import check_step_loss
-from job_process.spec import JobParams
 from job_process.training import Inputs, ResumableLoader, Targets, make_loader, make_optimizer, train_epochs
 
 # The export names of a one-input, one-output model; a job names its inputs and outputs after the
-# model's signature (job_process/signature.py io_names), put in JobContext.io.
+# model's signature (job_host/signature.py io_names), put in JobContext.io.
 IO_NAMES = {
     "input_names": ["input"],
     "output_names": ["output"],

@@ -1,6 +1,6 @@
 """Child process: is the upload a TorchScript model the engine can work on?
 
-Loads it, runs one forward pass on example tensors made from its signature (job_process/signature.py)
+Loads it, runs one forward pass on example tensors made from its signature (job_host/signature.py)
 and captures its graph, then prints one JSON line: `{"ok": true, "parameters", "outputs",
 "output_shapes", "layers"}` (`outputs`: the output structure) or `{"ok": false, "stage", "error"}`.
 Run as `python -m job_process.validate_model MODEL SIGNATURE_JSON BATCH`.
@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 import sys
 
-from job_process.errors import describe
-from job_process.sandbox import limit_self
-from job_process.signature import SignatureError, example_inputs, output_leaves, output_structure
+from job_host.errors import describe
+from job_host.sandbox import limit_self
+from job_host.signature import SignatureError, example_inputs, output_leaves, output_structure
 
 
 def validate(path: str, inputs: list[dict], batch: int) -> dict:
@@ -35,7 +35,7 @@ def validate(path: str, inputs: list[dict], batch: int) -> dict:
         _check_dynamic_axes(model, cm.module, x, inputs)
     except SignatureError as e:  # our own words about the outputs' types
         return {"ok": False, "stage": "outputs", "error": str(e)}
-    except Exception as e:  # any failure is the upload's; what a user reads of it: job_process/errors.py
+    except Exception as e:  # any failure is the upload's; what a user reads of it: job_host/errors.py
         return {"ok": False, "stage": stage, "error": describe(e, stage)}
     layers = {
         "quantizable": [{"name": i.name, "type": i.type_name} for i in quantizable_layers(cm, retrain_type_names())],

@@ -7,7 +7,7 @@ development machine: 2.7 s of imports, then 3.7 s for the first `create_quant_re
 one child started ahead (worker/warm.py): it pays those costs here, on a model of its own in its
 private /tmp, before any job exists, then waits on stdin for the one line that says its job's files
 are in its folder. It still runs exactly one job and exits, in the same sandbox a cold child gets
-(job_process/bubblewrap.py): the folder it was started with was empty, and becomes the job folder
+(job_host/bubblewrap.py): the folder it was started with was empty, and becomes the job folder
 only when the worker hands the job over (docs/security.md, "Warm job processes").
 
 Nothing of the warm-up reaches the job: its model and files live on the sandbox's tmpfs, torch's
@@ -23,13 +23,8 @@ import tempfile
 import warnings
 from pathlib import Path
 
-WARM_FLAG = "--warm"
-# The lines on stdout that say the child runs inside its sandbox (bwrap has mounted its folder: from then on
-# the worker may rename it) and that the warm-up is done (read by job_process/launcher.py, never relayed),
-# and the one line on stdin that says the job's spec and files are in the folder.
-STARTED_LINE = '{"type": "warm_started"}'
-READY_LINE = '{"type": "warm_ready"}'
-START_LINE = "start"
+from job_host.protocol import START_LINE
+
 _CFG = "retrain_weight_quant_config { arq_retrain { channel_wise: true dst_type: INT8 } }\n"
 
 
@@ -44,8 +39,8 @@ def warm_up() -> None:
 
     import amct_engine as amct
     from amct_engine.export.save import export_onnx
+    from job_host.kinds import JOB_KINDS
     from job_process import report  # noqa: F401 - onnx and onnxruntime, imported by every job's report
-    from job_process.kinds import JOB_KINDS
 
     for kind in JOB_KINDS.names():  # the runners and what they import (search kinds included)
         JOB_KINDS[kind].load_runner()

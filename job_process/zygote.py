@@ -29,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import itertools
-import json
 import os
 import signal
 import socket
@@ -40,27 +39,11 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from job_process import sandbox
-from job_process.protocol import LOG_FILE, emit
+from job_host import sandbox
+from job_host.protocol import LOG_FILE, emit, receive, send
 
-FORK_SERVER_FLAG = "--fork-server"
 PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER = 4, 36  # <linux/prctl.h>
 SHARED_WRITABLE = ("/tmp", "/dev/shm")  # the sandbox's tmpfs folders: every process in it sees them
-MESSAGE_BYTES = 4096
-
-
-def send(ctl: socket.socket, message: dict, fds: list[int] | None = None) -> None:
-    data = json.dumps(message).encode()
-    if fds:
-        socket.send_fds(ctl, [data], fds)
-    else:
-        ctl.send(data)
-
-
-def receive(ctl: socket.socket) -> tuple[dict | None, list[int]]:
-    """The next message and the descriptors sent with it; (None, []) when the other side closed."""
-    data, fds, _, _ = socket.recv_fds(ctl, MESSAGE_BYTES, 4)
-    return (json.loads(data) if data else None), fds
 
 
 def serve(ctl_fd: int, warm_up: Callable[[], None], run_job: Callable[[Path], int]) -> int:
@@ -118,7 +101,7 @@ def _become_job(
         os.dup2(log, 2)
         os.close(log)
         signal.signal(signal.SIGINT, signal.SIG_DFL)
-        from job_process.sandbox import die_with_parent
+        from job_host.sandbox import die_with_parent
 
         die_with_parent(os.getppid())
         _prctl(PR_SET_DUMPABLE, 1)  # its own process, as a job started fresh would be

@@ -5,9 +5,9 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import text
 
-from service.db.models import Base
-from service.db.session import make_engine
-from service.settings import Settings
+from core.db.models import Base
+from core.db.session import make_engine
+from core.settings import Settings
 
 # An advisory lock key: API replicas starting together run the migrations one at a time.
 _PG_LOCK = 7_216_115_001

@@ -25,9 +25,9 @@ class Scope(StrEnum):
 
 
 def _sessions():
-    from service.db import migrate
-    from service.db.session import session_factory
-    from service.settings import Settings
+    from core.db import migrate
+    from core.db.session import session_factory
+    from core.settings import Settings
 
     settings = Settings()
     settings.data_dir.mkdir(parents=True, exist_ok=True)

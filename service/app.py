@@ -11,23 +11,23 @@ import anyio
 from fastapi import FastAPI
 from sqlalchemy import select
 
-from job_process import bubblewrap
+from core.db import migrate
+from core.db.models import Project
+from core.db.session import read_engine, session_factory
+from core.queue import Dispatcher, make_celery
+from core.reaper import reap_once
+from core.settings import Settings
+from core.storage import open_store
+from job_host import bubblewrap
 from service import auth, metrics, problems
-from service.db import migrate
-from service.db.models import Project
-from service.db.session import read_engine, session_factory
-from service.queue import Dispatcher, make_celery
-from service.reaper import reap_once
 from service.routes import artifacts, configs, datasets, docs, events, health, jobs, keys, meta, models, ui
 from service.routes import metrics as metrics_route
-from service.settings import Settings
-from service.storage import open_store
 
 log = logging.getLogger("amct.api")
 
 
 async def reap_forever(settings: Settings, dispatcher: Dispatcher) -> None:
-    """Every reap_interval_s, run the reaper (service/reaper.py) in a thread; an error is logged, not fatal."""
+    """Every reap_interval_s, run the reaper (core/reaper.py) in a thread; an error is logged, not fatal."""
     while True:
         await asyncio.sleep(settings.reap_interval_s)
         try:

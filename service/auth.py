@@ -30,9 +30,9 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy import Connection, and_, bindparam, or_, select, update
 
-from service.db.models import ApiKey, Project, utcnow
+from core.db.models import ApiKey, Project, utcnow
+from core.settings import Settings
 from service.problems import Problem
-from service.settings import Settings
 
 log = logging.getLogger("amct.auth")
 

@@ -10,14 +10,15 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
+from core.settings import Settings
 from service.problems import Problem
-from service.settings import Settings
 
 _LOCK = threading.Lock()
 _SLOTS: dict[tuple[str, int], threading.BoundedSemaphore] = {}
 
-BUSY_RESPONSE = {
+BUSY_RESPONSE: dict[int | str, dict[str, Any]] = {
     429: {
         "description": "the server is checking as many uploads as it allows at once",
         "headers": {

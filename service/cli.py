@@ -18,7 +18,8 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from job_process.spec import JobParams
+from core.settings import DEVICES, Settings
+from job_host.spec import JobParams
 from service import local_servers
 from service.cli_common import (
     DEFAULT_DATA_DIR,
@@ -36,7 +37,6 @@ from service.cli_common import (
 )
 from service.cli_job_options import job_options
 from service.cli_jobs import jobs_app
-from service.settings import DEVICES, Settings
 
 log = logging.getLogger("amct.serve")
 app = typer.Typer(
@@ -86,7 +86,7 @@ def worker_command(settings: Settings, devices: list[str], beat: bool, concurren
 def local_devices() -> list[str]:
     """The devices this machine has, for the embedded worker: cpu, and cuda / npu when their device files
     exist (without importing torch: the server never does). A worker that claimed a device the machine
-    lacks would take its jobs only to fail them; unserved, they are refused at submit (service/workers.py)."""
+    lacks would take its jobs only to fail them; unserved, they are refused at submit (core/workers.py)."""
     found = ["cpu"]
     if Path("/dev/nvidia0").exists() or Path("/dev/nvidiactl").exists():
         found.append("cuda")
@@ -137,8 +137,8 @@ def serve(
     """API + dashboard (/ui) + embedded worker (SQLite, no broker server) unless configured otherwise."""
     import uvicorn
 
+    from core.db import migrate
     from service.app import create_app
-    from service.db import migrate
 
     logging.basicConfig(level=logging.INFO)
     os.environ["AMCT_DATA_DIR"] = str(data_dir.resolve())
@@ -189,7 +189,7 @@ def worker(
 @app.command()
 def migrate() -> None:
     """Upgrade the database to the newest schema."""
-    from service.db import migrate as db_migrate
+    from core.db import migrate as db_migrate
 
     logging.basicConfig(level=logging.INFO)
     db_migrate.upgrade(Settings().resolved_database_url)
@@ -218,7 +218,7 @@ def compress(
     ] = False,
 ) -> None:
     """Compress a model here, no server: the engine a worker runs, with a progress bar and a summary table."""
-    from job_process.bubblewrap import SandboxUnavailable
+    from job_host.bubblewrap import SandboxUnavailable
     from service.local_compress import LocalJobError, check_dataset
     from service.local_compress import compress as run_local
 

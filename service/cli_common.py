@@ -19,15 +19,15 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 
 from amct_engine.export import deploy_target, formats
-from amct_engine.export.deploy_target import DEPLOY_TARGETS
+from amct_engine.export.deploy_target import deploy_target_names
 from amct_engine.export.formats import DEPLOY_FORMATS
-from job_process.arrays import array_headers, sniff_format
-from job_process.kinds import DEFAULT_JOB_KIND, JOB_KINDS
-from job_process.signature import INPUTS_EXAMPLE, SignatureError, first_example_shape, from_input_shape, parse_inputs
-from service import settings
-from service.job_states import SUCCEEDED
+from core import settings
+from core.job_states import SUCCEEDED
+from core.settings import DEVICES
+from job_host.arrays import array_headers, sniff_format
+from job_host.kinds import DEFAULT_JOB_KIND, JOB_KINDS
+from job_host.signature import INPUTS_EXAMPLE, SignatureError, first_example_shape, from_input_shape, parse_inputs
 from service.local_servers import KEY_FILE, key_file_for, registry_path
-from service.settings import DEVICES
 
 console = Console()
 err_console = Console(stderr=True)
@@ -85,12 +85,12 @@ def choices(name: str, values: Iterable[str]) -> type[StrEnum]:
     return StrEnum(name, {value: value for value in values})
 
 
-# Built when this module is imported, after job_process/kinds.py has loaded the kinds that
+# Built when this module is imported, after job_host/kinds.py has loaded the kinds that
 # AMCT_JOB_KIND_MODULES names: `--kind` offers every kind the job process can run.
 Kind = choices("Kind", JOB_KINDS.names())
 Device = choices("Device", DEVICES)
 DeployFormat = choices("DeployFormat", DEPLOY_FORMATS.names())
-DeployTarget = choices("DeployTarget", DEPLOY_TARGETS)
+DeployTarget = choices("DeployTarget", deploy_target_names())
 # the choices' defaults, the tables' own
 DEFAULT_KIND, DEFAULT_DEVICE = Kind(DEFAULT_JOB_KIND), Device(settings.DEFAULT_DEVICE)
 DEFAULT_DEPLOY_FORMAT = DeployFormat(formats.DEFAULT_DEPLOY_FORMAT)
@@ -214,7 +214,7 @@ def parse_shape(text: str | None, dataset: Path | None) -> str:
 
 
 def parse_inputs_option(text: str) -> list[dict]:
-    """`--inputs` checked as the API checks an upload's `inputs` (job_process/signature.py): one line naming
+    """`--inputs` checked as the API checks an upload's `inputs` (job_host/signature.py): one line naming
     what is wrong, exit status 1."""
     try:
         raw = json.loads(text)
@@ -247,7 +247,7 @@ def model_signature(inputs: str | None, input_shape: str | None, dataset: Path |
 def progress_view(description: str = "starting") -> Iterator[tuple[Progress, object]]:
     """A progress bar and the function that feeds it one job message.
 
-    The engine's JSON lines (job_process/protocol.py) and the service's events share one shape
+    The engine's JSON lines (job_host/protocol.py) and the service's events share one shape
     (`phase`, `progress` with step/total_steps/loss, `log`; events add `state`), so `amct compress`
     and `amct jobs watch` draw the same bar.
     """

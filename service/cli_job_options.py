@@ -2,7 +2,7 @@
 
 A command decorated with `@job_options(...)` declares only its own options and takes `params: JobParams`;
 the decorator adds one typer option per JobParams field to the signature typer reads (the field's default
-and description are the option's: job_process/spec.py is where both live), and hands the command the
+and description are the option's: job_host/spec.py is where both live), and hands the command the
 validated JobParams. A value JobParams refuses ends the command with one line naming the option, before
 anything runs or uploads, as POST /v1/jobs would answer it.
 """
@@ -19,7 +19,7 @@ from typing import Annotated, Any
 import typer
 from pydantic import ValidationError
 
-from job_process.spec import JobParams
+from job_host.spec import JobParams
 from service.cli_common import DeployFormat, DeployTarget, fail
 
 # Fields offered as a fixed list of choices (the tables' names); the others take their plain type.

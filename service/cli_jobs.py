@@ -17,8 +17,9 @@ import typer
 from rich.markup import escape
 from rich.table import Column, Table
 
-from job_process.kinds import JOB_KINDS
-from job_process.spec import JobParams
+from core.job_states import CANCELLED, FAILED, QUEUED, RUNNING, SUCCEEDED, TERMINAL
+from job_host.kinds import JOB_KINDS
+from job_host.spec import JobParams
 from service.cli_common import (
     DEFAULT_DEVICE,
     DEFAULT_KIND,
@@ -41,7 +42,6 @@ from service.cli_common import (
 )
 from service.cli_job_options import job_options
 from service.client import ApiError
-from service.job_states import CANCELLED, FAILED, QUEUED, RUNNING, SUCCEEDED, TERMINAL
 from service.report_view import summary_table
 
 jobs_app = typer.Typer(help="Submit, follow and fetch jobs on a running service.", no_args_is_help=True)

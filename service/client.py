@@ -14,6 +14,7 @@ body (`detail`, `field`); a server that cannot be reached is `ServiceUnreachable
 
 from __future__ import annotations
 
+import builtins
 import json
 import time
 from collections.abc import Iterator
@@ -134,7 +135,11 @@ class AmctClient:
         return self._json("POST", "/v1/jobs", json=body, headers=headers)
 
     def list(
-        self, status: list[str] | None = None, kind: list[str] | None = None, limit: int = 50, cursor: str | None = None
+        self,
+        status: builtins.list[str] | None = None,
+        kind: builtins.list[str] | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
     ) -> dict:
         """One page, newest first: `{items, next_cursor}`."""
         params = {"status": status or [], "kind": kind or [], "limit": limit}
@@ -148,7 +153,7 @@ class AmctClient:
     def cancel(self, job_id: str) -> dict:
         return self._json("POST", f"/v1/jobs/{job_id}/cancel")
 
-    def artifacts(self, job_id: str) -> list[dict]:
+    def artifacts(self, job_id: str) -> builtins.list[dict]:
         return self._json("GET", f"/v1/jobs/{job_id}/artifacts")["items"]
 
     def artifact_bytes(self, artifact: dict) -> bytes:
@@ -156,25 +161,25 @@ class AmctClient:
 
     def download(self, artifact: dict, dest: str | Path) -> Path:
         """Stream one artifact to `dest` (a folder: the artifact's filename inside it)."""
-        dest = Path(dest)
-        if dest.is_dir():
-            dest = dest / artifact["filename"]
-        dest.parent.mkdir(parents=True, exist_ok=True)
+        target = Path(dest)
+        if target.is_dir():
+            target = target / artifact["filename"]
+        target.parent.mkdir(parents=True, exist_ok=True)
         try:
             with self.http.stream("GET", artifact["content_url"]) as response:
                 if response.status_code >= 400:
                     response.read()
                     raise ApiError(response.status_code, _problem(response))
-                with dest.open("wb") as f:
+                with target.open("wb") as f:
                     for chunk in response.iter_bytes():
                         f.write(chunk)
         except httpx.TransportError as e:
             raise ServiceUnreachable(str(self.http.base_url), e) from e
-        return dest
+        return target
 
     def download_artifacts(
-        self, job_id: str, dest: str | Path, kinds: list[str] | None = None, overwrite: bool = False
-    ) -> list[Path]:
+        self, job_id: str, dest: str | Path, kinds: builtins.list[str] | None = None, overwrite: bool = False
+    ) -> builtins.list[Path]:
         """Every artifact of the job (or those of `kinds`) into the folder `dest`.
 
         Refuses with FileExistsError, before writing anything, when a file it would write exists,

@@ -3,10 +3,10 @@
 A dataset is an `.npz` or safetensors file of named arrays, one sample per row of the first axis:
 one array per model input, named after it (a one-input model also takes `inputs`), optional
 `labels` (class indices) and optional targets for the `mse` / `l1` objectives (`targets` for a
-one-output model, or named after the outputs: job_process/signature.py `output_leaves`).
+one-output model, or named after the outputs: job_host/signature.py `output_leaves`).
 
 The API never unpacks a file whole (issue 16 item 5): headers are read from the archive
-(job_process/arrays.py `array_headers`) and values streamed in chunks to find NaN/Inf and integer
+(job_host/arrays.py `array_headers`) and values streamed in chunks to find NaN/Inf and integer
 ranges, so a 2 GiB array costs the API one chunk of memory. The job process trains on the same
 arrays with `load_arrays`, so what was described at upload is what trains.
 """
@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from job_process.arrays import array_headers, sniff_format
-from job_process.objective_names import TARGET_OBJECTIVES
-from job_process.signature import FLOAT_DTYPES, SignatureError, class_width, input_arrays, output_leaves, target_arrays
-from service.settings import Settings
+from core.settings import Settings
+from job_host.arrays import array_headers, sniff_format
+from job_host.objective_names import TARGET_OBJECTIVES
+from job_host.signature import FLOAT_DTYPES, SignatureError, class_width, input_arrays, output_leaves, target_arrays
 from service.zipcheck import check_zip
 
 FLOAT_KINDS = "fc"
@@ -135,7 +135,7 @@ def check_against_model(description: dict, inputs: list[dict], outputs: dict | N
     labels = arrays.get("labels")
     # Datasets described before the streamed check have num_classes but no min/max.
     top = labels.get("max", description.get("num_classes", 1) - 1) if labels is not None else None
-    if labels is not None and width is not None and top >= width:
+    if labels is not None and top is not None and width is not None and top >= width:
         raise DatasetError(
             f"'labels' holds class {top} but the model's output has {width} classes (labels must be < {width})",
             "labels",

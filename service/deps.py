@@ -16,9 +16,9 @@ import anyio
 from fastapi import Depends, Request
 from sqlalchemy.orm import Session
 
-from service.queue import Dispatcher
-from service.settings import Settings
-from service.storage import BlobStore
+from core.queue import Dispatcher
+from core.settings import Settings
+from core.storage import BlobStore
 
 
 async def _settings(request: Request) -> Settings:

@@ -10,7 +10,7 @@ worker in a session of its own and waits for it. When it dies unexpectedly:
    no live worker holds them, and waiting `lease_s` for the reaper would only delay the resume;
 3. the reaper runs: those jobs go back to the queue (their next attempt resumes from the checkpoint);
 4. a new worker starts and consumes them, at once unless the dead one never came up (never wrote its
-   row in the worker registry, service/workers.py): only that is a crash loop, and it backs off.
+   row in the worker registry, core/workers.py): only that is a crash loop, and it backs off.
 
 The worker also ends with the server (the server's pid is in DIE_WITH_PARENT_ENV; the thread that
 starts it lives as long as it does, which PR_SET_PDEATHSIG needs).
@@ -24,16 +24,15 @@ import subprocess
 import threading
 import uuid
 
-from job_process.sandbox import kill_group, stop_group
-from service import workers
-from service.db import jobstate
-from service.db.session import session_factory
-from service.queue import Dispatcher, make_celery
-from service.reaper import reap_once
-from service.settings import Settings
+from core import workers
+from core.db import jobstate
+from core.db.session import session_factory
+from core.queue import Dispatcher, make_celery
+from core.reaper import reap_once
+from core.settings import DIE_WITH_PARENT_ENV, Settings
+from job_host.sandbox import kill_group, stop_group
 
 log = logging.getLogger("amct.serve")
-DIE_WITH_PARENT_ENV = "AMCT_WORKER_DIE_WITH_PARENT"  # read by worker/lifecycle.py
 MAX_BACKOFF_S = 60.0  # the longest wait between restarts of a worker that dies before it comes up
 
 
@@ -52,22 +51,23 @@ class EmbeddedWorker:
         self._started.wait(30)
         return self
 
-    def _spawn(self) -> None:
+    def _spawn(self) -> subprocess.Popen:
         self.node = f"embedded-{uuid.uuid4().hex[:8]}@%h"
         env = dict(self.env, **{DIE_WITH_PARENT_ENV: str(os.getpid())})
-        self.proc = subprocess.Popen([*self.command, "-n", self.node], env=env, start_new_session=True)
-        log.info("embedded worker %s started (pid %d)", self.node, self.proc.pid)
+        self.proc = proc = subprocess.Popen([*self.command, "-n", self.node], env=env, start_new_session=True)
+        log.info("embedded worker %s started (pid %d)", self.node, proc.pid)
+        return proc
 
     def _watch(self) -> None:
         backoff = 0.0
         while not self._stopping.is_set():
-            self._spawn()
+            proc = self._spawn()
             self._started.set()
-            code = self.proc.wait()
+            code = proc.wait()
             if self._stopping.is_set():
                 return
             log.error("embedded worker %s exited with code %s; cleaning up and restarting it", self.node, code)
-            kill_group(self.proc)  # its pool and beat, if any survived it
+            kill_group(proc)  # its pool and beat, if any survived it
             came_up = self._release_jobs()
             self.restarts += 1
             # A worker killed while it served (kill -9, OOM) is replaced at once; one that dies before it

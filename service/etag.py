@@ -11,11 +11,14 @@ If-None-Match uses the weak comparison, so `W/"…"` matches too).
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 
 from fastapi import Request, Response
 from pydantic import BaseModel
 
-NOT_MODIFIED = {304: {"description": "the representation has not changed since the `If-None-Match` ETag"}}
+NOT_MODIFIED: dict[int | str, dict[str, Any]] = {
+    304: {"description": "the representation has not changed since the `If-None-Match` ETag"}
+}
 
 
 def etag_of(body: bytes) -> str:

@@ -10,16 +10,18 @@ service/job_submission.py's.
 
 from __future__ import annotations
 
-from job_process.kinds import JOB_KINDS
-from job_process.objective_names import default_objective
-from job_process.spec import JobParams
+from typing import Any
+
+from job_host.kinds import JOB_KINDS
+from job_host.objective_names import default_objective
+from job_host.spec import JobParams
 from service.datasets import DatasetError, check_against_model
 
 
 class JobRuleError(ValueError):
     """A job the rules refuse: `field` is the request field at fault, `extra` more problem+json members."""
 
-    def __init__(self, message: str, field: str, **extra: object) -> None:
+    def __init__(self, message: str, field: str, **extra: Any) -> None:
         super().__init__(message)
         self.field, self.extra = field, extra
 
@@ -68,5 +70,5 @@ def check_data(
     return objective
 
 
-def array_of(error: DatasetError) -> dict[str, str]:
+def array_of(error: DatasetError) -> dict[str, Any]:
     return {"array": error.array} if error.array else {}

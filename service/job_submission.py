@@ -12,15 +12,15 @@ from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from job_process.kinds import JOB_KINDS
-from job_process.spec import JobParams
-from service.db import jobstate
-from service.db.models import Config, Dataset, Job, Model, Project
+from core.db import jobstate
+from core.db.models import Config, Dataset, Job, Model, Project
+from core.settings import Settings
+from job_host.kinds import JOB_KINDS
+from job_host.spec import JobParams
 from service.job_rules import JobRuleError, check_data, check_settings
 from service.problems import Problem
 from service.routes.common import get_or_404
 from service.schemas import JobCreate
-from service.settings import Settings
 
 
 def check_inputs(session: Session, body: JobCreate, project: str, settings: Settings) -> str | None:
@@ -99,11 +99,11 @@ def lock_project(session: Session, project: str) -> None:
 
 def check_quota(session: Session, project: str, settings: Settings) -> None:
     """At most `max_active_jobs` queued + running jobs per project; the caller holds lock_project."""
-    active = session.scalar(
+    active = session.scalars(
         select(func.count())
         .select_from(Job)
         .where(Job.project_id == project, Job.status.in_((jobstate.QUEUED, jobstate.RUNNING)))
-    )
+    ).one()
     if active >= settings.max_active_jobs:
         raise Problem(
             429,

@@ -1,7 +1,7 @@
 """`amct compress` and `amct distill-config` without a server: the engine on this machine.
 
 `compress` runs exactly what a worker runs, the job process (`python -m job_process.main`, started
-by the same job_process/launcher.py; the runners of job_process/kinds.py, report.json from
+by the same job_host/launcher.py; the runners of job_host/kinds.py, report.json from
 job_process/report.py), with the same spec file and the same JSON progress lines. Here the CLI plays
 the worker's part: it draws the progress lines and moves the outputs into --out. One engine path for
 both, so a local run predicts a service run.
@@ -15,11 +15,11 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from job_process.arrays import sniff_format
-from job_process.launcher import ChildProcess
-from job_process.protocol import LOG_FILE
-from job_process.signature import example_inputs
-from job_process.spec import JobParams, JobSpec
+from job_host.arrays import sniff_format
+from job_host.launcher import ChildProcess
+from job_host.protocol import LOG_FILE
+from job_host.signature import example_inputs
+from job_host.spec import JobParams, JobSpec
 from service.datasets import DatasetError, describe_arrays
 from service.job_rules import JobRuleError, check_data
 
@@ -60,7 +60,7 @@ def compress(
 ) -> dict:
     """Run one job here; returns `{metrics, report, files: {artifact kind: path in out}}`.
 
-    `inputs` is the model's signature (job_process/signature.py) and `input_shape` the first input's
+    `inputs` is the model's signature (job_host/signature.py) and `input_shape` the first input's
     example shape, as the API records them for an upload; `params` hold the objective check_dataset
     resolved. Raises LocalJobError with the engine's error type and detail when the job fails.
     """

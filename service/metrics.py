@@ -20,10 +20,10 @@ from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Met
 from sqlalchemy import case, extract, func, select
 from sqlalchemy.exc import SQLAlchemyError
 
-from job_process.kinds import JOB_KINDS
-from service.db import jobstate
-from service.db.models import Job
-from service.settings import DEVICES, Settings
+from core.db import jobstate
+from core.db.models import Job
+from core.settings import DEVICES, Settings
+from job_host.kinds import JOB_KINDS
 
 log = logging.getLogger(__name__)
 # Compression jobs take seconds (a small CNN) to hours (a transformer's distillation).

@@ -136,7 +136,7 @@ def document(app: FastAPI) -> None:
             app.openapi_schema = _document_problems(build())
         return app.openapi_schema
 
-    app.openapi = openapi
+    app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented way to extend its schema
 
 
 def _error(e: dict) -> dict:

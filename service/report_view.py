@@ -118,7 +118,7 @@ def _damage(row: dict) -> str:
 def layer_tables(report: dict) -> list[Table | Text]:
     """The per-layer tables of the search kinds (report.json `sensitivity`, `mixed_precision`), as the
     dashboard's job page shows them."""
-    tables = []
+    tables: list[Table | Text] = []
     if "sensitivity" in report:
         table = Table(
             "layer",

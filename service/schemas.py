@@ -1,10 +1,10 @@
 """Request and response bodies (pydantic v2): the API's contract, as OpenAPI shows it at /docs.
 
-The values of `kind` and `deploy_format` come from their tables (job_process/kinds.py JOB_KINDS,
+The values of `kind` and `deploy_format` come from their tables (job_host/kinds.py JOB_KINDS,
 amct_engine/export/formats.py DEPLOY_FORMATS), read when a request is validated and when an app
 renders its OpenAPI document: a kind or format registered later is accepted and listed by the next
-app built. Devices and job states are fixed tuples (service/settings.py, service/db/jobstate.py). A
-job's settings are job_process/spec.py's `JobParams`, which `JobCreate` extends.
+app built. Devices and job states are fixed tuples (core/settings.py, core/db/jobstate.py). A
+job's settings are job_host/spec.py's `JobParams`, which `JobCreate` extends.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from pydantic_core import PydanticCustomError
 
-from job_process.kinds import CFG_KINDS, JOB_KINDS
-from job_process.spec import DistillLoss, JobParams, Objective, OneOf
-from service.db.jobstate import STATES
-from service.settings import DEFAULT_DEVICE, DEVICES
+from core.db.jobstate import STATES
+from core.settings import DEFAULT_DEVICE, DEVICES
+from job_host.kinds import CFG_KINDS, JOB_KINDS
+from job_host.spec import DistillLoss, JobParams, Objective, OneOf
 
 
 def control_character(value: str) -> str | None:
@@ -48,9 +48,10 @@ def _no_control_characters(value: str) -> str:
 # A string with no control characters: every id (path or body) and name a request carries.
 CleanStr = Annotated[str, AfterValidator(_no_control_characters)]
 JobKind = Annotated[str, OneOf(JOB_KINDS.names)]
-Device = Literal[DEVICES]
-JobStatus = Literal[STATES]
-CfgKind = Literal[CFG_KINDS]
+# (tuples of the names: a Literal over them, as pydantic reads it; mypy cannot see a tuple's values)
+Device = Literal[DEVICES]  # type: ignore[valid-type]
+JobStatus = Literal[STATES]  # type: ignore[valid-type]
+CfgKind = Literal[CFG_KINDS]  # type: ignore[valid-type]
 
 
 class _Out(BaseModel):
@@ -101,7 +102,7 @@ class DatasetOut(_Out):
 
 
 class JobCreate(JobParams):
-    """POST /v1/jobs: what to run on which files, and the job's settings (job_process/spec.py JobParams, where
+    """POST /v1/jobs: what to run on which files, and the job's settings (job_host/spec.py JobParams, where
     their bounds, defaults and descriptions live)."""
 
     kind: JobKind

@@ -11,12 +11,13 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, BinaryIO
 
 from fastapi import Request
 from python_multipart.multipart import MultipartParser, parse_options_header
 
+from core.storage.base import HashingWriter, LimitExceeded
 from service.problems import Problem
-from service.storage.base import HashingWriter, LimitExceeded
 
 MAX_FIELD_BYTES = 64 * 1024
 # Headers and the form's text fields ride along with the file part.
@@ -30,6 +31,13 @@ class Upload:
     filename: str | None = None
     sha256: str = ""
     size_bytes: int = 0
+
+    @property
+    def file(self) -> Path:
+        """Where the uploaded file was written (receive_upload returns an Upload only once it has one)."""
+        if self.path is None:
+            raise RuntimeError("the upload has no file part")
+        return self.path
 
     def discard(self) -> None:
         if self.path is not None:
@@ -46,10 +54,10 @@ class _Receiver:
         self._name: str | None = None
         self._text = bytearray()
         self._writer: HashingWriter | None = None
-        self._file = None
+        self._file: BinaryIO | None = None
         self._in_file = False
 
-    def callbacks(self) -> dict:
+    def callbacks(self) -> Any:  # python-multipart's MultipartCallbacks
         return {
             "on_part_begin": self.part_begin,
             "on_part_data": self.part_data,
@@ -87,12 +95,12 @@ class _Receiver:
         self.upload.filename = os.path.basename(options[b"filename"].decode("utf-8", "replace"))[:255]
         fd, name = tempfile.mkstemp(dir=self.tmp_dir, prefix="upload-")
         self.upload.path = Path(name)
-        self._file = os.fdopen(fd, "wb")
-        self._writer = HashingWriter(self._file, self.limit)
+        self._file = file = os.fdopen(fd, "wb")
+        self._writer = HashingWriter(file, self.limit)
         self._in_file = True
 
     def part_data(self, data: bytes, start: int, end: int) -> None:
-        if self._in_file:
+        if self._in_file and self._writer is not None:
             self._writer.write(data[start:end])
             return
         self._text += data[start:end]
@@ -100,7 +108,7 @@ class _Receiver:
             raise Problem(413, f"form field {self._name!r} is longer than {MAX_FIELD_BYTES} bytes", field=self._name)
 
     def part_end(self) -> None:
-        if self._in_file:
+        if self._in_file and self._file is not None and self._writer is not None:
             self._in_file = False
             self._file.close()
             self.upload.sha256, self.upload.size_bytes = self._writer.sha256, self._writer.size

@@ -10,8 +10,18 @@ import pytest
 from onnx import numpy_helper
 
 import amct_engine as amct
-from amct_engine.export.deploy_target import check_deploy_target, detect_deploy_target
+from amct_engine.export.deploy_target import (
+    REWRITE_NAMES,
+    TARGETS,
+    DeployTarget,
+    check_deploy_target,
+    deploy_target_names,
+    detect_deploy_target,
+    register_deploy_target,
+)
+from amct_engine.export.qdq.finalize import TARGET_REWRITES
 from amct_engine.export.qdq.fusion_report import deploy_report
+from job_host.spec import JobParams
 from tests.test_quant_retrain import INPUT, trained_qat_model
 
 
@@ -74,3 +84,39 @@ def test_auto_is_the_exporting_machine(qat):
     tmp_path, config, qmodel, record, _ = qat
     paths = amct.save_quant_retrain_model(str(config), qmodel, str(record), str(tmp_path / "auto"), INPUT)
     assert deploy_report(paths["deploy"])["deploy_target"] == detect_deploy_target()
+
+
+@pytest.fixture
+def stems_only_target():
+    """A throw-away target (docs/architecture.md, "Add a deploy target"): signed codes, the float stems only."""
+    register_deploy_target(DeployTarget("arm_float_stems", True, ("float_stems",)))
+    yield "arm_float_stems"
+    TARGETS.unregister("arm_float_stems")
+
+
+def test_a_registered_target_is_accepted_everywhere_and_applies_its_rewrites(qat, stems_only_target):
+    tmp_path, config, qmodel, record, expected = qat
+    assert stems_only_target in deploy_target_names()
+    assert JobParams(deploy_target=stems_only_target).deploy_target == stems_only_target
+    paths = amct.save_quant_retrain_model(
+        str(config), qmodel, str(record), str(tmp_path / stems_only_target), INPUT, deploy_target=stems_only_target
+    )
+    assert _weight_codes(paths["deploy"]) == {layer: (np.dtype(np.int8), {0}) for layer in ("conv1", "conv2", "fc")}
+    report = deploy_report(paths["deploy"])
+    assert report["deploy_target"] == stems_only_target
+    assert report["conv_layout"]["float_stems"] == ["conv1/Conv"]
+    if detect_deploy_target() != "x86_avx2":  # signed codes run exactly on this CPU
+        session = ort.InferenceSession(paths["deploy"], providers=["CPUExecutionProvider"])
+        np.testing.assert_array_equal(session.run(None, {session.get_inputs()[0].name: INPUT.numpy()})[0], expected)
+
+
+def test_a_target_naming_an_unknown_rewrite_fails_when_registered():
+    with pytest.raises(ValueError, match="unknown rewrite 'fuse_everything'.*float_stems"):
+        register_deploy_target(DeployTarget("x86_magic", True, ("fuse_everything",)))
+    assert "x86_magic" not in TARGETS
+    with pytest.raises(ValueError, match="reserved"):
+        register_deploy_target(DeployTarget("auto", True))
+
+
+def test_the_rewrite_names_are_the_finalisers_table():
+    assert set(REWRITE_NAMES) == set(TARGET_REWRITES)

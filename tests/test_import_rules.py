@@ -1,10 +1,11 @@
 """Imports point down the architecture's picture, and no module imports itself back through others.
 
-docs/architecture.md, "Import rules": service → worker → job process → engine; the API never
-imports the worker; the job process (which runs the user's model) imports nothing of the API or the
-worker, so it cannot hold their settings or secrets; the engine imports none of them, and inside
-the engine export/ builds on quant/, never the reverse. Imports inside functions count: a lazy
-import is still a dependency, and a lazy circle is still a circle.
+docs/architecture.md, "Import rules": the API (service/) and the workers (worker/) share core/ and never
+import each other; both start job processes through job_host/ (torch-free: the contract and the sandbox),
+which imports neither, nor the job process; the job process (job_process/, which runs the user's model)
+imports nothing of the API, the worker or core, so it cannot hold their settings or secrets; the engine
+imports none of them, and inside the engine export/ builds on quant/, never the reverse. Imports inside
+functions count: a lazy import is still a dependency, and a lazy circle is still a circle.
 """
 
 from __future__ import annotations
@@ -18,16 +19,26 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("amct_engine", "service", "worker", "job_process", "examples", "bench")
+PACKAGES = ("amct_engine", "core", "service", "worker", "job_host", "job_process", "examples", "bench")
 # importer (a package or subpackage) -> what it must never import
 FORBIDDEN = {
-    "service": ("worker", "bench"),
-    "worker": ("bench",),
-    "job_process": ("service", "worker", "bench", "examples"),
-    "amct_engine": ("service", "worker", "job_process", "examples", "bench"),
+    "core": ("service", "worker", "job_process", "bench", "examples"),
+    "service": ("worker", "job_process", "bench"),
+    "worker": ("service", "job_process", "bench"),
+    "job_host": ("core", "service", "worker", "job_process", "bench", "examples"),
+    "job_process": ("core", "service", "worker", "bench", "examples"),
+    "amct_engine": ("core", "service", "worker", "job_host", "job_process", "examples", "bench"),
     "amct_engine.quant": ("amct_engine.export",),
-    "examples": ("service", "worker", "bench"),
+    "examples": ("core", "service", "worker", "bench"),
 }
+# The programs each side runs (what `celery -A`, `python -m` and the `amct` script load): an entry point's own
+# imports are checked with the rest of its package, and each is imported in a fresh process below.
+ENTRY_POINTS = (
+    "worker.main",
+    "service.cli",
+    "job_process.main",
+    "job_process.validate_model",
+)  # (service.__main__ runs the CLI)
 
 
 def _module_name(path: Path) -> str:
@@ -110,11 +121,22 @@ def test_no_module_imports_itself_back(graph):
     [
         "amct_engine.config.cfg_loader, amct_engine.config.cfg_checks, amct_engine.config.quant_json, "
         "amct_engine.config.resolve, amct_engine.config.layer_refs",  # the API parses cfgs without torch
-        "service.app, service.cli, job_process.kinds, amct_engine.export.formats, amct_engine.quant.registry",
+        "service.app, service.cli, job_host.kinds, amct_engine.export.formats, amct_engine.quant.registry",
+        "worker.main, job_host.launcher, job_host.spec, core.reaper",  # the worker loads no model
+        "job_process.main",  # the job process imports torch lazily, after its sandbox is set up
     ],
 )
 def test_these_modules_load_without_torch(modules):
     code = f"import sys, {modules}; assert 'torch' not in sys.modules, 'torch was imported'"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("entry", ENTRY_POINTS)
+def test_every_entry_point_imports(graph, entry):
+    assert entry in graph, f"{entry} is not a module of {PACKAGES}"
+    code = f"import {entry}"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr

@@ -11,12 +11,12 @@ import pytest
 import torch
 from safetensors.numpy import save_file
 
+from job_host.arrays import array_headers
+from job_host.signature import describe_output, example_inputs, io_names, output_leaves, parse_inputs
+from job_host.spec import JobParams
 from job_process import main as job_main
-from job_process.arrays import array_headers
 from job_process.objectives import OutputDistillLoss, leaf_choices, target_loss
 from job_process.quality_gate import QualityGateFailed, check_step_loss, failures
-from job_process.signature import describe_output, example_inputs, io_names, output_leaves, parse_inputs
-from job_process.spec import JobParams
 from tests.signature_models import TwoHeadCnn
 
 TOKENS = [

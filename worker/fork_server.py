@@ -12,7 +12,7 @@ slot (`job-<random>`: the server never learns a job id) after the slot was empti
 runner after the job; one job at a time. The server talks to this side over a socketpair
 (SOCK_SEQPACKET, JSON messages); each job's stdout is a pipe of its own, passed over it.
 
-`ForkedJob` is the runner's handle on one job's child, a `ChildProcess` (job_process/launcher.py) as the
+`ForkedJob` is the runner's handle on one job's child, a `ChildProcess` (job_host/launcher.py) as the
 supervisor knows it: the same protocol messages, result, error and log; killing it kills the whole server
 (the next job starts cold while a new server warms up).
 """
@@ -31,9 +31,9 @@ import threading
 import time
 from pathlib import Path
 
-from job_process import bubblewrap, sandbox
-from job_process.launcher import JOB_MODULE, ChildProcess
-from job_process.zygote import FORK_SERVER_FLAG, receive, send
+from job_host import bubblewrap, sandbox
+from job_host.launcher import JOB_MODULE, ChildProcess
+from job_host.protocol import FORK_SERVER_FLAG, receive, send
 
 log = logging.getLogger(__name__)
 PREFIX = "warm-"  # as worker/warm.py's folders: remove_stale finds both

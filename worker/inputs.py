@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy.orm import sessionmaker
 
-from job_process.protocol import RESUME_FILE
-from job_process.spec import JobParams, JobSpec
-from service.db.models import Config, Dataset, Job, Model
-from service.settings import Settings
-from service.storage import BlobStore
+from core.db.models import Config, Dataset, Job, Model
+from core.settings import Settings
+from core.storage import BlobStore
+from job_host.protocol import RESUME_FILE
+from job_host.spec import JobParams, JobSpec
 from worker.records import last_checkpoint
 
 log = logging.getLogger(__name__)
@@ -29,7 +30,7 @@ def stage_inputs(
     job: Job,
     workdir: Path,
     visible_as: Path | None = None,
-    extra: dict | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> None:
     """Fetch the inputs into `workdir` and write spec.json; its paths name the folder `visible_as` (the name the
     job process sees it under, worker/warm.py), `workdir` by default. `extra`: more spec fields (a node of a job
@@ -55,7 +56,9 @@ def stage_inputs(
         outputs=model.outputs,
         dataset_format=dataset.format,
         checkpoint_every_steps=settings.checkpoint_every_steps,
-        **{k: str((visible_as or workdir) / name) for k, (_, name) in files.items()},
+        model=str((visible_as or workdir) / files["model"][1]),
+        cfg=str((visible_as or workdir) / files["cfg"][1]),
+        dataset=str((visible_as or workdir) / files["dataset"][1]),
         **(extra or {}),
     )
     if checkpoint := last_checkpoint(sessions, job.id):

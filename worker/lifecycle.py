@@ -1,6 +1,6 @@
 """What a worker process does when it starts and stops, hooked to Celery's signals (worker/main.py).
 
-- The worker registry (service/workers.py): once it consumes, the worker writes its queues to the
+- The worker registry (core/workers.py): once it consumes, the worker writes its queues to the
   database and renews them every `worker_heartbeat_s` from a thread; at a clean shutdown it removes
   its row (a killed one's row goes stale after `worker_stale_s`).
 - Orphans: the pool processes and the embedded beat (`-B`) ask the kernel to SIGKILL them when the
@@ -22,10 +22,10 @@ from sqlalchemy import create_engine
 from sqlalchemy.orm import sessionmaker
 from sqlalchemy.pool import NullPool
 
-from job_process.sandbox import die_with_parent
-from service import workers
-from service.db.session import _normalise
-from service.embedded_worker import DIE_WITH_PARENT_ENV  # the pid of the process the worker must not outlive
+from core import workers
+from core.db.session import _normalise
+from core.settings import DIE_WITH_PARENT_ENV  # the pid of the process the worker must not outlive
+from job_host.sandbox import die_with_parent
 from worker import warm
 
 log = logging.getLogger(__name__)

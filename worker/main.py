@@ -1,6 +1,6 @@
 """The module `celery -A worker.main worker` loads: the app built from the environment's settings, with the tasks."""
 
-from service.queue import make_celery
+from core.queue import make_celery
 from worker import lifecycle
 
 lifecycle.die_with_the_server()

@@ -26,15 +26,15 @@ from pathlib import Path
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
-from job_process.launcher import ChildProcess
-from job_process.protocol import job_folder_prefix
-from job_process.spec import JobParams
-from service.db import jobstate
-from service.db.models import Job, JobNode
-from service.db.session import session_factory
-from service.queue import Dispatcher, make_celery
-from service.settings import Settings
-from service.storage import BlobStore, open_store
+from core.db import jobstate
+from core.db.models import Job, JobNode
+from core.db.session import session_factory
+from core.queue import Dispatcher, make_celery
+from core.settings import Settings
+from core.storage import BlobStore, open_store
+from job_host.launcher import ChildProcess
+from job_host.protocol import job_folder_prefix
+from job_host.spec import JobParams
 from worker.inputs import stage_inputs
 
 log = logging.getLogger(__name__)

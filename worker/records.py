@@ -1,7 +1,7 @@
 """What the worker writes about a job while and after it runs: heartbeats, artifacts, its outcome.
 
 Blobs go to the store before the rows that point at them, so a row never names bytes that are not
-stored yet. Every status change and lease write goes through service/db/jobstate.py, fenced on the
+stored yet. Every status change and lease write goes through core/db/jobstate.py, fenced on the
 lease owner: a worker that lost its job (reclaimed after its lease ran out) writes nothing more.
 
 The job process's training checkpoints are uploaded as they come and kept as the job's one
@@ -16,10 +16,10 @@ from pathlib import Path
 from sqlalchemy import delete, select
 from sqlalchemy.orm import sessionmaker
 
-from job_process.protocol import CHECKPOINT_DIR, LOG_FILE
-from service.db import jobstate
-from service.db.models import Artifact
-from service.storage import BlobStore
+from core.db import jobstate
+from core.db.models import Artifact
+from core.storage import BlobStore
+from job_host.protocol import CHECKPOINT_DIR, LOG_FILE
 
 log = logging.getLogger(__name__)
 TRAIN_STATE = "train_state"  # the artifact kind of the job's last training checkpoint

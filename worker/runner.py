@@ -2,7 +2,7 @@
 
 Plain Python over the database and the store, so tests drive it without Celery. The worker process
 itself never imports torch or loads the user's model: the job process does (job_process/main.py,
-started through job_process/launcher.py in the sandbox).
+started through job_host/launcher.py in the sandbox).
 
 The pieces: worker/inputs.py (the job folder and its spec), worker/supervisor.py (heartbeats,
 cancel, the time limit), worker/records.py (what gets written: events, artifacts, the outcome),
@@ -20,14 +20,15 @@ import tempfile
 import uuid
 from pathlib import Path
 
-from job_process import bubblewrap, sandbox
-from job_process.launcher import ChildProcess
-from job_process.protocol import job_folder_prefix
-from service.db import jobstate
-from service.db.session import session_factory
-from service.reaper import job_folders
-from service.settings import Settings
-from service.storage import BlobStore, open_store
+from core.db import jobstate
+from core.db.session import session_factory
+from core.reaper import job_folders
+from core.settings import Settings
+from core.storage import BlobStore, open_store
+from job_host import bubblewrap, sandbox
+from job_host.launcher import ChildProcess
+from job_host.protocol import job_folder_prefix
+from worker.fork_server import ForkServerPool
 from worker.inputs import stage_inputs
 from worker.nodes import Leader, node_spec, nodes_of
 from worker.records import JobRecords
@@ -42,7 +43,11 @@ class JobRunner:
     job's child when the job is claimed."""
 
     def __init__(
-        self, settings: Settings, store: BlobStore | None = None, owner: str | None = None, warm: WarmPool | None = None
+        self,
+        settings: Settings,
+        store: BlobStore | None = None,
+        owner: str | None = None,
+        warm: WarmPool | ForkServerPool | None = None,
     ) -> None:
         self.settings, self.warm = settings, warm
         self.store = store or open_store(settings.resolved_artifact_store, settings.s3_endpoint_url)
@@ -96,7 +101,8 @@ class JobRunner:
             with child:
                 if child.is_warm:
                     child.begin()
-                    self.warm.fill()  # the next job's child warms up while this one runs
+                    if self.warm is not None:
+                        self.warm.fill()  # the next job's child warms up while this one runs
                 leader = Leader(self.settings, self.sessions, job, self.owner) if several else None
                 return supervise(child, records, self.settings, on_rendezvous=leader)
         except Exception as e:

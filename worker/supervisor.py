@@ -13,10 +13,10 @@ import signal
 import time
 from collections.abc import Callable
 
-from job_process.launcher import ChildProcess
-from job_process.protocol import CANCELLED_EXIT
-from service.db import jobstate
-from service.settings import Settings
+from core.db import jobstate
+from core.settings import Settings
+from job_host.launcher import ChildProcess
+from job_host.protocol import CANCELLED_EXIT
 from worker.records import JobRecords
 
 log = logging.getLogger(__name__)

@@ -7,8 +7,8 @@ import os
 
 from celery import shared_task
 
-from service.queue import JOIN_TASK, REAP_TASK, RUN_JOB_TASK, Dispatcher
-from service.reaper import reap_once
+from core.queue import JOIN_TASK, REAP_TASK, RUN_JOB_TASK, Dispatcher
+from core.reaper import reap_once
 from worker import warm
 from worker.nodes import NodeRunner
 from worker.runner import JobRunner

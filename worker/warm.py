@@ -8,7 +8,7 @@ and waits. When a job is claimed, the runner takes it (`take`), the folder is re
 into it, and the child is told to begin; a replacement is started at once (`fill`).
 
 Isolation is the cold child's: the same bubblewrap command line, seccomp filter, rlimits and
-environment (job_process/sandbox.py), one job per child, and a folder that held nothing until its
+environment (job_host/sandbox.py), one job per child, and a folder that held nothing until its
 job was handed over (docs/security.md, "Warm job processes"). A warm child dies with its worker
 process (bwrap's --die-with-parent: the pool process's main thread starts it, and lives as long as
 the process); a killed worker leaves an empty warm folder, removed by the next pool on that machine
@@ -31,9 +31,9 @@ import threading
 import time
 from pathlib import Path
 
-from job_process import bubblewrap
-from job_process.launcher import JOB_MODULE, ChildProcess
-from job_process.protocol import job_folder_prefix
+from job_host import bubblewrap
+from job_host.launcher import JOB_MODULE, ChildProcess
+from job_host.protocol import job_folder_prefix
 from worker.fork_server import ForkServerPool
 
 log = logging.getLogger(__name__)

@@ -161,6 +161,7 @@ def _apply(spec: PtqLayerSpec, config) -> PtqLayerSpec:
     if act_field is not None:
         act = getattr(config, act_field)
         calibrator = by_cfg_field(act_field)
+        assert calibrator is not None  # the oneof's fields are the table's (quant/calibrators.py)
         spec = replace(
             spec,
             act_algo=calibrator.name,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from google.protobuf import descriptor as _desc
 from google.protobuf import text_format
@@ -62,7 +62,7 @@ class _ErrorContext(NamedTuple):
     column: int | None
     doc: CfgDocument  # positions scanned from the (rejected) text
     unclosed: FieldSite | None
-    pool: object
+    pool: Any  # a protobuf DescriptorPool
 
     def site_at_or_before(self) -> FieldSite | None:
         if self.line is None:
@@ -98,7 +98,9 @@ def _misplaced_hint(ctx: _ErrorContext, site: FieldSite) -> str:
         holder = ctx.doc.site(outer) if outer else None
         if outer and (holder is None or holder.field is None):
             return ""
-        desc = holder.field.message_type if outer else ctx.doc.message.DESCRIPTOR
+        desc = (
+            holder.field.message_type if holder is not None and holder.field is not None else ctx.doc.message.DESCRIPTOR
+        )
         if site.name in desc.fields_by_name and (opened := ctx.doc.site(child)) is not None:
             return (
                 f' ("{site.name}" is a field of {desc.name}: is a "}}" missing to close '

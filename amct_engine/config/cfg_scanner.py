@@ -44,7 +44,7 @@ def _tokenize(text: str) -> list[_Token]:
     tokens = []
     for line_no, line in enumerate(text.split("\n"), start=1):
         for m in _TOKEN_RE.finditer(line):
-            if m.lastgroup != "skip":
+            if m.lastgroup is not None and m.lastgroup != "skip":
                 tokens.append(_Token(m.lastgroup, m.group(), line_no, m.start() + 1))
     return tokens
 

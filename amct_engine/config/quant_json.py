@@ -240,7 +240,7 @@ class _JsonReader:
         if ("clip_max" in cfg) != ("clip_min" in cfg):
             raise self.error(f"{name}.{key}: clip_max and clip_min must be given together", name)
         clip_max, clip_min = cfg.get("clip_max"), cfg.get("clip_min")
-        if clip_max is not None and not (clip_max > 0 > clip_min):
+        if clip_max is not None and not (clip_max > 0 > (clip_min or 0)):
             raise self.error(f"{name}.{key}: need clip_max > 0 and clip_min < 0", name)
         fixed_min = cfg.get("fixed_min")
         if fixed_min is not None and not isinstance(fixed_min, bool):

@@ -167,7 +167,7 @@ class _Resolver:
         if skip is None and prune is None:
             skip = Skip(
                 "not_configured",
-                (layout.prune_config,),
+                (layout.prune_config,) if layout.prune_config else (),
                 f"has no prune config (no global {layout.prune_config} and no override for it)",
             )
         return skip

@@ -18,6 +18,8 @@ from __future__ import annotations
 import platform
 from dataclasses import dataclass
 
+from amct_engine.registry import Registry
+
 
 @dataclass(frozen=True)
 class DeployTarget:
@@ -29,23 +31,38 @@ class DeployTarget:
     rewrites: tuple[str, ...] = ()
 
 
-TARGETS = {
-    target.name: target
-    for target in (
-        # the float stem before the channel padding (export/conv_float_stems.py, export/conv_int8_paths.py)
-        DeployTarget("x86_amx", True, ("float_stems", "gemm_path_convs")),
-        DeployTarget("x86_vnni", True, ("float_stems", "padded_input_channels")),
-        DeployTarget("x86_avx2", False),
-        DeployTarget("arm", True),
-    )
-}
-DEFAULT_DEPLOY_TARGET = "auto"
-DEPLOY_TARGETS = (DEFAULT_DEPLOY_TARGET, *TARGETS)
+TARGETS: Registry[DeployTarget] = Registry("deploy target")
+DEFAULT_DEPLOY_TARGET = "auto"  # the exporting machine's kind (detect_deploy_target)
+# The rewrites a target may name: the keys of export/qdq/finalize.py `TARGET_REWRITES` (a test holds them
+# equal), listed here so that a target naming another fails when it is registered, not at its first save.
+REWRITE_NAMES = ("float_stems", "padded_input_channels", "gemm_path_convs")
+
+
+def register_deploy_target(target: DeployTarget, *, replace: bool = False) -> DeployTarget:
+    unknown = [name for name in target.rewrites if name not in REWRITE_NAMES]
+    if unknown:
+        known = ", ".join(REWRITE_NAMES)
+        raise ValueError(f"deploy target {target.name!r}: unknown rewrite {unknown[0]!r}; known: {known}")
+    if target.name == DEFAULT_DEPLOY_TARGET:
+        raise ValueError(f"deploy target {target.name!r}: the name is reserved for the exporting machine's kind")
+    return TARGETS.register(target.name, target, replace=replace)
+
+
+def deploy_target_names() -> tuple[str, ...]:
+    """Every `deploy_target` a save, a job or the CLI accepts: "auto" first."""
+    return (DEFAULT_DEPLOY_TARGET, *TARGETS)
+
+
+# the float stem before the channel padding (export/conv_float_stems.py, export/conv_int8_paths.py)
+register_deploy_target(DeployTarget("x86_amx", True, ("float_stems", "gemm_path_convs")))
+register_deploy_target(DeployTarget("x86_vnni", True, ("float_stems", "padded_input_channels")))
+register_deploy_target(DeployTarget("x86_avx2", False))
+register_deploy_target(DeployTarget("arm", True))
 
 
 def check_deploy_target(name: object) -> str:
-    if name not in DEPLOY_TARGETS:
-        raise ValueError(f"deploy_target: unknown value {name!r}; choose one of {', '.join(DEPLOY_TARGETS)}")
+    if not isinstance(name, str) or name not in deploy_target_names():
+        raise ValueError(f"deploy_target: unknown value {name!r}; choose one of {', '.join(deploy_target_names())}")
     return str(name)
 
 

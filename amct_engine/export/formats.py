@@ -10,6 +10,7 @@ deploy format").
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from amct_engine.registry import Registry, load_object
 
@@ -20,7 +21,7 @@ class DeployFormatEntry:
     summary: str  # one line for the OpenAPI description and `--help`
     implementation: str  # "package.module:object": the format's writer, finaliser and reference check
 
-    def load(self):
+    def load(self) -> Any:  # an amct_engine.export.onnx_formats.OnnxFormat
         return load_object(self.implementation)
 
 

@@ -6,8 +6,8 @@ from fastapi import APIRouter
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import iterate_in_threadpool
 
+from core.db.models import Artifact, Job
 from service.auth import ReadCaller
-from service.db.models import Artifact, Job
 from service.deps import SessionDep, StoreDep
 from service.problems import Problem
 from service.routes.jobs import artifact_out

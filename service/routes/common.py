@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from service.db.models import Base
+from core.db.models import Base
 from service.problems import Problem
 from service.schemas import control_character
 
@@ -26,13 +26,13 @@ def not_found(what: str, id_: str) -> Problem:
     return Problem(404, f"no {what} with id {id_!r}", field=f"{what}_id", resource=what)
 
 
-def find_by_sha(session: Session, model: type[T], project: str, sha256: str) -> T | None:
+def find_by_sha(session: Session, model: Any, project: str, sha256: str) -> Any:
     return session.scalars(
         select(model).where(model.project_id == project, model.sha256 == sha256).order_by(model.created_at)
     ).first()
 
 
-def multipart(required: list[str], fields: dict[str, dict], summary: str) -> dict:
+def multipart(required: list[str], fields: dict[str, dict], summary: str) -> dict[str, Any]:
     """`openapi_extra` for an upload route: the multipart form it reads itself (streamed, not via FastAPI)."""
     properties = {"file": {"type": "string", "format": "binary", "description": summary}, **fields}
     return {
@@ -47,7 +47,7 @@ def multipart(required: list[str], fields: dict[str, dict], summary: str) -> dic
     }
 
 
-UPLOAD_ERRORS = {
+UPLOAD_ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"description": "a malformed multipart body"},
     413: {"description": "file over the size limit"},
     415: {"description": "not a multipart/form-data body"},

@@ -6,13 +6,15 @@ carries the engine's `line`, `column` and `field`.
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse
 from starlette.concurrency import run_in_threadpool
 
-from job_process.kinds import CFG_KINDS, kinds_for_cfg
+from core.db.models import Config
+from job_host.kinds import CFG_KINDS, kinds_for_cfg
 from service.auth import ReadCaller, WriteCaller
-from service.db.models import Config
 from service.deps import SessionDep, SettingsDep, StoreDep
 from service.problems import Problem
 from service.routes.common import NAME_FIELD, UPLOAD_ERRORS, get_or_404, multipart, require_name
@@ -22,11 +24,11 @@ from service.uploads import receive_upload
 router = APIRouter(prefix="/v1/configs", tags=["configs"])
 
 
-def summarise_cfg(text: str, kind: str, filename: str) -> dict:
+def summarise_cfg(text: str | bytes, kind: str, filename: str) -> dict:
     """Parse (ConfigError on a bad file) and say which job kinds accept the cfg, and why not.
 
     Each job kind that takes a cfg of this `kind` gets a verdict: its engine API family's check
-    (docs/spec/engine.md §1.2-§1.4), or just the parse when it names none (job_process/kinds.py).
+    (docs/spec/engine.md §1.2-§1.4), or just the parse when it names none (job_host/kinds.py).
     """
     # Imported on first use: the engine pulls in torch, which the API needs for nothing else.
     from amct_engine.config.cfg_checks import check_cfg_for_api
@@ -34,11 +36,11 @@ def summarise_cfg(text: str, kind: str, filename: str) -> dict:
     from amct_engine.config.errors import ConfigError
 
     doc = parse_cfg_document(text, kind, filename)
-    job_kinds = {}
+    job_kinds: dict[str, dict[str, Any]] = {}
     for job_kind in kinds_for_cfg(kind):
         try:
             if job_kind.engine_api is not None:
-                check_cfg_for_api(doc, job_kind.engine_api)
+                check_cfg_for_api(doc, job_kind.engine_api)  # type: ignore[arg-type]  # an ENGINE_APIS name
             job_kinds[job_kind.name] = {"ok": True}
         except ConfigError as e:
             job_kinds[job_kind.name] = {"ok": False, "detail": str(e), "line": e.line, "column": e.column}
@@ -74,7 +76,7 @@ async def upload_config(
         if kind not in CFG_KINDS:
             raise Problem(422, f"kind must be {' or '.join(map(repr, CFG_KINDS))}", field="kind")
         name = require_name(upload.fields, upload.filename)
-        data = upload.path.read_bytes()
+        data = upload.file.read_bytes()
         try:
             summary = await run_in_threadpool(summarise_cfg, data, kind, upload.filename or name)
         except ConfigError as e:
@@ -88,7 +90,7 @@ async def upload_config(
                 cfg_field=e.field,
                 message=e.message,
             ) from None
-        blob = await run_in_threadpool(store.put_file, upload.path, upload.sha256)
+        blob = await run_in_threadpool(store.put_file, upload.file, upload.sha256)
     finally:
         upload.discard()
     config = Config(

@@ -6,11 +6,12 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 
+from core.db.models import Dataset
 from service.auth import ReadCaller, WriteCaller
 from service.checks import BUSY_RESPONSE, checks_slot
 from service.datasets import DatasetError, describe_dataset
-from service.db.models import Dataset
 from service.deps import SessionDep, SettingsDep, StoreDep
+from service.job_rules import array_of
 from service.problems import Problem
 from service.routes.common import NAME_FIELD, UPLOAD_ERRORS, get_or_404, multipart, require_name
 from service.schemas import CleanStr, DatasetOut
@@ -41,12 +42,12 @@ async def upload_dataset(
         try:
             name = require_name(upload.fields, upload.filename)
             try:
-                fmt, description = await run_in_threadpool(describe_dataset, str(upload.path), settings)
+                fmt, description = await run_in_threadpool(describe_dataset, str(upload.file), settings)
             except DatasetError as e:
-                raise Problem(422, str(e), field="file", **({"array": e.array} if e.array else {})) from None
+                raise Problem(422, str(e), field="file", **array_of(e)) from None
             except ValueError as e:
                 raise Problem(422, str(e), field="file") from None
-            blob = await run_in_threadpool(store.put_file, upload.path, upload.sha256)
+            blob = await run_in_threadpool(store.put_file, upload.file, upload.sha256)
         finally:
             upload.discard()
     dataset = Dataset(

@@ -17,9 +17,9 @@ from fastapi.responses import StreamingResponse
 from sqlalchemy import select
 from starlette.concurrency import run_in_threadpool
 
+from core.db import jobstate
+from core.db.models import Job, JobEvent
 from service.auth import ReadCaller
-from service.db import jobstate
-from service.db.models import Job, JobEvent
 from service.deps import SettingsDep
 from service.problems import Problem
 from service.routes.common import get_or_404

@@ -14,12 +14,12 @@ from fastapi.responses import JSONResponse
 from sqlalchemy import func, select, text
 from starlette.concurrency import run_in_threadpool
 
-from job_process import bubblewrap
-from service import workers
-from service.db import jobstate
-from service.db.models import Job
+from core import workers
+from core.db import jobstate
+from core.db.models import Job
+from core.settings import DEVICES
+from job_host import bubblewrap
 from service.problems import problem_response
-from service.settings import DEVICES
 
 router = APIRouter(tags=["health"])
 

@@ -6,16 +6,16 @@ import base64
 import functools
 import json
 from datetime import UTC, datetime
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request, Response
-from sqlalchemy import Connection, Row, Select, and_, bindparam, or_, select
+from sqlalchemy import Connection, Row, Select, String, and_, bindparam, or_, select
 
+from core import workers
+from core.db import jobstate
+from core.db.models import Artifact, Job
 from service import job_submission as submission
-from service import workers
 from service.auth import Caller, Credentials, ReadCaller, WriteCaller, read_as_caller
-from service.db import jobstate
-from service.db.models import Artifact, Job
 from service.deps import DispatcherDep, SessionDep, SettingsDep
 from service.etag import NOT_MODIFIED, conditional_json
 from service.problems import Problem
@@ -191,7 +191,7 @@ def _list_statement(by_status: bool, by_kind: bool, after: bool) -> Select:
         query = query.where(Job.kind.in_(bindparam("kind", expanding=True)))
     if after:
         # Keyset on (created_at, id): stable while jobs are added or change state under the reader.
-        created, after_id = bindparam("created", type_=Job.created_at.type), bindparam("after_id")
+        created, after_id = bindparam("created", type_=Job.created_at.type), bindparam("after_id", type_=String())
         query = query.where(or_(Job.created_at < created, and_(Job.created_at == created, Job.id < after_id)))
     return query.order_by(Job.created_at.desc(), Job.id.desc()).limit(bindparam("limit"))
 
@@ -209,7 +209,7 @@ async def list_jobs(
     has an ETag; send it back as `If-None-Match` and an unchanged page is a 304 without a body."""
 
     def read(connection: Connection, caller: Caller) -> JobPage:
-        params = {"project": caller.project, "status": status, "kind": kind, "limit": limit + 1}
+        params: dict[str, Any] = {"project": caller.project, "status": status, "kind": kind, "limit": limit + 1}
         if cursor:
             params["created"], params["after_id"] = decode_cursor(cursor)
         rows = connection.execute(_list_statement(bool(status), bool(kind), bool(cursor)), params).all()

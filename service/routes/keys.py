@@ -5,9 +5,9 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from sqlalchemy import select
 
+from core.db.models import ApiKey
 from service import auth
 from service.auth import AdminCaller, ReadCaller
-from service.db.models import ApiKey
 from service.deps import SessionDep
 from service.problems import Problem
 from service.schemas import CleanStr, KeyCreate, KeyCreated, KeyList, KeyOut, Me

@@ -1,7 +1,7 @@
 """GET /v1/meta: the job kinds, deploy formats, devices, objectives and job states this server accepts.
 
-Read from the tables that define them (job_process/kinds.py, amct_engine/export/formats.py,
-service/settings.py, job_process/objective_names.py, service/db/jobstate.py), so the dashboard's
+Read from the tables that define them (job_host/kinds.py, amct_engine/export/formats.py,
+core/settings.py, job_host/objective_names.py, core/db/jobstate.py), so the dashboard's
 choices are never a copy.
 """
 
@@ -9,15 +9,15 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from amct_engine.export.deploy_target import DEPLOY_TARGETS
+from amct_engine.export.deploy_target import deploy_target_names
 from amct_engine.export.formats import DEPLOY_FORMATS
-from job_process import bubblewrap
-from job_process.kinds import DEFAULT_JOB_KIND, JOB_KINDS
-from job_process.objective_names import DISTILL_LOSSES, OBJECTIVES
+from core.db.jobstate import STATES, TERMINAL
+from core.settings import DEVICES
+from job_host import bubblewrap
+from job_host.kinds import DEFAULT_JOB_KIND, JOB_KINDS
+from job_host.objective_names import DISTILL_LOSSES, OBJECTIVES
 from service.auth import ReadCaller
-from service.db.jobstate import STATES, TERMINAL
 from service.schemas import DeployFormatInfo, JobCreate, JobKindInfo, Meta, SandboxInfo
-from service.settings import DEVICES
 
 router = APIRouter(prefix="/v1/meta", tags=["meta"])
 
@@ -30,7 +30,7 @@ def get_meta(caller: ReadCaller) -> Meta:
             for k in JOB_KINDS.values()
         ],
         deploy_formats=[DeployFormatInfo(name=f.name, summary=f.summary) for f in DEPLOY_FORMATS.values()],
-        deploy_targets=list(DEPLOY_TARGETS),
+        deploy_targets=list(deploy_target_names()),
         devices=list(DEVICES),
         objectives=list(OBJECTIVES),
         distill_losses=list(DISTILL_LOSSES),

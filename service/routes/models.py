@@ -13,10 +13,12 @@ from pathlib import Path
 from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 
-from job_process import sandbox, signature
-from job_process.bubblewrap import SandboxUnavailable
-from job_process.errors import scrub
-from job_process.signature import (
+from core.db.models import Model
+from core.settings import Settings
+from job_host import sandbox, signature
+from job_host.bubblewrap import SandboxUnavailable
+from job_host.errors import scrub
+from job_host.signature import (
     EXAMPLE_BATCH,
     INPUTS_EXAMPLE,
     SHORTHAND_DTYPES,
@@ -27,12 +29,10 @@ from job_process.signature import (
 )
 from service.auth import ReadCaller, WriteCaller
 from service.checks import BUSY_RESPONSE, checks_slot
-from service.db.models import Model
 from service.deps import SessionDep, SettingsDep, StoreDep
 from service.problems import Problem
 from service.routes.common import NAME_FIELD, UPLOAD_ERRORS, get_or_404, multipart, require_name
 from service.schemas import CleanStr, ModelOut
-from service.settings import Settings
 from service.uploads import Upload, receive_upload
 from service.zipcheck import check_zip
 
@@ -91,17 +91,17 @@ def validate_in_child(upload: Upload, inputs: list[dict], batch: int, settings: 
     """Load + forward + capture in a sandboxed child; the API process never unpickles user code.
 
     The child sees the upload (read-only) and a fresh folder of its own, nothing else of the data dir;
-    what it reports is scrubbed (job_process/errors.py) and its stderr never reaches the answer.
+    what it reports is scrubbed (job_host/errors.py) and its stderr never reaches the answer.
     """
     folder = Path(tempfile.mkdtemp(prefix="check-", dir=settings.tmp_dir))
     try:
         result = sandbox.run(
             "job_process.validate_model",
-            [str(upload.path), json.dumps(inputs), str(batch)],
+            [str(upload.file), json.dumps(inputs), str(batch)],
             cwd=folder,
             timeout_s=settings.validate_timeout_s,
             memory_bytes=settings.validate_memory_bytes,
-            read_only=[upload.path],
+            read_only=[upload.file],
             cpu_seconds=int(settings.validate_timeout_s * (os.cpu_count() or 1)),
         )
     except subprocess.TimeoutExpired:
@@ -198,7 +198,7 @@ async def upload_model(
                     field="file",
                     stage=report["stage"],
                 )
-            blob = await run_in_threadpool(store.put_file, upload.path, upload.sha256)
+            blob = await run_in_threadpool(store.put_file, upload.file, upload.sha256)
         finally:
             upload.discard()
     model = Model(

@@ -57,7 +57,7 @@ def pg_url():
         pytest.skip(f"PostgreSQL is not reachable at {PG_ADMIN_URL}: {e}")
     admin.execute(f'CREATE DATABASE "{name}"')
     yield PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
-    from service.db.session import engine_for
+    from core.db.session import engine_for
 
     engine_for.cache_clear()
     admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

@@ -24,7 +24,7 @@ from pathlib import Path
 import httpx
 from sqlalchemy import select
 
-from service.db.models import JobEvent
+from core.db.models import JobEvent
 from tests.service.support import QUANT_CFG, ROOT, Api, Worker, wait_until
 from worker.fork_server import job_marker
 
@@ -370,7 +370,7 @@ class EmbeddedServer:
     def __enter__(self) -> EmbeddedServer:
         from sqlalchemy.orm import sessionmaker
 
-        from service.db.session import make_engine
+        from core.db.session import make_engine
 
         self.folder.mkdir(parents=True, exist_ok=True)
         self._log = open(self.folder / "serve.log", "wb")  # noqa: SIM115 - the server's whole life
@@ -410,7 +410,7 @@ class EmbeddedServer:
         return {"model_id": model.json()["id"], "config_id": config.json()["id"], "dataset_id": dataset.json()["id"]}
 
     def __exit__(self, *exc) -> None:
-        from job_process.sandbox import stop_group
+        from job_host.sandbox import stop_group
 
         self.client.close()
         stop_group(self.proc, 30)

@@ -12,9 +12,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from job_process.protocol import RESULT_FILE, emit
-from job_process.sandbox import limit_self
-from job_process.zygote import FORK_SERVER_FLAG, serve
+from job_host.protocol import FORK_SERVER_FLAG, RESULT_FILE, emit
+from job_host.sandbox import limit_self
+from job_process.zygote import serve
 
 
 def _try(action) -> str:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 
-from job_process.sandbox import stop_group
+from job_host.sandbox import stop_group
 from tests.service.support import ROOT, wait_until
 
 # Unset so the server falls back to its embedded defaults under --data-dir.

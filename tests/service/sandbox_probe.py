@@ -1,7 +1,7 @@
 """Run through the sandbox by test_sandbox.py: what can a child see and reach? One JSON line on stdout.
 
 TorchScript cannot open a socket, so the network is probed with plain Python through the same
-command line the job process and model validation start with (job_process/sandbox.py).
+command line the job process and model validation start with (job_host/sandbox.py).
 `python -m tests.service.sandbox_probe PORT PATH...`: connect to 127.0.0.1:PORT and to an address
 off this machine (TEST-NET-1: it never answers, but a route to it exists outside), open a raw packet
 socket, read each PATH, write next to each PATH.
@@ -14,7 +14,7 @@ import platform
 import socket
 import sys
 
-from job_process.sandbox import limit_self
+from job_host.sandbox import limit_self
 
 
 def attempt(fn) -> str:

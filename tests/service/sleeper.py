@@ -2,7 +2,7 @@
 
 import time
 
-from job_process.sandbox import limit_self
+from job_host.sandbox import limit_self
 
 if __name__ == "__main__":
     limit_self()

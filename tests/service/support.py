@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from job_process.sandbox import stop_group
-from service.settings import Settings
+from core.settings import Settings
+from job_host.sandbox import stop_group
 
 ROOT = Path(__file__).resolve().parents[2]
 PG_ADMIN_URL = os.environ.get("AMCT_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -185,7 +185,7 @@ def wait_terminal(api: Api, job_id: str, timeout: float = 240) -> dict:
 def api_with_ready_model(settings: Settings, assets: Path) -> Iterator[tuple[Api, dict]]:
     """The API with the test CNN as a ready model (its row inserted: the upload check is tested elsewhere),
     the INT8 QAT cfg and the small dataset uploaded; yields the Api and the ids a job request names."""
-    from service.db.models import Model
+    from core.db.models import Model
 
     with open_api(settings) as client:
         api = Api(client, settings)

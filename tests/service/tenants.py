@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from core.db.models import Artifact, Model
 from service import auth
-from service.db.models import Artifact, Model
 from tests.service.support import QUANT_CFG, Api, npz_bytes
 
 FEATURES = 16  # the tiny model takes [1, 16]

@@ -7,7 +7,7 @@ import hashlib
 import pytest
 from sqlalchemy import select
 
-from service.db.models import Artifact, Job
+from core.db.models import Artifact, Job
 from service.problems import PROBLEM_JSON
 from tests.service.support import QUANT_CFG, npz_bytes
 

@@ -186,7 +186,7 @@ def test_the_production_api_command_serves_from_several_processes(env, tmp_path)
         got = [httpx.get(f"{url}/v1/jobs/{job_id}", headers=headers, timeout=10) for _ in range(8)]
         assert {r.status_code for r in got} == {200} and len({r.headers["ETag"] for r in got}) == 1
     finally:
-        from job_process.sandbox import stop_group
+        from job_host.sandbox import stop_group
 
         stop_group(proc, 20)
         log.close()

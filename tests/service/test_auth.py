@@ -15,10 +15,10 @@ import pytest
 from sqlalchemy import func, select
 from typer.testing import CliRunner
 
+from core.db.models import ApiKey, Job
 from service import auth
 from service.admin_cli import admin_app
 from service.app import create_app
-from service.db.models import ApiKey, Job
 from tests.service.support import QUANT_CFG, make_settings, open_api
 from tests.service.tenants import keyed_client, make_tenant, populate, tiny_model_bytes
 from tests.service.test_api import assert_problem
@@ -276,8 +276,8 @@ def test_admin_cli_creates_projects_and_keys_and_revokes_them(tmp_path, monkeypa
     assert runner.invoke(admin_app, ["create-key", "nobody"]).exit_code == 1
     assert runner.invoke(admin_app, ["create-key", "vision", "--scope", "root"]).exit_code != 0
 
-    from service.db.session import read_engine
-    from service.settings import Settings
+    from core.db.session import read_engine
+    from core.settings import Settings
 
     engine = read_engine(Settings().resolved_database_url)
     with engine.connect() as connection:

@@ -18,7 +18,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from job_process.sandbox import stop_group
+from job_host.sandbox import stop_group
 from tests.service.crash_scenario import (
     FAST_RECOVERY_ENV,
     WIRING,

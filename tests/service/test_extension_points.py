@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from job_process.kinds import JOB_KINDS, MODULES_ENV, register_job_kind
-from job_process.launcher import ChildProcess
-from job_process.protocol import SPEC_FILE
+from job_host.kinds import JOB_KINDS, MODULES_ENV, register_job_kind
+from job_host.launcher import ChildProcess
+from job_host.protocol import SPEC_FILE
 from service.app import create_app
 from tests.service.support import QUANT_CFG, ROOT, make_settings, open_api
 from tests.service.tenants import FEATURES, tiny_dataset, tiny_model_bytes

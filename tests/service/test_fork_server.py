@@ -14,7 +14,7 @@ import threading
 
 import pytest
 
-from job_process import bubblewrap
+from job_host import bubblewrap
 from tests.service.crash_scenario import get_job, job_events, kill_engine_at_checkpoint
 from tests.service.support import api_with_ready_model, make_settings
 from tests.service.test_warm_start import _record

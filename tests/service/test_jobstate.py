@@ -9,9 +9,9 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import func, select, update
 
-from service.db import jobstate, migrate
-from service.db.models import Base, Config, Dataset, Job, JobEvent, Model, Project, utcnow
-from service.db.session import engine_for, session_factory
+from core.db import jobstate, migrate
+from core.db.models import Base, Config, Dataset, Job, JobEvent, Model, Project, utcnow
+from core.db.session import engine_for, session_factory
 from tests.service.support import make_settings
 
 
@@ -192,7 +192,7 @@ class RecordingDispatcher:
 
 
 def test_reaper_requeues_a_job_whose_worker_vanished(db_url, sessions, job_id, tmp_path):
-    from service.reaper import reap_once
+    from core.reaper import reap_once
 
     with sessions.begin() as s:
         jobstate.claim_job(s, job_id, "worker-a", lease_s=60)
@@ -207,7 +207,7 @@ def test_reaper_requeues_a_job_whose_worker_vanished(db_url, sessions, job_id, t
 
 
 def test_reaper_fails_a_job_that_lost_its_worker_too_often(db_url, sessions, job_id, tmp_path):
-    from service.reaper import reap_once
+    from core.reaper import reap_once
 
     with sessions.begin() as s:
         jobstate.claim_job(s, job_id, "worker-a", lease_s=60)
@@ -223,7 +223,7 @@ def test_reaper_fails_a_job_that_lost_its_worker_too_often(db_url, sessions, job
 
 def test_reaper_resends_a_queued_job_nobody_claimed_once_per_period(db_url, sessions, job_id, tmp_path):
     """The API committed the row but the message never reached (or was lost by) the broker."""
-    from service.reaper import reap_once
+    from core.reaper import reap_once
 
     settings = make_settings(tmp_path, database_url=db_url, requeue_after_s=60)
     with sessions.begin() as s:
@@ -244,7 +244,7 @@ def test_reaper_resends_a_queued_job_nobody_claimed_once_per_period(db_url, sess
 
 def test_reaper_does_not_resend_a_job_whose_message_still_waits(db_url, sessions, job_id, tmp_path):
     """A long queue is not a lost message: no duplicates pile up behind a busy worker."""
-    from service.reaper import reap_once
+    from core.reaper import reap_once
 
     settings = make_settings(tmp_path, database_url=db_url, requeue_after_s=60)
     with sessions.begin() as s:
@@ -258,7 +258,7 @@ def test_reaper_does_not_resend_a_job_whose_message_still_waits(db_url, sessions
 
 def test_reaper_cancels_a_job_that_lost_its_worker_while_cancelling(db_url, sessions, job_id, tmp_path):
     """Back to the queue it would stay queued forever: the claim refuses a job with a pending cancel."""
-    from service.reaper import reap_once
+    from core.reaper import reap_once
 
     with sessions.begin() as s:
         jobstate.claim_job(s, job_id, "worker-a", lease_s=60)

@@ -10,9 +10,9 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import func, select, update
 
-from job_process.kinds import JOB_KINDS
-from service.db import jobstate
-from service.db.models import Job
+from core.db import jobstate
+from core.db.models import Job
+from job_host.kinds import JOB_KINDS
 from tests.service.support import QUANT_CFG, Api, make_settings, open_api
 
 

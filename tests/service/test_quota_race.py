@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from sqlalchemy import func, select
 
-from service.db.models import Job
+from core.db.models import Job
 from tests.service.tenants import make_tenant, populate
 
 QUOTA, SUBMITS = 20, 200

@@ -23,10 +23,10 @@ import pytest
 from pydantic import ValidationError
 from sqlalchemy import update
 
-from job_process import sandbox
-from job_process.launcher import JOB_MODULE
-from job_process.protocol import CHECKPOINT_DIR, RESULT_FILE, RESUME_FILE, SPEC_FILE, parse_line
-from service.db.models import Job
+from core.db.models import Job
+from job_host import sandbox
+from job_host.launcher import JOB_MODULE
+from job_host.protocol import CHECKPOINT_DIR, RESULT_FILE, RESUME_FILE, SPEC_FILE, parse_line
 from tests.service.crash_scenario import (
     FAST_RECOVERY,
     RedisServer,
@@ -161,7 +161,7 @@ def test_a_redis_restart_loses_no_job(stack, tmp_path):
 
 def test_the_visibility_timeout_reaches_the_broker_connection(redis_server, tmp_path):
     """celery#7651, #9339: a visibility_timeout that never reached kombu's Redis channel (docs/spec/service.md §2a)."""
-    from service.queue import make_celery
+    from core.queue import make_celery
 
     settings = make_settings(tmp_path, broker_url=redis_server.url, job_time_limit_s=7200, visibility_timeout_s=12345)
     with make_celery(settings).connection_for_read() as connection:
@@ -293,7 +293,7 @@ def test_killed_by_reads_popen_and_wrapper_exit_codes(code, name):
 
 
 def test_the_reaper_removes_the_folders_of_dead_attempts_only(runner_env):
-    from service.reaper import reap_once
+    from core.reaper import reap_once
 
     api, ids = runner_env
     queued = api.submit(kind="quant_retrain", **ids).json()["id"]
@@ -398,7 +398,7 @@ def test_the_engine_child_dies_with_the_worker_that_started_it(tmp_path):
         [
             sys.executable,
             "-c",
-            "import subprocess, time; from job_process import sandbox;"
+            "import subprocess, time; from job_host import sandbox;"
             f"p = sandbox.popen('tests.service.sleeper', [], cwd={str(tmp_path)!r}, stdout=subprocess.PIPE, text=True);"
             "assert p.stdout.readline().strip() == 'ready'; print(p.pid, flush=True); time.sleep(60)",
         ],

@@ -6,7 +6,7 @@ import importlib.util
 
 import pytest
 
-from job_process.kinds import JOB_KINDS
+from job_host.kinds import JOB_KINDS
 from tests.service.support import api_with_ready_model, make_settings
 from worker.runner import JobRunner
 

@@ -22,11 +22,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from job_process import bubblewrap, sandbox
-from job_process.errors import EXCERPT_CHARS, MAX_CHARS, describe, scrub
-from job_process.launcher import ChildProcess
-from job_process.protocol import ERROR_FILE, SPEC_FILE
-from service.db.models import Model
+from core.db.models import Model
+from job_host import bubblewrap, sandbox
+from job_host.errors import EXCERPT_CHARS, MAX_CHARS, describe, scrub
+from job_host.launcher import ChildProcess
+from job_host.protocol import ERROR_FILE, SPEC_FILE
 from tests.service import hostile
 from tests.service.support import QUANT_CFG, ROOT, Api, make_settings, open_api
 from tests.service.test_api import assert_problem
@@ -236,7 +236,7 @@ def test_the_sandbox_has_no_network_no_host_files_and_no_credentials(service, tm
     assert seen["connect"] == "ConnectionRefusedError: errno 111", seen
     assert seen["connect_outside"] == "OSError: errno 101", seen  # ENETUNREACH
     assert seen["packet_socket"] != "ok" and seen["unshare"] != "ok"
-    assert seen["keyctl"] == "PermissionError: errno 1"  # EPERM from the seccomp filter (job_process/seccomp.py)
+    assert seen["keyctl"] == "PermissionError: errno 1"  # EPERM from the seccomp filter (job_host/seccomp.py)
     assert all(result.startswith("FileNotFoundError") for result in seen["read"].values()), seen["read"]
     assert not any(os.path.exists(p + ".planted") for p in paths)
     assert seen["write_own_folder"] == "ok" and (folder / "own.planted").exists()

@@ -6,7 +6,7 @@ import hashlib
 
 import pytest
 
-from service.storage import LocalStore, open_store
+from core.storage import LocalStore, open_store
 
 BLOB = b"onnx bytes " * 1000
 SHA = hashlib.sha256(BLOB).hexdigest()

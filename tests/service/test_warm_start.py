@@ -14,7 +14,7 @@ import signal
 
 import pytest
 
-from job_process import bubblewrap
+from job_host import bubblewrap
 from tests.service.support import Api, api_with_ready_model, make_settings, wait_until
 from worker.runner import JobRunner
 from worker.warm import WarmPool, remove_stale

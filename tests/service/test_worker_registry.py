@@ -1,4 +1,4 @@
-"""The worker registry (service/workers.py): a job for a device no live worker serves is told so.
+"""The worker registry (core/workers.py): a job for a device no live worker serves is told so.
 
 Workers write their queues to the `workers` table with a heartbeat (worker/lifecycle.py). A submit for
 a device none of this deployment's live workers serves is a 409 naming the devices that are served;
@@ -14,9 +14,9 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import select
 
-from service import workers
-from service.db.models import Worker as WorkerRow
-from service.db.models import utcnow
+from core import workers
+from core.db.models import Worker as WorkerRow
+from core.db.models import utcnow
 from service.problems import PROBLEM_JSON
 from tests.service.support import Worker, make_settings, open_api, wait_until
 from tests.service.tenants import make_tenant, populate

@@ -1,7 +1,7 @@
 """A job kind that exists only for test_extension_points.py: it deploys the model unchanged.
 
 Importing this module registers the kind. The test process imports it itself; the job process
-imports it because the test names it in AMCT_JOB_KIND_MODULES, which job_process/kinds.py reads and
+imports it because the test names it in AMCT_JOB_KIND_MODULES, which job_host/kinds.py reads and
 the sandbox passes on (the mechanism a plugin kind uses).
 """
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import shutil
 
-from job_process.kinds import JobKind, register_job_kind
-from job_process.protocol import emit
+from job_host.kinds import JobKind, register_job_kind
+from job_host.protocol import emit
 
 KIND = JobKind(
     "throwaway",

@@ -11,9 +11,9 @@ import os
 import sys
 from pathlib import Path
 
-from job_process.protocol import RESULT_FILE
-from job_process.sandbox import limit_self
-from job_process.warm import READY_LINE, STARTED_LINE, wait_for_start
+from job_host.protocol import READY_LINE, RESULT_FILE, STARTED_LINE
+from job_host.sandbox import limit_self
+from job_process.warm import wait_for_start
 
 
 def listing(path: Path) -> list[str] | str:

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import and_, select, update
+from sqlalchemy import CursorResult, and_, select, update
 from sqlalchemy.orm import Session
 
-from service.db.models import Job, JobEvent, utcnow
-from service.job_states import CANCELLED, FAILED, QUEUED, RUNNING, STATES, SUCCEEDED, TERMINAL  # noqa: F401 - re-exported
+from core.db.models import Job, JobEvent, utcnow
+from core.job_states import CANCELLED, FAILED, QUEUED, RUNNING, STATES, SUCCEEDED, TERMINAL  # noqa: F401 - re-exported
 
 # (from, to) -> the name of the edge, recorded in the event. Nothing else is allowed.
 TRANSITIONS: dict[tuple[str, str], str] = {
@@ -75,7 +75,7 @@ def transition(
         changes.setdefault("finished_at", now)
         changes.setdefault("lease_owner", None)
         changes.setdefault("lease_expires_at", None)
-    result = session.execute(update(Job).where(*conditions).values(**changes))
+    result = cast(CursorResult, session.execute(update(Job).where(*conditions).values(**changes)))
     if result.rowcount != 1:
         return False
     add_event(session, job_id, "state", {"status": to, "from": from_, "edge": edge, **(event or {})})
@@ -178,10 +178,13 @@ def request_cancel(session: Session, job_id: str) -> str:
     ):
         return CANCELLED
     if job.status == RUNNING:
-        result = session.execute(
-            update(Job)
-            .where(Job.id == job_id, Job.status == RUNNING, Job.cancel_requested_at.is_(None))
-            .values(cancel_requested_at=utcnow(), updated_at=utcnow())
+        result = cast(
+            CursorResult,
+            session.execute(
+                update(Job)
+                .where(Job.id == job_id, Job.status == RUNNING, Job.cancel_requested_at.is_(None))
+                .values(cancel_requested_at=utcnow(), updated_at=utcnow())
+            ),
         )
         if result.rowcount == 1:
             add_event(session, job_id, "log", {"message": "cancel requested"})
@@ -219,6 +222,7 @@ def recover_lost_job(session: Session, job_id: str) -> str | None:
         select(Job.attempt, Job.max_attempts, Job.cancel_requested_at).where(Job.id == job_id)
     ).one()
     lease_over = Job.lease_expires_at < utcnow()  # still expired: its worker did not come back meanwhile
+    values: dict[str, Any]
     if cancel is not None:
         to, values = CANCELLED, {"phase": None}
         event = {"reason": "cancel requested", "stopped_by": "worker lost"}

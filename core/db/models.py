@@ -83,7 +83,7 @@ class Model(BlobMixin, Base):
     format: Mapped[str] = mapped_column(String(32), default="torchscript")
     input_shape: Mapped[list[int]] = mapped_column(JSON)  # [1, 1, 28, 28]
     input_dtype: Mapped[str] = mapped_column(String(16), default="float32")
-    # The signature (job_process/signature.py): [{name, shape, dtype}] and the output structure the
+    # The signature (job_host/signature.py): [{name, shape, dtype}] and the output structure the
     # upload check recorded. None on rows from before migration 0003: `input_shape` is the signature then.
     inputs: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, default=None)
     outputs: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
@@ -94,7 +94,7 @@ class Model(BlobMixin, Base):
 
     @property
     def signature(self) -> list[dict[str, Any]]:
-        from job_process.signature import from_input_shape
+        from job_host.signature import from_input_shape
 
         return self.inputs or from_input_shape(self.input_shape, self.input_dtype)
 
@@ -199,7 +199,7 @@ class JobNode(Base):
 
 
 class Worker(Base):
-    """A Celery worker and the queues it consumes, kept fresh by its heartbeat (service/workers.py)."""
+    """A Celery worker and the queues it consumes, kept fresh by its heartbeat (core/workers.py)."""
 
     __tablename__ = "workers"
     name: Mapped[str] = mapped_column(String(200), primary_key=True)  # <celery node name>:<pid>

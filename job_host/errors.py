@@ -57,9 +57,9 @@ def describe(e: BaseException, stage: str) -> str:
         return scrub(f"{name}: {' '.join(lines)}" if lines else name, limit)
     # TorchScript puts the real cause on the last line of a long trace of the model's own code, as
     # `builtins.RuntimeError: …` for a `raise` in the model (the Python exception is a torch.jit.Error).
-    raised = [i for i, ln in enumerate(lines) if _RAISED.match(ln)]
+    raised = [(i, m) for i, ln in enumerate(lines) if (m := _RAISED.match(ln))]
     if raised:
-        match = _RAISED.match(lines[raised[-1]])
-        name, lines = match.group(1), [match.group(2), *lines[raised[-1] + 1 :]]
+        last, match = raised[-1]
+        name, lines = match.group(1), [match.group(2), *lines[last + 1 :]]
     excerpt = scrub(lines[-1] if lines else "", EXCERPT_CHARS)
     return f"the model raised {name} in {stage}" + (f": {excerpt}" if excerpt else "")

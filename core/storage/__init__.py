@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from service.storage.base import BlobRef, BlobStore, HashingWriter, blob_key, sha256_file
-from service.storage.local import LocalStore
+from core.storage.base import BlobRef, BlobStore, HashingWriter, blob_key, sha256_file
+from core.storage.local import LocalStore
 
 
 def open_store(uri: str, s3_endpoint_url: str | None = None) -> BlobStore:
     """`file:///path` or a bare path → LocalStore; `s3://bucket/prefix` → S3Store."""
     if uri.startswith("s3://"):
-        from service.storage.s3 import S3Store  # boto3 only when S3 is configured
+        from core.storage.s3 import S3Store  # boto3 only when S3 is configured
 
         return S3Store.from_uri(uri, endpoint_url=s3_endpoint_url)
     path = uri[len("file://") :] if uri.startswith("file://") else uri

@@ -19,13 +19,13 @@ from pathlib import Path
 
 from sqlalchemy import func, select, update
 
-from job_process.protocol import job_folder_prefix, job_of_folder
-from service import workers
-from service.db import jobstate
-from service.db.models import Job
-from service.db.session import session_factory
-from service.queue import Dispatcher
-from service.settings import DEVICES, Settings
+from core import workers
+from core.db import jobstate
+from core.db.models import Job
+from core.db.session import session_factory
+from core.queue import Dispatcher
+from core.settings import DEVICES, Settings
+from job_host.protocol import job_folder_prefix, job_of_folder
 
 
 def reap_once(settings: Settings, dispatcher: Dispatcher) -> dict:
@@ -35,7 +35,7 @@ def reap_once(settings: Settings, dispatcher: Dispatcher) -> dict:
         for job_id in jobstate.expired_running_jobs(session):
             outcome = jobstate.recover_lost_job(session, job_id)
             if outcome == jobstate.QUEUED:
-                requeued.append((job_id, session.scalar(select(Job.queue).where(Job.id == job_id))))
+                requeued.append((job_id, session.scalars(select(Job.queue).where(Job.id == job_id)).one()))
             elif outcome == jobstate.FAILED:
                 failed.append(job_id)
             elif outcome == jobstate.CANCELLED:

@@ -14,9 +14,12 @@ from typing import Literal
 from pydantic import AliasChoices, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from service.db.session import PoolSize
+from core.db.session import PoolSize
 
 DEVICES = ("cpu", "cuda", "npu")
+# The environment variable with the pid of the process a worker must not outlive (`amct serve`'s embedded
+# worker, service/embedded_worker.py; read by worker/lifecycle.py).
+DIE_WITH_PARENT_ENV = "AMCT_WORKER_DIE_WITH_PARENT"
 DEFAULT_DEVICE = "cpu"
 MiB = 1024 * 1024
 
@@ -77,7 +80,7 @@ class Settings(BaseSettings):
     # The API process reaps too: a worker's beat-scheduled reap waits behind the job that worker runs
     # (one process per device), the API never does. Reaps are idempotent, so several may run.
     reap_in_api: bool = True
-    # The worker registry (service/workers.py): each worker renews its row every worker_heartbeat_s; one
+    # The worker registry (core/workers.py): each worker renews its row every worker_heartbeat_s; one
     # silent for worker_stale_s is gone. A queued job for a device no live worker of this deployment
     # serves fails after unserved_wait_s (a submit is refused at once when the registry already says so).
     worker_heartbeat_s: float = Field(default=10.0, gt=0)

@@ -21,8 +21,8 @@ import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from job_process import bubblewrap
-from job_process.kinds import MODULES_ENV
+from job_host import bubblewrap
+from job_host.kinds import MODULES_ENV
 
 ROOT = bubblewrap.ROOT
 # Only these reach the child: no DATABASE_URL, BROKER_URL, AWS_* or tokens.
@@ -194,6 +194,7 @@ def popen(
             **kwargs,
         )
     extra.update(HOME=bubblewrap.SANDBOX_HOME, TMPDIR=bubblewrap.SANDBOX_HOME)
+    assert state.bwrap is not None  # a usable state not opted out has found bwrap
     command = bubblewrap.wrap(
         python_command(module, args),
         workdir,

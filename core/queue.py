@@ -17,7 +17,7 @@ from amqp.exceptions import ChannelError
 from celery import Celery
 from kombu import Queue
 
-from service.settings import DEVICES, Settings
+from core.settings import DEVICES, Settings
 
 log = logging.getLogger(__name__)
 # The tasks by name: the API sends them without importing the module that defines them (worker/tasks.py).

@@ -8,7 +8,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from service.storage.base import CHUNK, BlobRef, blob_key, sha256_file
+from core.storage.base import CHUNK, BlobRef, blob_key, sha256_file
 
 
 class LocalStore:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import stat
 import sys
 from pathlib import Path
@@ -47,6 +48,34 @@ def job_folder_prefix(job_id: str) -> str:
 def job_of_folder(name: str) -> str:
     """The job id in an attempt folder's name."""
     return name[len(_JOB_FOLDER) :].rsplit("-", 1)[0]
+
+
+# Warm start (job_process/warm.py): the flag that starts a job process before its job exists, the lines on its
+# stdout that say it runs inside its sandbox (bwrap has mounted its folder: from then on the worker may rename
+# it) and that its warm-up is done (read by job_host/launcher.py, never relayed), and the one line on its stdin
+# that says the job's spec and files are in the folder.
+WARM_FLAG = "--warm"
+STARTED_LINE = '{"type": "warm_started"}'
+READY_LINE = '{"type": "warm_ready"}'
+START_LINE = "start"
+# The fork server (job_process/zygote.py, worker/fork_server.py): its flag, and its messages on the control
+# socket, JSON with file descriptors attached (SCM_RIGHTS).
+FORK_SERVER_FLAG = "--fork-server"
+MESSAGE_BYTES = 4096
+
+
+def send(ctl: socket.socket, message: dict, fds: list[int] | None = None) -> None:
+    data = json.dumps(message).encode()
+    if fds:
+        socket.send_fds(ctl, [data], fds)
+    else:
+        ctl.send(data)
+
+
+def receive(ctl: socket.socket) -> tuple[dict | None, list[int]]:
+    """The next message and the descriptors sent with it; (None, []) when the other side closed."""
+    data, fds, _, _ = socket.recv_fds(ctl, MESSAGE_BYTES, 4)
+    return (json.loads(data) if data else None), fds
 
 
 def emit(type_: str, **payload: Any) -> None:

@@ -26,7 +26,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from job_process import seccomp
+from job_host import seccomp
 
 log = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parents[1]  # the repo: its packages are mounted one by one
@@ -186,8 +186,8 @@ def wrap(
         argv += ["--ro-bind", path, path]
     if writable:
         argv += ["--bind", str(workdir), str(workdir)]
-    for path in read_only:
-        argv += ["--ro-bind", str(path), str(path)]
+    for file in read_only:
+        argv += ["--ro-bind", str(file), str(file)]
     if (program := seccomp.program()) is not None:
         fds.append(_data_fd(program))
         argv += ["--seccomp", str(fds[-1])]
@@ -234,10 +234,10 @@ def _python_dirs(packages: Iterable[str]) -> list[str]:
 def package_dirs(modules: Iterable[str] = ()) -> set[str]:
     """The repo's top-level packages the child imports: the engine, the job process, extra job kinds,
     the package of the module it runs (tests run stand-ins from tests/)."""
-    from job_process.kinds import MODULES_ENV
+    from job_host.kinds import MODULES_ENV
 
     extra = [*modules, *os.environ.get(MODULES_ENV, "").split(",")]
-    return {"amct_engine", "job_process"} | {m.strip().split(".")[0] for m in extra if m.strip()}
+    return {"amct_engine", "job_host", "job_process"} | {m.strip().split(".")[0] for m in extra if m.strip()}
 
 
 def _data_fd(data: bytes) -> int:

@@ -3,7 +3,7 @@
 `ChildProcess(workdir)` runs `python -m job_process.main DIR` in the sandbox (bubblewrap, its own
 session, no credentials: sandbox.py), its stderr going to DIR/child.log. DIR is the only folder it may
 write; `read_only` names input files outside it that it may read (`amct compress`'s own files).
-What it reports is read without following links and scrubbed (job_process/errors.py). A thread reads
+What it reports is read without following links and scrubbed (job_host/errors.py). A thread reads
 its stdout, so a caller can wait for protocol messages with a timeout and do its own work in between
 (the worker heartbeats).
 `request_cancel()` creates the cancel file, which the child checks every step (cooperative);
@@ -25,11 +25,21 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any, BinaryIO
 
-from job_process import bubblewrap, protocol, sandbox
-from job_process.errors import scrub
-from job_process.protocol import CANCEL_FILE, ERROR_FILE, LOG_FILE, RESULT_FILE, parse_line
-from job_process.warm import READY_LINE, START_LINE, STARTED_LINE, WARM_FLAG
+from job_host import bubblewrap, protocol, sandbox
+from job_host.errors import scrub
+from job_host.protocol import (
+    CANCEL_FILE,
+    ERROR_FILE,
+    LOG_FILE,
+    READY_LINE,
+    RESULT_FILE,
+    START_LINE,
+    STARTED_LINE,
+    WARM_FLAG,
+    parse_line,
+)
 
 JOB_MODULE = "job_process.main"
 LOG_TAIL_BYTES = 4000
@@ -57,7 +67,7 @@ class ChildProcess:
         self.started_at = self.ready_at = 0.0  # time.monotonic() of the start and of the warm-up's end
         self._lines: queue.Queue[str | None] = queue.Queue()
         self._proc: subprocess.Popen | None = None
-        self._log = None
+        self._log: BinaryIO | None = None
 
     @classmethod
     def warm(cls, folder: Path, module: str = JOB_MODULE) -> ChildProcess:
@@ -66,24 +76,26 @@ class ChildProcess:
 
     # -- starting and stopping ---------------------------------------------------------------------
     def start(self) -> ChildProcess:
-        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed by close()
+        log = self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed by close()
         args = [str(self.workdir), WARM_FLAG] if self.is_warm else [str(self.workdir)]
-        # Through the module attribute: tests stand in for the child with sandbox.popen.
+        # Only what applies: tests stand in for the child with sandbox.popen, passing these on to Popen.
+        extra: dict[str, Any] = {"stdin": subprocess.PIPE} if self.is_warm else {}
+        if self.share_net:
+            extra["share_net"] = True
         try:
             self._proc = sandbox.popen(
                 self.module,
                 args,
                 cwd=self.workdir,
                 stdout=subprocess.PIPE,
-                stderr=self._log,
+                stderr=log,
                 text=True,
                 bufsize=1,
                 read_only=self.read_only,
-                **({"stdin": subprocess.PIPE} if self.is_warm else {}),
-                **({"share_net": True} if self.share_net else {}),
+                **extra,
             )
         except BaseException:
-            self._log.close()
+            log.close()
             raise
         self.started_at = time.monotonic()
         threading.Thread(target=self._pump, args=(self._proc.stdout,), daemon=True).start()
@@ -106,8 +118,10 @@ class ChildProcess:
         """The job's spec and files are in the folder: the warm child may run it. A child that died meanwhile
         shows up as its exit status (the supervisor records it)."""
         try:
-            self._proc.stdin.write(START_LINE + "\n")
-            self._proc.stdin.close()
+            stdin = self._started().stdin
+            assert stdin is not None  # a warm child is started with a pipe on its stdin
+            stdin.write(START_LINE + "\n")
+            stdin.close()
         except (BrokenPipeError, OSError):
             pass
 
@@ -122,7 +136,12 @@ class ChildProcess:
 
     def wait(self) -> int:
         """The exit status; a signal's death is negative (-9) as without bwrap, which reports 128 + N."""
-        return bubblewrap.exit_code(self._proc.wait())
+        return bubblewrap.exit_code(self._started().wait())
+
+    def _started(self) -> subprocess.Popen:
+        if self._proc is None:
+            raise RuntimeError("the job process has not been started")
+        return self._proc
 
     def close(self) -> None:
         """Kill the child if it still runs (an error, Ctrl-C, a lost lease), reap it, close the log."""

@@ -18,11 +18,11 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError, core_schema
 
-from amct_engine.export.deploy_target import DEFAULT_DEPLOY_TARGET, DEPLOY_TARGETS
+from amct_engine.export.deploy_target import DEFAULT_DEPLOY_TARGET, deploy_target_names
 from amct_engine.export.formats import DEFAULT_DEPLOY_FORMAT, DEPLOY_FORMATS
-from job_process.objective_names import DISTILL_LOSSES, OBJECTIVES
-from job_process.protocol import SPEC_FILE
-from job_process.signature import from_input_shape
+from job_host.objective_names import DISTILL_LOSSES, OBJECTIVES
+from job_host.protocol import SPEC_FILE
+from job_host.signature import from_input_shape
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ class OneOf:
     names: Callable[[], Iterable[str]]
     check: bool = True
 
-    def __get_pydantic_core_schema__(self, source, handler):
+    def __get_pydantic_core_schema__(self, source: Any, handler: Any) -> Any:
         if not self.check:
             return handler(source)
         # Any input reaches _validate, so a number gets the list of names too, as a Literal would answer.
@@ -52,16 +52,17 @@ class OneOf:
             raise PydanticCustomError("enum", "Input should be {expected}", {"expected": expected})
         return value
 
-    def __get_pydantic_json_schema__(self, schema, handler):
+    def __get_pydantic_json_schema__(self, schema: Any, handler: Any) -> Any:
         json_schema = handler(schema)
         json_schema["enum"] = list(self.names())
         return json_schema
 
 
 DeployFormat = Annotated[str, OneOf(DEPLOY_FORMATS.names)]
-DeployTarget = Annotated[str, OneOf(lambda: DEPLOY_TARGETS)]
-Objective = Literal[OBJECTIVES]
-DistillLoss = Literal[DISTILL_LOSSES]
+DeployTarget = Annotated[str, OneOf(deploy_target_names)]
+# (tuples of the names: a Literal over them, as pydantic reads it; mypy cannot see a tuple's values)
+Objective = Literal[OBJECTIVES]  # type: ignore[valid-type]
+DistillLoss = Literal[DISTILL_LOSSES]  # type: ignore[valid-type]
 
 # Settings stored only when they are not at their default, so a job's params show what was asked for (the
 # node count goes with the ranks: stored whenever there are several).
@@ -162,7 +163,7 @@ class JobSpec(BaseModel):
 
     kind: str
     device: str = "cpu"
-    params: JobParams = Field(default_factory=JobParams)
+    params: JobParams = Field(default_factory=lambda: JobParams())
     input_shape: list[int]
     input_dtype: str = "float32"
     inputs: list[dict[str, Any]] | None = None  # None: a model uploaded before signatures (its input_shape)

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import boto3
 from botocore.exceptions import ClientError
 
-from service.storage.base import CHUNK, BlobRef, blob_key, sha256_file
+from core.storage.base import CHUNK, BlobRef, blob_key, sha256_file
 
 
 class S3Store:

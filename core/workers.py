@@ -7,19 +7,20 @@ embedded mode has no Redis), the API and the reaper already read it, and a heart
 seconds per worker is nothing to it. Celery's own worker events and `inspect` broadcasts would work
 on Redis only and answer within a timeout rather than from a table.
 
-Queues are named `<queue_prefix>.<device>` (service/settings.py): the workers of one deployment share
+Queues are named `<queue_prefix>.<device>` (core/settings.py): the workers of one deployment share
 a prefix, so a worker of another deployment on the same database is not counted as serving it.
 """
 
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import cast
 
-from sqlalchemy import delete, select
+from sqlalchemy import CursorResult, delete, select
 from sqlalchemy.orm import Session
 
-from service.db.models import Worker, utcnow
-from service.settings import DEVICES, Settings
+from core.db.models import Worker, utcnow
+from core.settings import DEVICES, Settings
 
 
 def heartbeat(session: Session, name: str, queues: list[str]) -> None:
@@ -38,7 +39,8 @@ def unregister(session: Session, name: str) -> None:
 def forget_node(session: Session, name: str) -> int:
     """Remove the rows of the dead worker node `name@<host>` (each `name@<host>:<pid>`): how many there were,
     i.e. whether it ever came up (a worker registers once it is ready)."""
-    return session.execute(delete(Worker).where(Worker.name.startswith(f"{name}@", autoescape=True))).rowcount
+    result = session.execute(delete(Worker).where(Worker.name.startswith(f"{name}@", autoescape=True)))
+    return cast(CursorResult, result).rowcount
 
 
 def live_queues(session: Session, stale_s: float) -> set[str]:
