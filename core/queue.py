@@ -5,7 +5,8 @@ Both sides build their app here: the API (`make_celery(settings)`, which only se
 (`make_celery(settings, include=["worker.tasks"])` in worker/main.py, which also runs the tasks), so
 the API never imports the worker. `celery -A worker.main worker -Q amct.jobs.cpu` runs a worker; one
 queue per device kind. With no BROKER_URL the transport is kombu's filesystem one under the data
-folder: no broker server at all (the embedded mode of `python -m service`).
+folder, with whole messages taken in order (core/file_queue.py): no broker server at all (the embedded
+mode of `python -m service`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from amqp.exceptions import ChannelError
 from celery import Celery
 from kombu import Queue
 
+from core.file_queue import WRITING_FOLDER
 from core.settings import DEVICES, Settings
 
 log = logging.getLogger(__name__)
@@ -24,6 +26,7 @@ log = logging.getLogger(__name__)
 RUN_JOB_TASK = "worker.tasks.run_job"
 REAP_TASK = "worker.tasks.reap"
 JOIN_TASK = "worker.tasks.join_job"  # a node of a job across several nodes (worker/nodes.py)
+FILE_QUEUE_TRANSPORT = "core.file_queue:Transport"
 
 
 def _transport_options(settings: Settings) -> dict:
@@ -33,6 +36,7 @@ def _transport_options(settings: Settings) -> dict:
         (folder / "queue").mkdir(parents=True, exist_ok=True)
         (folder / "processed").mkdir(parents=True, exist_ok=True)
         (folder / "control").mkdir(parents=True, exist_ok=True)
+        (folder / WRITING_FOLDER).mkdir(parents=True, exist_ok=True)
         # The same folder in and out: producer and consumer are different processes on one machine.
         # control_folder too, or kombu writes its broadcast exchanges to ./control in the CWD.
         return {
@@ -53,6 +57,9 @@ def make_celery(settings: Settings | None = None, include: Sequence[str] = ()) -
     app = Celery("amct", broker=settings.resolved_broker_url, include=list(include))
     app.conf.update(
         broker_transport_options=_transport_options(settings),
+        # kombu's filesystem transport with atomic, time-ordered message files (core/file_queue.py); an
+        # explicit transport wins over the URL's scheme, so `filesystem://` stays the documented setting.
+        broker_transport=FILE_QUEUE_TRANSPORT if settings.resolved_broker_url.startswith("filesystem://") else None,
         broker_connection_retry_on_startup=True,
         task_queues=[Queue(settings.queue_for(d)) for d in DEVICES],
         task_default_queue=settings.queue_for("cpu"),

@@ -34,8 +34,9 @@ RECORD_PROGRESS = """() => {
       const id = r.target.closest("tr")?.dataset.jobId;
       if (id) (window.__progress[id] ||= []).push(Number(r.target.getAttribute("aria-valuenow")));
     }
-  }).observe(document.querySelector("#jobs tbody"), { subtree: true, attributes: true,
-                                                       attributeFilter: ["aria-valuenow"] });
+  // The whole view: pasting the key mounts the jobs view again once /v1/meta answers, maybe after this.
+  }).observe(document.querySelector("#view"), { subtree: true, attributes: true,
+                                                attributeFilter: ["aria-valuenow"] });
 }"""
 
 
