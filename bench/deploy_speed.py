@@ -19,7 +19,11 @@ the work a run needs, which the load barely moves); onnxruntime's profile of our
 peer by op type. The header lists the CPU's ISA flags: VNNI decides which integer kernels run
 (export.deploy_target).
 
-Run: ``python bench/deploy_speed.py [--quick] [--only resnet18,fashion,crepe,minilm]``.
+Mobile CNNs (bench/mobile_nets.py; SiLU, hardswish, sigmoid / hardsigmoid gates, ReLU6, PReLU, a detector):
+``--only mobilenet_v2,mobilenet_v3,efficientnet_b0,onet,yolo``, batch 1 and 8 (the 224x224 classifiers, the
+320x320 detector) or 1 and 32 (ONet's 48x48 face crops).
+
+Run: ``python bench/deploy_speed.py [--quick] [--only resnet18,fashion,crepe,minilm,mobilenet_v2,...]``.
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ from bench.common import (  # noqa: E402
     ort_session,
     random_feeds,
 )
+from bench.mobile_nets import MOBILE_NETS  # noqa: E402
 from bench.ort_ptq import quantize  # noqa: E402
 from bench.peers import torchao_ptq_onnx  # noqa: E402
 from bench.resnets import ResNet18  # noqa: E402
@@ -296,6 +301,13 @@ def sections(quick: bool, only: set[str], folder: Path):
             yield {"name": "CREPE tiny", "status": f"skipped: {exc}"}
     if "minilm" in only:
         yield minilm_section(quick, folder / "minilm")
+    for name in sorted(only & set(MOBILE_NETS)):
+        ctor, shape = MOBILE_NETS[name]
+        batches = (1, 8) if shape[-1] >= 224 else (1, 32)
+        x = torch.randn(16 if quick else 64, *shape)  # calibration images for ours and the ORT peers alike
+        yield cnn_section(
+            f"{ctor.__name__} {shape[-1]}x{shape[-1]}", _randomised_bn(ctor()), x, batches, quick, folder / name
+        )
 
 
 def run(quick: bool = False, only: str = "resnet18,fashion,crepe,minilm") -> dict[str, Any]:

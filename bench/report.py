@@ -965,9 +965,15 @@ def service_md(results: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def deploy_md(results: Mapping[str, Any]) -> list[str]:
+DEPLOY_TITLES = {
+    "deploy": "## Deploy speed: our INT8 ONNX vs FP32 and onnxruntime's own PTQ",
+    "mobile": "## Mobile CNNs",
+}
+
+
+def deploy_md(results: Mapping[str, Any], key: str = "deploy") -> list[str]:
     """bench/deploy_speed.py: latency of our INT8 deploy ONNX against FP32 and ORT's static PTQ, per model."""
-    lines, d = _section_head(results, "deploy", "## Deploy speed: our INT8 ONNX vs FP32 and onnxruntime's own PTQ")
+    lines, d = _section_head(results, key, DEPLOY_TITLES[key])
     if d is None:
         return lines
     h = d["header"]
@@ -1792,10 +1798,13 @@ def losses_md(results: Mapping[str, Any]) -> list[str]:
         ]
     else:
         lines += ["No peer beats the matching row of ours beyond the noise margins in this run.", ""]
-    deploy = _section(results, "deploy")
-    slower = deploy_losses(deploy) if deploy else []
+    slower = [s for key in DEPLOY_TITLES if (deploy := _section(results, key)) for s in deploy_losses(deploy)]
     if slower:
-        lines += ["Deploy speed (section above), beyond the time noise margin:", ""] + [f"- {s}" for s in slower] + [""]
+        lines += (
+            ["Deploy speed (the deploy and mobile sections above), beyond the time noise margin:", ""]
+            + [f"- {s}" for s in slower]
+            + [""]
+        )
     costs = own_costs(results)
     if costs:
         lines += [
@@ -1847,7 +1856,13 @@ def render(results: Mapping[str, Any], md_path: Path, images: Path) -> None:
         ]
     lines += ptq_md(results, images, md_path.parent) + prune_search_md(results) + prune_compare_md(results)
     lines += ["## Real pretrained models", ""] + minilm_md(results) + crepe_md(results)
-    lines += deploy_md(results) + capture_md(results) + service_md(results) + warm_start_md(results)
+    lines += (
+        deploy_md(results)
+        + deploy_md(results, "mobile")
+        + capture_md(results)
+        + service_md(results)
+        + warm_start_md(results)
+    )
     lines += recovery_md(results) + STANDALONE_MD + losses_md(results) + NOISE_MD
     md_path.write_text("\n".join(lines).rstrip() + "\n")
 

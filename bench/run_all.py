@@ -13,6 +13,7 @@ the report, and the others still run):
 - ``minilm``: all-MiniLM-L6-v2 INT8 distillation (bench/minilm.py ``run_minilm``);
 - ``crepe``: CREPE tiny compressed retrain on synthetic tones (bench/crepe.py);
 - ``deploy``: deploy speed of our INT8 ONNX vs FP32 and ORT's static PTQ (bench/deploy_speed.py);
+- ``mobile``: the same for bench/mobile_nets.py's mobile CNNs and detector (SiLU, hardswish, gates, ReLU6, PReLU);
 - ``capture``: capture + config vs ONNX export + load on ResNet-50 (bench/capture.py);
 - ``service``: load test of `amct serve` and of PostgreSQL + Redis (bench/service_load.py);
 - ``warm_start``: cold vs warm job start through the service on PostgreSQL + Redis (bench/warm_start.py);
@@ -60,6 +61,7 @@ SECTIONS = (
     "minilm",
     "crepe",
     "deploy",
+    "mobile",
     "capture",
     "service",
     "warm_start",
@@ -75,6 +77,7 @@ TIMEOUTS = {
     "minilm": 15 * 60,
     "crepe": 15 * 60,
     "deploy": 30 * 60,
+    "mobile": 30 * 60,
     "capture": 10 * 60,
     "service": 30 * 60,
     "warm_start": 15 * 60,
@@ -193,6 +196,13 @@ def _deploy(quick: bool) -> Result:
     return deploy_speed.run(quick=quick)
 
 
+def _mobile(quick: bool) -> Result:
+    from bench import deploy_speed
+    from bench.mobile_nets import MOBILE_NETS
+
+    return deploy_speed.run(quick=quick, only=",".join(MOBILE_NETS))
+
+
 def _capture(quick: bool) -> Result:
     from bench import capture
 
@@ -231,6 +241,7 @@ RUNNERS = {
     "minilm": _minilm,
     "crepe": _crepe,
     "deploy": _deploy,
+    "mobile": _mobile,
     "capture": _capture,
     "service": _service,
     "warm_start": _warm_start,

@@ -603,6 +603,7 @@ FIXTURES = {
     "minilm": minilm_result,
     "crepe": crepe_result,
     "deploy": deploy_result,
+    "mobile": deploy_result,  # the same renderer, bench/mobile_nets.py's models
     "capture": capture_result,
     "service": service_result,
     "warm_start": warm_start_result,
@@ -618,6 +619,7 @@ TITLES = {
     "minilm": "### all-MiniLM-L6-v2",
     "crepe": "### CREPE tiny",
     "deploy": "## Deploy speed",
+    "mobile": "## Mobile CNNs",
     "capture": "## Graph capture",
     "service": "## Service under load",
     "warm_start": report.WARM_TITLE,

@@ -2,17 +2,18 @@
 
 The layer writer (export.backends.QdqDeployBackend) quantises each layer's *input* with the
 layer's own quantiser, as AMCT does. onnxruntime's QDQ fusions (QLinearConv, QGemm, QLinearAdd,
-QLinearConcat, QLinearGlobalAveragePool, int8 MaxPool) also need the *output* of each op quantised
-(`DequantizeLinear -> op -> QuantizeLinear`). This pass, on the exported ONNX graph:
+QLinearMul, QLinearConcat, QLinearGlobalAveragePool, int8 MaxPool) also need the *output* of each op
+quantised (`DequantizeLinear -> op -> QuantizeLinear`). This pass, on the exported ONNX graph:
 
-- finds every float tensor from which a quantised layer's input is reached ("leads to a
-  quantised layer"), except a ReLU's input: ORT drops a ReLU followed by QuantizeLinear whose zero
-  point is the lowest code, so the conv before it still fuses;
+- finds every float tensor from which a quantised layer's input is reached through ops that run in
+  int8 or in float between quantisers (export/qdq/op_roles.py), except a clamp's input (ReLU, ReLU6):
+  the layer before the clamp takes the clamp's output quantiser, ORT drops the clamp or we clamp the codes;
 - gives it its quantisation parameters: those of the quantiser that reads it or that reads it
   through ops commuting with quantisation (MaxPool, Flatten, Reshape, ...): exact, since
-  max(q(a), q(b)) = q(max(a, b)); otherwise (residual Add inputs and outputs, pool inputs,
-  concat inputs, a float op such as CREPE's BatchNorm after a ReLU) uint8 parameters calibrated
-  on the example input (one quantisation step of error at that tensor, as ORT's quantiser);
+  max(q(a), q(b)) = q(max(a, b)); a sigmoid's or hardsigmoid's output its whole range [0, 1];
+  otherwise (residual Add inputs and outputs, pool inputs, concat inputs, the input of a SiLU, a
+  hardswish or a PReLU) uint8 parameters calibrated on the example input (one quantisation step of
+  error at that tensor, as ORT's quantiser);
 - inserts QuantizeLinear and one DequantizeLinear per reader.
 Naming follows in export/qdq/names.py; the tensors no quantiser covers are calibrated in export/qdq/calibration.py."""
 
@@ -29,23 +30,15 @@ from amct_engine.export.onnx_graph import constants_to_initializers
 from amct_engine.export.qdq.calibration import calibrate
 from amct_engine.export.qdq.codes import shape_ops_on_codes
 from amct_engine.export.qdq.graph_index import LAYER_OPS, GraphIndex, layer_tag
+from amct_engine.export.qdq.op_roles import (
+    FLOAT_BETWEEN_OPS,
+    clamp_bounds,
+    commutes,
+    fixed_parameters,
+    passes_quantized_data,
+    runs_in_int8,
+)
 from amct_engine.export.qdq.zero_pads import fold_zero_pads
-
-# Ops through which quantisation commutes: the input takes the output's parameters exactly.
-COMMUTING_OPS = {"MaxPool", "Flatten", "Reshape", "Identity", "Dropout", "Transpose", "Squeeze", "Unsqueeze"}
-
-
-# Ops ORT runs in int8 between quantisers (QDQ fusions, dropped QDQ pairs, or our BatchNorm rewrite).
-INT8_OPS = COMMUTING_OPS | {
-    "Relu",
-    "Add",
-    "Concat",
-    "GlobalAveragePool",
-    "AveragePool",
-    "BatchNormalization",
-    "Sigmoid",
-    "LeakyRelu",
-}
 
 
 def _merge_equal_quantizers(model: onnx.ModelProto) -> None:
@@ -86,54 +79,66 @@ def _plan(g: GraphIndex) -> tuple[dict[str, tuple[str, str] | None], list[str]]:
     params: dict[str, tuple[str, str] | None] = {}
     for name in reversed(_topological_tensors(g.model)):
         readers = [n for n, _ in g.readers[name]]
-        # Only through ops with an int8 form: a transformer's LayerNorm, Softmax or GELU stays float.
+        # Only through ops with an int8 form or none needed: a transformer's LayerNorm, Softmax or GELU stays float.
         leads[name] = g.is_float_activation(name) and any(
-            n.op_type == "QuantizeLinear" or (n.op_type in INT8_OPS and any(leads.get(o, False) for o in n.output))
+            n.op_type == "QuantizeLinear"
+            or (passes_quantized_data(g, n) and any(leads.get(o, False) for o in n.output))
             for n in readers
         )
         if not leads[name]:
             continue
         own = g.quantizer_params(name)
         if own is None:
-            through = [params.get(n.output[0]) for n in readers if n.op_type in COMMUTING_OPS]
+            through = [params.get(n.output[0]) for n in readers if commutes(n)]
             own = next((p for p in through if p is not None), None)
         params[name] = own
     plan = {}
     for name, p in params.items():
         producer = g.producer[name]
-        if producer.op_type not in INT8_OPS | LAYER_OPS | {"DequantizeLinear"}:
+        if producer.op_type == "DequantizeLinear" or not (
+            runs_in_int8(g, producer) or producer.op_type in LAYER_OPS | FLOAT_BETWEEN_OPS
+        ):
             continue  # a float op's output: quantised by the layer reading it, as AMCT does
         readers = [n for n, _ in g.readers[name]]
-        if producer.op_type == "DequantizeLinear":
-            continue
         if (
             readers
             and layer_tag(producer)
             and all(n.op_type == "Add" and layer_tag(n) == layer_tag(producer) for n in readers)
         ):
             continue  # a MatMul layer's own bias Add: the layer's output is the Add's
-        if readers and all(n.op_type == "Relu" for n in readers):
-            continue  # the ReLU's output is quantised; ORT removes the ReLU (zero point = lowest code)
+        if readers and all(clamp_bounds(g, n) is not None for n in readers):
+            continue  # the clamp's output is quantised; ORT removes the clamp, or we clamp the codes
         if (
             all(n.op_type == "QuantizeLinear" for n in readers)
             and name not in g.outputs
-            and not _relu_kept_by_ort(g, name, p)
+            and not _clamp_kept_by_ort(g, name, p)
         ):
             continue  # already quantised for every reader
         plan[name] = p
     return plan, [n for n, p in plan.items() if p is None]
 
 
-def _relu_kept_by_ort(g: GraphIndex, name: str, params: tuple[str, str] | None) -> bool:
-    """A ReLU output whose quantiser's zero point is not the lowest code: ORT keeps that ReLU in float
-    (and so cannot fuse the conv before it); we rewrite it as Clip(q, min=zero point) on the codes."""
+def _clamp_kept_by_ort(g: GraphIndex, name: str, params: tuple[str, str] | None) -> bool:
+    """A clamp's output (ReLU, ReLU6) whose quantiser reaches outside the clamp's bounds: ORT keeps that clamp
+    in float (its ClipQuantFusion drops it only when the quantiser's range lies within the bounds) and so
+    cannot fuse the layer before it; we clamp the codes instead (`_Insertions.clamp_on_codes`)."""
     producer = g.producer[name]
-    if producer.op_type != "Relu" or params is None or name in g.outputs:
+    bounds = clamp_bounds(g, producer)
+    if bounds is None or params is None or name in g.outputs:
         return False
-    if [n.op_type for n, _ in g.readers[producer.input[0]]] != ["Relu"]:
+    if [n for n, _ in g.readers[producer.input[0]]] != [producer]:
         return False
+    low, high = _code_range(g, params)
+    eps = float(np.finfo(np.float32).eps)
+    return bounds[0] - low > eps or high - bounds[1] > eps
+
+
+def _code_range(g: GraphIndex, params: tuple[str, str]) -> tuple[float, float]:
+    """The real values of the lowest and the highest code of a quantiser."""
+    scale = float(numpy_helper.to_array(g.initializers[params[0]]))
     zero = numpy_helper.to_array(g.initializers[params[1]])
-    return int(zero) != int(np.iinfo(zero.dtype).min)
+    info = np.iinfo(zero.dtype)
+    return scale * (info.min - int(zero)), scale * (info.max - int(zero))
 
 
 def _base_name(g: GraphIndex, tensor: str) -> str:
@@ -167,7 +172,9 @@ def quantize_boundaries(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) ->
     _merge_equal_quantizers(model)
     g = GraphIndex(model)
     plan, to_calibrate = _plan(g)
-    calibrated = calibrate(model, to_calibrate, feeds)
+    fixed = {name: fixed_parameters(g.producer[name].op_type) for name in to_calibrate}
+    calibrated = calibrate(model, [name for name, p in fixed.items() if p is None], feeds)
+    calibrated.update((name, p) for name, p in fixed.items() if p is not None)
     edit = _Insertions(g)
     bases: set[str] = set()
     for name, params in plan.items():
@@ -194,6 +201,7 @@ class _Insertions:
         self.new_nodes: dict[str, list[onnx.NodeProto]] = defaultdict(list)  # after the producer of a tensor
         self.dropped: set = set()  # ReLUs rewritten as Clip on codes, and the quantisers they made redundant
         self.rewired: dict[str, str] = {}  # output of a dropped quantiser -> the codes that replace it
+        self.moved: set = set()  # existing quantisers placed after their tensor's producer instead
 
     def add_parameters(self, base: str, scale, zero_point) -> tuple[str, str]:
         names = (f"{base}_scale", f"{base}_zero_point")
@@ -207,17 +215,18 @@ class _Insertions:
     def quantize(self, name: str, base: str, params: tuple[str, str]) -> None:
         """Quantise tensor `name` with `params` once, and give each reader but its quantisers a DequantizeLinear."""
         g = self.g
-        quantized = next(
-            (
-                n.output[0]
-                for n, _ in g.readers[name]
-                if n.op_type == "QuantizeLinear" and tuple(n.input[1:3]) == params
-            ),
-            None,
+        existing = next(
+            (n for n, _ in g.readers[name] if n.op_type == "QuantizeLinear" and tuple(n.input[1:3]) == params), None
         )
-        if _relu_kept_by_ort(g, name, params):
-            quantized = self._relu_on_codes(name, base, params)
-        elif quantized is None:
+        if _clamp_kept_by_ort(g, name, params):
+            quantized = self.clamp_on_codes(name, base, params)
+        elif existing is not None:
+            # A layer's own input quantiser, written just before its layer: it moves up to the tensor's
+            # producer, since the other readers (a Resize, a residual Add) may come before that layer.
+            quantized = existing.output[0]
+            self.new_nodes[name].insert(0, existing)
+            self.moved.add(existing.name or id(existing))
+        else:
             quantized = f"{base}_quantized"
             self.new_nodes[name].append(
                 helper.make_node("QuantizeLinear", [name, *params], [quantized], name=f"{base}/QuantizeLinear")
@@ -233,39 +242,58 @@ class _Insertions:
             )
             reader.input[index] = dequantized
 
-    def _relu_on_codes(self, name: str, base: str, params: tuple[str, str]) -> str:
-        """relu on codes is max(q, zero point), exactly: quantise the ReLU's input instead, and clip the codes."""
+    def clamp_on_codes(self, name: str, base: str, params: tuple[str, str]) -> str:
+        """A clamp on codes is exact (quantisation is monotone): quantise the clamp's input instead, and clip
+        the codes to the codes of its bounds (the zero point for a ReLU's 0)."""
         g = self.g
-        relu = g.producer[name]
+        clamp = g.producer[name]
         codes = f"{base}_quantized"
-        self.new_nodes[relu.input[0]].extend(
+        bounds = self._bound_codes(base, params, clamp_bounds(g, clamp) or (0.0, float("inf")))
+        self.new_nodes[clamp.input[0]].extend(
             [
                 helper.make_node(
-                    "QuantizeLinear", [relu.input[0], *params], [f"{base}_prerelu"], name=f"{base}/QuantizeLinear"
+                    "QuantizeLinear", [clamp.input[0], *params], [f"{base}_preclamp"], name=f"{base}/QuantizeLinear"
                 ),
                 # Clip on uint8 is vectorised in ORT; Max ran 5x slower on a ResNet-18 stem.
-                helper.make_node("Clip", [f"{base}_prerelu", params[1]], [codes], name=f"{base}/Clip"),
+                helper.make_node("Clip", [f"{base}_preclamp", *bounds], [codes], name=f"{base}/Clip"),
             ]
         )
-        self.dropped.add(relu.name or id(relu))
+        self.dropped.add(clamp.name or id(clamp))
         for reader, _ in g.readers[name]:
             if reader.op_type == "QuantizeLinear" and tuple(reader.input[1:3]) == params:
                 self.dropped.add(reader.name or id(reader))
                 self.rewired[reader.output[0]] = codes
         return codes
 
+    def _bound_codes(self, base: str, params: tuple[str, str], bounds: tuple[float, float]) -> list[str]:
+        """Clip's min and max inputs: initialisers holding the codes of a clamp's bounds, '' for an infinite one."""
+        scale = float(numpy_helper.to_array(self.g.initializers[params[0]]))
+        zero = numpy_helper.to_array(self.g.initializers[params[1]])
+        info = np.iinfo(zero.dtype)
+        names = ["", ""]
+        for k, (bound, suffix) in enumerate(zip(bounds, ("low", "high"), strict=True)):
+            if np.isinf(bound):
+                continue
+            code = np.array(np.clip(round(bound / scale) + int(zero), info.min, info.max), dtype=zero.dtype)
+            names[k] = f"{base}_clamp_{suffix}"
+            initializer = numpy_helper.from_array(code, names[k])
+            self.g.model.graph.initializer.append(initializer)
+            self.g.initializers[names[k]] = initializer
+        return names[:1] if not names[1] else names
+
     def apply(self) -> None:
         graph = self.g.model.graph
         ordered: list[onnx.NodeProto] = []
 
-        def place(node: onnx.NodeProto) -> None:
-            if (node.name or id(node)) in self.dropped:
+        def place(node: onnx.NodeProto, follower: bool = False) -> None:
+            key = node.name or id(node)
+            if key in self.dropped or (key in self.moved and not follower):
                 return
             node.input[:] = [self.rewired.get(n, n) for n in node.input]
             ordered.append(node)
             for out in node.output:
-                for follower in self.new_nodes.pop(out, []):
-                    place(follower)
+                for after in self.new_nodes.pop(out, []):
+                    place(after, follower=True)
 
         for node in list(graph.node):
             place(node)

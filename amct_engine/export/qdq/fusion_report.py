@@ -27,6 +27,7 @@ FUSED_OPS = {
     "QLinearGlobalAveragePool",
     "QLinearAveragePool",
     "QLinearSigmoid",
+    "QLinearMul",
     "QLinearLeakyRelu",
     "DynamicQuantizeMatMul",
     "MatMulNBits",

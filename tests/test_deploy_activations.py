@@ -1,0 +1,155 @@
+"""Every conv of a mobile CNN runs in int8 whatever its activation (issue 37, docs/spec/engine.md §5, "Int8
+around activations"): SiLU and sigmoid gates as QLinearSigmoid + QLinearMul, ReLU6 as a clamp ORT drops or a clip on
+the codes, hardswish / hardsigmoid / PReLU in float between int8 layers, a detector's split, concat and
+nearest upsampling between int8 layers. Small versions of bench/mobile_nets.py's layouts, random weights
+with trained-looking BatchNorm; the deploy outputs stay within the steps the added quantisers introduce."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from torch import nn
+
+import amct_engine as amct
+from amct_engine.export.qdq.fusion_report import deploy_report, optimized_ops
+from bench.mobile_nets import C2f, ConvBnAct, InvertedResidual, SqueezeExcite
+
+
+class TinyMobile(nn.Module):
+    """Stem, two inverted residual blocks (one with squeeze-excite), pool, classifier: one activation family."""
+
+    def __init__(self, act, gate) -> None:
+        super().__init__()
+        se = lambda c: SqueezeExcite(c, 8, nn.ReLU, gate)  # noqa: E731
+        self.features = nn.Sequential(
+            ConvBnAct(3, 16, 3, 2, act=act),
+            InvertedResidual(16, 48, 16, 3, 1, act),
+            InvertedResidual(16, 64, 24, 5, 2, act, se),
+            ConvBnAct(24, 64, 1, act=act),
+        )
+        self.classifier = nn.Linear(64, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(torch.flatten(nn.functional.adaptive_avg_pool2d(self.features(x), 1), 1))
+
+
+class TinyONet(nn.Module):
+    """MTCNN's ONet pattern: conv -> PReLU -> max-pool, a dense PReLU layer, two heads."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 16, 3), nn.PReLU(16), nn.MaxPool2d(3, 2, ceil_mode=True),
+            nn.Conv2d(16, 32, 3), nn.PReLU(32), nn.MaxPool2d(2, 2, ceil_mode=True),
+        )  # fmt: skip
+        self.dense = nn.Sequential(nn.Linear(32 * 5 * 5, 64), nn.PReLU(64))
+        self.score, self.box = nn.Linear(64, 2), nn.Linear(64, 4)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = self.dense(torch.flatten(self.features(x), 1))
+        return torch.softmax(self.score(y), dim=1), self.box(y)
+
+
+class TinyDetector(nn.Module):
+    """A YOLO neck in small: C2f (split, concat), a strided conv, nearest upsampling, two output heads."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = ConvBnAct(3, 16, 3, 2, act=nn.SiLU)
+        self.c3, self.down, self.c4 = C2f(16, 16, 1), ConvBnAct(16, 32, 3, 2, act=nn.SiLU), C2f(32, 32, 1)
+        self.neck = C2f(48, 16, 1)
+        self.heads = nn.ModuleList(nn.Conv2d(c, 8, 1) for c in (16, 32))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        p3 = self.c3(self.stem(x))
+        p4 = self.c4(self.down(p3))
+        n3 = self.neck(torch.cat([nn.functional.interpolate(p4, scale_factor=2.0, mode="nearest"), p3], dim=1))
+        return self.heads[0](n3), self.heads[1](p4)
+
+
+NETS = {
+    "silu-sigmoid-gate": (lambda: TinyMobile(nn.SiLU, nn.Sigmoid), (3, 32, 32)),
+    "hardswish-hardsigmoid-gate": (lambda: TinyMobile(nn.Hardswish, nn.Hardsigmoid), (3, 32, 32)),
+    "relu6": (lambda: TinyMobile(nn.ReLU6, nn.Hardsigmoid), (3, 32, 32)),
+    "prelu": (TinyONet, (3, 24, 24)),
+    "detector": (TinyDetector, (3, 32, 32)),
+}
+
+
+def _save(net: nn.Module, x: torch.Tensor, tmp_path):
+    torch.manual_seed(0)
+    for bn in (m for m in net.modules() if isinstance(m, nn.BatchNorm2d)):  # trained-looking BN
+        bn.running_mean.uniform_(-0.2, 0.2)
+        bn.running_var.uniform_(0.5, 1.5)
+        bn.weight.data.uniform_(0.5, 1.5)
+    net.eval()
+    config, record = tmp_path / "c.json", tmp_path / "r.txt"
+    amct.create_quant_retrain_config(str(config), net, x[:2])
+    qmodel = amct.create_quant_retrain_model(str(config), net, str(record), x[:2]).eval()
+    with torch.no_grad():
+        qmodel(x)  # calibration: the record
+    paths = amct.save_quant_retrain_model(str(config), qmodel, str(record), str(tmp_path / "net"), x)
+    return qmodel, paths
+
+
+def _outputs(path: str, x: torch.Tensor) -> list[np.ndarray]:
+    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    return session.run(None, {session.get_inputs()[0].name: x.numpy()})
+
+
+@pytest.mark.parametrize("name", list(NETS))
+def test_every_conv_runs_as_an_int8_kernel_whatever_the_activation(name, tmp_path):
+    ctor, shape = NETS[name]
+    x = torch.randn(16, *shape, generator=torch.Generator().manual_seed(1))
+    qmodel, paths = _save(ctor(), x, tmp_path)
+    report = deploy_report(paths["deploy"])
+    # Only a layer whose output is the model's output stays float, and the report says so.
+    assert all("model output" in why for why in report["not_fused"].values()), report["not_fused"]
+    heads = {"detector": 2}.get(name, 0)
+    assert len(report["not_fused"]) == heads
+    ops = [n.op_type for n in optimized_ops(onnx.load(paths["deploy"])).graph.node]
+    assert ops.count("Conv") + ops.count("FusedConv") == heads, ops
+    if name in ("silu-sigmoid-gate", "detector"):  # x * sigmoid(x) and the gates, in int8
+        assert "QLinearSigmoid" in ops and "QLinearMul" in ops and "QuickGelu" not in ops
+    if name == "prelu":
+        assert ops.count("QLinearConv") == 2 and ops.count("QGemm") == 3
+
+    with torch.no_grad():
+        expected = qmodel(x)
+    expected = [t.numpy() for t in (expected if isinstance(expected, tuple) else (expected,))]
+    fake, deploy = _outputs(paths["fake_quant"], x), _outputs(paths["deploy"], x)
+    for want, got_fake, got in zip(expected, fake, deploy, strict=True):
+        np.testing.assert_allclose(got_fake, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+        # The added quantisers (each activation's input, the gates, the adds) round once each.
+        assert np.abs(got - want).max() <= 0.08 * np.abs(want).max(), np.abs(got - want).max()
+        assert np.corrcoef(got.ravel(), want.ravel())[0, 1] > 0.995
+
+
+def test_relu6_convs_fuse_whether_ort_drops_the_clamp_or_the_codes_are_clipped(tmp_path):
+    """A ReLU6 between two convs: where the next quantiser's range lies within [0, 6] ORT drops the clamp;
+    elsewhere the codes are clipped at q(0) and q(6), which is the clamp exactly (quantisation is monotone).
+    Either way the conv before it runs as QLinearConv and no float Clip is left."""
+    net = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU6(), nn.Conv2d(8, 8, 3), nn.ReLU6(), nn.Conv2d(8, 4, 3)).eval()
+    with torch.no_grad():
+        net[0].weight.mul_(20)  # pre-activations far past 6
+    x = torch.randn(8, 3, 12, 12, generator=torch.Generator().manual_seed(0))
+    qmodel, paths = _save(net, x, tmp_path)
+    deploy = onnx.load(paths["deploy"])
+    values = {t.name: onnx.numpy_helper.to_array(t) for t in deploy.graph.initializer}
+    producer = {out: n for n in deploy.graph.node for out in n.output}
+    for clip in (n for n in deploy.graph.node if n.op_type == "Clip"):
+        quantize = producer[clip.input[0]]
+        assert quantize.op_type == "QuantizeLinear"  # a clip on the codes, never on floats
+        scale, zero = (values[name] for name in quantize.input[1:3])
+        codes = [values[name] for name in clip.input[1:]]
+        assert [c.dtype for c in codes] == [zero.dtype] * 2 and int(codes[0]) == int(zero)
+        assert int(codes[1]) == min(round(6.0 / float(scale)) + int(zero), np.iinfo(zero.dtype).max)
+    ops = [n.op_type for n in optimized_ops(deploy).graph.node]
+    assert ops.count("QLinearConv") == 2  # the last conv's output is the model's: float
+    with torch.no_grad():
+        expected = qmodel(x).numpy()
+    got = _outputs(paths["deploy"], x)[0]
+    assert np.abs(got - expected).max() <= 0.01 * np.abs(expected).max()
