@@ -91,7 +91,20 @@ def _save(net: nn.Module, x: torch.Tensor, tmp_path):
     qmodel = amct.create_quant_retrain_model(str(config), net, str(record), x[:2]).eval()
     with torch.no_grad():
         qmodel(x)  # calibration: the record
-    paths = amct.save_quant_retrain_model(str(config), qmodel, str(record), str(tmp_path / "net"), x)
+    with torch.no_grad():
+        outputs = net(x[:1])
+    names = [f"y{i}" for i in range(len(outputs) if isinstance(outputs, tuple) else 1)]
+    axes = {name: {0: "n"} for name in ["x", *names]}
+    paths = amct.save_quant_retrain_model(
+        str(config),
+        qmodel,
+        str(record),
+        str(tmp_path / "net"),
+        x,
+        input_names=["x"],
+        output_names=names,
+        dynamic_axes=axes,
+    )
     return qmodel, paths
 
 
@@ -117,6 +130,12 @@ def test_every_conv_runs_as_an_int8_kernel_whatever_the_activation(name, tmp_pat
     if name == "prelu":
         assert ops.count("QLinearConv") == 2 and ops.count("QGemm") == 3
 
+    # At the example's batch and at another one (the files declare it dynamic).
+    for batch in (x, torch.randn(3, *shape, generator=torch.Generator().manual_seed(2))):
+        _check_outputs(qmodel, paths, batch)
+
+
+def _check_outputs(qmodel: nn.Module, paths: dict, x: torch.Tensor) -> None:
     with torch.no_grad():
         expected = qmodel(x)
     expected = [t.numpy() for t in (expected if isinstance(expected, tuple) else (expected,))]
@@ -149,7 +168,8 @@ def test_relu6_convs_fuse_whether_ort_drops_the_clamp_or_the_codes_are_clipped(t
         assert int(codes[1]) == min(round(6.0 / float(scale)) + int(zero), np.iinfo(zero.dtype).max)
     ops = [n.op_type for n in optimized_ops(deploy).graph.node]
     assert ops.count("QLinearConv") == 2  # the last conv's output is the model's: float
-    with torch.no_grad():
-        expected = qmodel(x).numpy()
-    got = _outputs(paths["deploy"], x)[0]
-    assert np.abs(got - expected).max() <= 0.01 * np.abs(expected).max()
+    for batch in (x, torch.randn(3, 3, 12, 12, generator=torch.Generator().manual_seed(1))):
+        with torch.no_grad():
+            expected = qmodel(batch).numpy()
+        got = _outputs(paths["deploy"], batch)[0]
+        assert np.abs(got - expected).max() <= 0.01 * np.abs(expected).max()

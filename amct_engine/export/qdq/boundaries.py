@@ -133,11 +133,15 @@ def _clamp_kept_by_ort(g: GraphIndex, name: str, params: tuple[str, str] | None)
     return bounds[0] - low > eps or high - bounds[1] > eps
 
 
+def _quantizer(g: GraphIndex, params: tuple[str, str]) -> tuple[float, np.ndarray, np.iinfo]:
+    """A quantiser's scale, zero point and the range of its codes' type."""
+    zero = numpy_helper.to_array(g.initializers[params[1]])
+    return float(numpy_helper.to_array(g.initializers[params[0]])), zero, np.iinfo(zero.dtype)
+
+
 def _code_range(g: GraphIndex, params: tuple[str, str]) -> tuple[float, float]:
     """The real values of the lowest and the highest code of a quantiser."""
-    scale = float(numpy_helper.to_array(g.initializers[params[0]]))
-    zero = numpy_helper.to_array(g.initializers[params[1]])
-    info = np.iinfo(zero.dtype)
+    scale, zero, info = _quantizer(g, params)
     return scale * (info.min - int(zero)), scale * (info.max - int(zero))
 
 
@@ -267,9 +271,7 @@ class _Insertions:
 
     def _bound_codes(self, base: str, params: tuple[str, str], bounds: tuple[float, float]) -> list[str]:
         """Clip's min and max inputs: initialisers holding the codes of a clamp's bounds, '' for an infinite one."""
-        scale = float(numpy_helper.to_array(self.g.initializers[params[0]]))
-        zero = numpy_helper.to_array(self.g.initializers[params[1]])
-        info = np.iinfo(zero.dtype)
+        scale, zero, info = _quantizer(self.g, params)
         names = ["", ""]
         for k, (bound, suffix) in enumerate(zip(bounds, ("low", "high"), strict=True)):
             if np.isinf(bound):
