@@ -14,6 +14,8 @@ the report, and the others still run):
 - ``crepe``: CREPE tiny compressed retrain on synthetic tones (bench/crepe.py);
 - ``deploy``: deploy speed of our INT8 ONNX vs FP32 and ORT's static PTQ (bench/deploy_speed.py);
 - ``mobile``: the same for bench/mobile_nets.py's mobile CNNs and detector (SiLU, hardswish, gates, ReLU6, PReLU);
+- ``mobile_accuracy``: top-1 of a trained mobile net per activation family, FP32 vs our PTQ / QAT deploy models vs
+  ORT's PTQ (bench/mobile_accuracy.py);
 - ``capture``: capture + config vs ONNX export + load on ResNet-50 (bench/capture.py);
 - ``service``: load test of `amct serve` and of PostgreSQL + Redis (bench/service_load.py);
 - ``warm_start``: cold vs warm job start through the service on PostgreSQL + Redis (bench/warm_start.py);
@@ -62,6 +64,7 @@ SECTIONS = (
     "crepe",
     "deploy",
     "mobile",
+    "mobile_accuracy",
     "capture",
     "service",
     "warm_start",
@@ -78,6 +81,7 @@ TIMEOUTS = {
     "crepe": 15 * 60,
     "deploy": 30 * 60,
     "mobile": 30 * 60,
+    "mobile_accuracy": 25 * 60,
     "capture": 10 * 60,
     "service": 30 * 60,
     "warm_start": 15 * 60,
@@ -203,6 +207,12 @@ def _mobile(quick: bool) -> Result:
     return deploy_speed.run(quick=quick, only=",".join(MOBILE_NETS))
 
 
+def _mobile_accuracy(quick: bool) -> Result:
+    from bench import mobile_accuracy
+
+    return mobile_accuracy.run(quick=quick, epochs=2 if quick else 4)
+
+
 def _capture(quick: bool) -> Result:
     from bench import capture
 
@@ -242,13 +252,22 @@ RUNNERS = {
     "crepe": _crepe,
     "deploy": _deploy,
     "mobile": _mobile,
+    "mobile_accuracy": _mobile_accuracy,
     "capture": _capture,
     "service": _service,
     "warm_start": _warm_start,
     "recovery": _recovery,
 }
 # Sections that train or test on Fashion-MNIST: skipped with the reason when the dataset package is missing.
-NEEDS_FASHION = ("engine", "ptq", "prune_search", "prune_compare", "prune_compare_459k", "recovery")
+NEEDS_FASHION = (
+    "engine",
+    "ptq",
+    "prune_search",
+    "prune_compare",
+    "prune_compare_459k",
+    "mobile_accuracy",
+    "recovery",
+)
 
 
 def run_section(name: str, quick: bool) -> Result:

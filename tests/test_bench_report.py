@@ -497,6 +497,16 @@ def deploy_result() -> dict:
     }
 
 
+def mobile_accuracy_result() -> dict:
+    family = {
+        "family": "ReLU6",
+        "train_s": 40.0,
+        "top1": {"FP32": 0.8615, "ours PTQ (auto)": 0.8610, "ORT PTQ QDQ U8S8": 0.8465},
+    }
+    header = {"isa": ["avx2"], "deploy_target(auto)": "x86_avx2", "test_images": 10000}
+    return {"header": header, "epochs": 4, "families": [family]}
+
+
 def capture_result() -> dict:
     return {
         "model": "ResNet-50 layout, 25.6 M parameters",
@@ -604,6 +614,7 @@ FIXTURES = {
     "crepe": crepe_result,
     "deploy": deploy_result,
     "mobile": deploy_result,  # the same renderer, bench/mobile_nets.py's models
+    "mobile_accuracy": mobile_accuracy_result,
     "capture": capture_result,
     "service": service_result,
     "warm_start": warm_start_result,
@@ -620,6 +631,7 @@ TITLES = {
     "crepe": "### CREPE tiny",
     "deploy": "## Deploy speed",
     "mobile": "## Mobile CNNs",
+    "mobile_accuracy": "### Mobile CNN accuracy",
     "capture": "## Graph capture",
     "service": "## Service under load",
     "warm_start": report.WARM_TITLE,
@@ -761,3 +773,10 @@ def test_a_failed_section_shows_its_reason_under_its_heading(tmp_path):
     report.render(results, md, tmp_path / "images")
     body = _body(md.read_text(), report.PRUNE_COMPARE_TITLE)
     assert "skipped: ModuleNotFoundError: torch_pruning" in body
+
+
+def test_mobile_accuracy_rows_show_each_deploy_models_top1_and_its_difference_to_fp32():
+    result = mobile_accuracy_result()
+    text = "\n".join(report.mobile_accuracy_md({"sections": {"mobile_accuracy": {"status": "ok", "result": result}}}))
+    assert "| ReLU6 | 86.15 | 86.10 (-0.05) | 84.65 (-1.50) |" in text
+    assert "trained 4 epochs" in text and "10,000 test images" in text and "`x86_avx2`" in text

@@ -16,6 +16,7 @@ from torch import nn
 import amct_engine as amct
 from amct_engine.export.qdq.fusion_report import deploy_report, optimized_ops
 from bench.mobile_nets import C2f, ConvBnAct, InvertedResidual, SqueezeExcite
+from tests.deploy_targets import record_exact_target
 
 
 class TinyMobile(nn.Module):
@@ -79,7 +80,7 @@ NETS = {
 }
 
 
-def _save(net: nn.Module, x: torch.Tensor, tmp_path):
+def _save(net: nn.Module, x: torch.Tensor, tmp_path, **options):
     torch.manual_seed(0)
     for bn in (m for m in net.modules() if isinstance(m, nn.BatchNorm2d)):  # trained-looking BN
         bn.running_mean.uniform_(-0.2, 0.2)
@@ -104,6 +105,7 @@ def _save(net: nn.Module, x: torch.Tensor, tmp_path):
         input_names=["x"],
         output_names=names,
         dynamic_axes=axes,
+        **options,
     )
     return qmodel, paths
 
@@ -141,7 +143,10 @@ def _check_outputs(qmodel: nn.Module, paths: dict, x: torch.Tensor) -> None:
     expected = [t.numpy() for t in (expected if isinstance(expected, tuple) else (expected,))]
     fake, deploy = _outputs(paths["fake_quant"], x), _outputs(paths["deploy"], x)
     for want, got_fake, got in zip(expected, fake, deploy, strict=True):
-        np.testing.assert_allclose(got_fake, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+        # onnxruntime's float activations (x * sigmoid(x)) and torch's differ in the last bit, which moves a value
+        # sitting on a rounding boundary of the next quantiser by one step: rare, and one step at most.
+        off = ~np.isclose(got_fake, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+        assert off.mean() <= 0.01 and np.abs(got_fake - want).max() <= 0.01 * np.abs(want).max()
         # The added quantisers (each activation's input, the gates, the adds) round once each.
         assert np.abs(got - want).max() <= 0.08 * np.abs(want).max(), np.abs(got - want).max()
         assert np.corrcoef(got.ravel(), want.ravel())[0, 1] > 0.995
@@ -155,21 +160,79 @@ def test_relu6_convs_fuse_whether_ort_drops_the_clamp_or_the_codes_are_clipped(t
     with torch.no_grad():
         net[0].weight.mul_(20)  # pre-activations far past 6
     x = torch.randn(8, 3, 12, 12, generator=torch.Generator().manual_seed(0))
-    qmodel, paths = _save(net, x, tmp_path)
+    # The record's weight codes (this CPU's exact target): the deploy model within one output step of the eval model.
+    qmodel, paths = _save(net, x, tmp_path, deploy_target=record_exact_target())
     deploy = onnx.load(paths["deploy"])
     values = {t.name: onnx.numpy_helper.to_array(t) for t in deploy.graph.initializer}
     producer = {out: n for n in deploy.graph.node for out in n.output}
+    optimized = optimized_ops(deploy).graph.node
     for clip in (n for n in deploy.graph.node if n.op_type == "Clip"):
         quantize = producer[clip.input[0]]
-        assert quantize.op_type == "QuantizeLinear"  # a clip on the codes, never on floats
-        scale, zero = (values[name] for name in quantize.input[1:3])
+        if quantize.op_type != "QuantizeLinear":  # a float clamp: one ORT drops (its quantiser lies inside)
+            assert clip.name not in {n.name for n in optimized}
+            continue
+        scale, zero = (values[name] for name in quantize.input[1:3])  # else a clip on the codes
         codes = [values[name] for name in clip.input[1:]]
         assert [c.dtype for c in codes] == [zero.dtype] * 2 and int(codes[0]) == int(zero)
         assert int(codes[1]) == min(round(6.0 / float(scale)) + int(zero), np.iinfo(zero.dtype).max)
-    ops = [n.op_type for n in optimized_ops(deploy).graph.node]
+    ops = [n.op_type for n in optimized]
     assert ops.count("QLinearConv") == 2  # the last conv's output is the model's: float
     for batch in (x, torch.randn(3, 3, 12, 12, generator=torch.Generator().manual_seed(1))):
         with torch.no_grad():
             expected = qmodel(batch).numpy()
         got = _outputs(paths["deploy"], batch)[0]
         assert np.abs(got - expected).max() <= 0.01 * np.abs(expected).max()
+
+
+def test_a_model_captured_by_torch_export_saves_with_dynamic_axes_and_no_names(tmp_path):
+    """The detector is captured through torch.export (fx cannot trace its split); its files get the input's
+    parameter name and output_0, output_1, and the batch stays dynamic."""
+    x = torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(3))
+    config, record = tmp_path / "c.json", tmp_path / "r.txt"
+    net = TinyDetector().eval()
+    amct.create_quant_retrain_config(str(config), net, x[:2])
+    qmodel = amct.create_quant_retrain_model(str(config), net, str(record), x[:2]).eval()
+    with torch.no_grad():
+        qmodel(x)
+    paths = amct.save_quant_retrain_model(
+        str(config), qmodel, str(record), str(tmp_path / "net"), x, dynamic_axes={"x": {0: "n"}}
+    )
+    for path in paths.values():
+        session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+        assert [i.name for i in session.get_inputs()] == ["x"]
+        assert [o.name for o in session.get_outputs()] == ["output_0", "output_1"]
+        assert [o.shape[0] for o in session.run(None, {"x": x[:3].numpy()})] == [3, 3]
+
+
+@pytest.mark.parametrize(
+    "name, producer, minimum",
+    [("hardswish-hardsigmoid-gate", "HardSwish", -0.375), ("silu-sigmoid-gate", "Mul", -0.2785)],
+)
+def test_bounded_below_activations_are_quantised_from_their_minimum_not_below(name, producer, minimum, tmp_path):
+    """The calibration widens an example's range by a margin (other inputs reach further), but hardswish never
+    goes below -0.375 nor SiLU below -0.2785: those codes would be wasted, so the range starts at the minimum."""
+    ctor, shape = NETS[name]
+    x = torch.randn(16, *shape, generator=torch.Generator().manual_seed(1)) * 3  # inputs that reach the minimum
+    _, paths = _save(ctor(), x, tmp_path)
+    deploy = onnx.load(paths["deploy"])
+    values = {t.name: onnx.numpy_helper.to_array(t) for t in deploy.graph.initializer}
+    producers = {out: n for n in deploy.graph.node for out in n.output}
+
+    def codes_of(name: str) -> str:  # a dequantised tensor's codes: two DequantizeLinear of one tensor match
+        node = producers.get(name)
+        return node.input[0] if node is not None and node.op_type == "DequantizeLinear" else name
+
+    def is_activation(source) -> bool:  # HardSwish, or SiLU's x * Sigmoid(x) (not a gate's x * sigmoid(fc(x)))
+        if source is None or source.op_type != producer:
+            return False
+        factors = {codes_of(name) for name in source.input}
+        gates = [producers.get(name) for name in source.input]
+        return producer != "Mul" or any(g is not None and codes_of(g.input[0]) in factors for g in gates)
+
+    lows = []
+    for node in deploy.graph.node:
+        if node.op_type == "QuantizeLinear" and is_activation(producers.get(node.input[0])):
+            scale, zero = (float(values[n]) for n in node.input[1:3])
+            lows.append(-scale * zero)
+    assert lows and all(minimum - 0.01 <= low <= 0 for low in lows), lows
+    assert min(lows) < minimum / 2  # the inputs did reach down there

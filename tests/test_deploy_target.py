@@ -7,7 +7,9 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+import torch
 from onnx import numpy_helper
+from torch import nn
 
 import amct_engine as amct
 from amct_engine.export.deploy_target import (
@@ -21,7 +23,10 @@ from amct_engine.export.deploy_target import (
 )
 from amct_engine.export.qdq.finalize import TARGET_REWRITES
 from amct_engine.export.qdq.fusion_report import deploy_report
+from amct_engine.export.save import build_export_model, export_layers
+from amct_engine.quant_retrain import records_for_save
 from job_host.spec import JobParams
+from tests.deploy_targets import full_int8_exact_here
 from tests.test_quant_retrain import INPUT, trained_qat_model
 
 
@@ -61,7 +66,13 @@ def qat(tmp_path_factory):
 
 @pytest.mark.parametrize(
     "target, dtype, zero",
-    [("x86_amx", np.int8, 0), ("x86_vnni", np.int8, 0), ("arm", np.int8, 0), ("x86_avx2", np.uint8, 128)],
+    [
+        ("x86_amx", np.int8, 0),
+        ("x86_vnni", np.int8, 0),
+        ("arm", np.int8, 0),
+        ("x86_avx2", np.int8, 0),
+        ("x86_avx2_u8u8", np.uint8, 128),
+    ],
 )
 def test_weight_codes_follow_the_target_and_the_report_says_which(qat, target, dtype, zero):
     tmp_path, config, qmodel, record, expected = qat
@@ -69,15 +80,55 @@ def test_weight_codes_follow_the_target_and_the_report_says_which(qat, target, d
         str(config), qmodel, str(record), str(tmp_path / target), INPUT, deploy_target=target
     )
     assert _weight_codes(paths["deploy"]) == {layer: (np.dtype(dtype), {zero}) for layer in ("conv1", "conv2", "fc")}
-    # One input channel under a 3x3 kernel: on x86_vnni conv1 runs float on its int8 codes (conv_float_stems.py).
-    x86_signed = target in ("x86_vnni", "x86_amx")
+    # One input channel under a 3x3 kernel: on the x86 int8 targets conv1 runs float on its codes (conv_float_stems.py).
+    x86_signed = target in ("x86_vnni", "x86_amx", "x86_avx2")
     assert deploy_report(paths["deploy"])["conv_layout"]["float_stems"] == (["conv1/Conv"] if x86_signed else [])
     assert deploy_report(paths["deploy"])["deploy_target"] == target
-    if target == "x86_avx2" or detect_deploy_target() != "x86_avx2":
+    if target == "x86_avx2_u8u8" or (target != "x86_avx2" and full_int8_exact_here()):
         # Exact kernels for this target on this CPU: the deploy model computes the eval model bit for bit
         # (this chain requantises only through ReLU/flatten, with the next layer's own quantiser).
         session = ort.InferenceSession(paths["deploy"], providers=["CPUExecutionProvider"])
         np.testing.assert_array_equal(session.run(None, {session.get_inputs()[0].name: INPUT.numpy()})[0], expected)
+
+
+def test_avx2_stores_7_bit_codes_that_its_u8s8_kernels_sum_exactly(qat):
+    """x86_avx2: the record's clip range on 7-bit codes (2 x 255 x 64 < 2^15: no pair of u8s8 products
+    saturates), so the deploy model computes the export model at those codes bit for bit on any x86 CPU, and
+    stays within a few 8-bit steps of the eval model's 8-bit codes."""
+    tmp_path, config, qmodel, record, expected = qat
+    paths = amct.save_quant_retrain_model(
+        str(config), qmodel, str(record), str(tmp_path / "avx2"), INPUT, deploy_target="x86_avx2"
+    )
+    inits = {t.name: numpy_helper.to_array(t) for t in onnx.load(paths["deploy"]).graph.initializer}
+    for layer in ("conv1", "conv2", "fc"):
+        codes = inits[f"{layer}.weight"].astype(int)
+        assert codes.min() >= -64 and codes.max() <= 63 and np.abs(codes).max() >= 62  # the range is used
+    records = records_for_save(qmodel, str(record))
+    narrowed = export_layers(qmodel, records, "x86_avx2")
+    assert {layer.factors.wts_bits for layer in narrowed.values()} == {7}
+    for path, layer in narrowed.items():
+        qmodel_layer = qmodel.get_submodule(path)
+        scale = np.asarray(records[qmodel_layer.layer_name].scale_w) * 127 / 63
+        np.testing.assert_allclose(layer.factors.scale_w.numpy(), scale, rtol=1e-6)
+    session = ort.InferenceSession(paths["deploy"], providers=["CPUExecutionProvider"])
+    got = session.run(None, {session.get_inputs()[0].name: INPUT.numpy()})[0]
+    with torch.no_grad():
+        reference = build_export_model(qmodel, narrowed)(INPUT).numpy()
+    np.testing.assert_array_equal(got, reference)
+    assert np.abs(got - expected).max() <= 0.05 * np.abs(expected).max()
+
+
+def test_depthwise_convs_keep_8_bit_codes_on_avx2(tmp_path):
+    """ORT's int8 depthwise kernel sums in 32 bits (measured exact at ±127 x 255): 7 bits would only cost accuracy."""
+    net = nn.Sequential(nn.Conv2d(3, 8, 1), nn.ReLU(), nn.Conv2d(8, 8, 3, groups=8), nn.ReLU(), nn.Conv2d(8, 4, 1))
+    x = torch.randn(4, 3, 8, 8, generator=torch.Generator().manual_seed(0))
+    config, record = tmp_path / "c.json", tmp_path / "r.txt"
+    amct.create_quant_retrain_config(str(config), net.eval(), x)
+    qmodel = amct.create_quant_retrain_model(str(config), net, str(record), x).eval()
+    with torch.no_grad():
+        qmodel(x)
+    layers = export_layers(qmodel, records_for_save(qmodel, str(record)), "x86_avx2")
+    assert {path: layer.factors.wts_bits for path, layer in layers.items()} == {"0": 7, "2": 8, "4": 7}
 
 
 def test_auto_is_the_exporting_machine(qat):
@@ -105,7 +156,7 @@ def test_a_registered_target_is_accepted_everywhere_and_applies_its_rewrites(qat
     report = deploy_report(paths["deploy"])
     assert report["deploy_target"] == stems_only_target
     assert report["conv_layout"]["float_stems"] == ["conv1/Conv"]
-    if detect_deploy_target() != "x86_avx2":  # signed codes run exactly on this CPU
+    if full_int8_exact_here():  # 8-bit signed codes run exactly on this CPU
         session = ort.InferenceSession(paths["deploy"], providers=["CPUExecutionProvider"])
         np.testing.assert_array_equal(session.run(None, {session.get_inputs()[0].name: INPUT.numpy()})[0], expected)
 

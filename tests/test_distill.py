@@ -19,6 +19,7 @@ import amct_engine as amct
 from amct_engine.config.errors import ConfigError
 from amct_engine.quant.retrain_layer import QuantRetrainLayer
 from amct_engine.record import RecordFile
+from tests.deploy_targets import record_exact_target
 from tests.models import BranchesNet, ConvBnReluNet
 
 # Copies of ../shared/examples, so the suite runs from any checkout.
@@ -282,7 +283,9 @@ def test_save_writes_record_next_to_the_models_and_folds_bn(tmp_path):
     config = _config(tmp_path, teacher)
     student = amct.create_distill_model(str(config), teacher, INPUT)
     amct.distill(teacher, student, str(config), _loader(), epochs=1)
-    paths = amct.save_distill_model(student, str(tmp_path / "out" / "student"), INPUT)
+    paths = amct.save_distill_model(
+        student, str(tmp_path / "out" / "student"), INPUT, deploy_target=record_exact_target()
+    )
     assert paths["record"] == str(tmp_path / "out" / "student_record.txt")
     assert set(RecordFile(paths["record"]).quant_layers()) == {"conv1", "conv2", "fc"}
     deploy = onnx.load(paths["deploy"])

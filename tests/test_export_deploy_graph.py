@@ -22,6 +22,7 @@ from amct_engine.export.deploy_target import detect_deploy_target
 from amct_engine.export.qdq.fusion_report import FUSED_OPS, deploy_report, optimized_ops
 from examples.fashion_mnist import fashion_mnist_available, load_fashion_mnist
 from examples.models import SmallFashionCnn
+from tests.deploy_targets import record_exact_target
 from tests.models import TinyResNet
 
 INTEGER_OR_GLUE = {
@@ -141,7 +142,10 @@ def test_a8w4_deploy_file_stores_int4_weights_and_runs_the_int8_kernels_exactly(
 
     cfg = "retrain_weight_quant_config { arq_retrain { dst_type: INT4 } }"
     qmodel, config, record, expected = _cfg_model(tmp_path, cfg)
-    paths = amct.save_quant_retrain_model(str(config), qmodel, str(record), str(tmp_path / "a8w4"), INPUT)
+    # conv1 (one input channel) keeps INT8 codes: the record's, on this CPU's exact kernels.
+    paths = amct.save_quant_retrain_model(
+        str(config), qmodel, str(record), str(tmp_path / "a8w4"), INPUT, deploy_target=record_exact_target()
+    )
     float_path = str(tmp_path / "fp32.onnx")
     from amct_engine.export.save import export_onnx
     from tests.models import ConvBnReluNet
@@ -183,8 +187,10 @@ def test_the_benchmarks_20k_cnn_in_a8w4_is_under_a_sixth_of_fp32_and_exact(tmp_p
     qmodel.eval()
     with torch.no_grad():
         expected = qmodel(images[:8]).numpy()
-    paths = amct.save_quant_retrain_model(str(config), qmodel, str(record), str(tmp_path / "a8w4"), images[:8])
-    # A sixth, as named: 0.159 for x86_vnni; 0.163 for x86_avx2 (an AVX2-only CPU), whose uint8 conv1 weights
+    paths = amct.save_quant_retrain_model(
+        str(config), qmodel, str(record), str(tmp_path / "a8w4"), images[:8], deploy_target=record_exact_target()
+    )
+    # A sixth, as named: 0.159 for x86_vnni; 0.163 for x86_avx2_u8u8 (an AVX2-only CPU), whose uint8 conv1 weights
     # add a per-channel zero point and a Cast (export.deploy_target).
     assert Path(paths["deploy"]).stat().st_size / Path(float_path).stat().st_size <= 1 / 6
     graph = onnx.load(paths["deploy"]).graph
@@ -192,7 +198,7 @@ def test_the_benchmarks_20k_cnn_in_a8w4_is_under_a_sixth_of_fp32_and_exact(tmp_p
     assert [producer[n.input[0]] for n in graph.node if n.op_type == "Flatten"] == ["QuantizeLinear"]
     layers = deploy_report(paths["deploy"])["layers"]  # conv1: a float stem on x86_vnni/amx, else QLinearConv
     assert layers["conv2"] == "QLinearConv" and layers["fc"] == "QGemm"
-    # The input, conv2's, the Linear's; and conv1's output where conv1 runs quantised (x86_avx2).
+    # The input, conv2's, the Linear's; and conv1's output where conv1 runs quantised (x86_avx2_u8u8).
     quantised_stem = layers["conv1"] == "QLinearConv"
     assert sum(n.op_type == "QuantizeLinear" for n in graph.node) == 3 + quantised_stem
     np.testing.assert_array_equal(_ort(paths["deploy"], images[:8]), expected)

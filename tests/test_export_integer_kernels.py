@@ -17,6 +17,7 @@ from torch import nn
 import amct_engine as amct
 from amct_engine.export.save import export_onnx
 from amct_engine.graph.capture import capture_model
+from tests.deploy_targets import record_exact_target
 
 
 class TokenMixer(nn.Module):
@@ -87,8 +88,13 @@ def test_per_channel_linear_deploys_exactly_on_integer_kernels(tmp_path):
     with torch.no_grad():
         student.eval()(x)  # calibration
         expected = student(x).numpy()
-    paths = amct.save_distill_model(
-        student, str(tmp_path / "wide"), x[:2], input_names=["x"], dynamic_axes={"x": {0: "n"}}
+    paths = amct.save_distill_model(  # the record's 8-bit codes on this CPU's exact kernels
+        student,
+        str(tmp_path / "wide"),
+        x[:2],
+        input_names=["x"],
+        dynamic_axes={"x": {0: "n"}},
+        deploy_target=record_exact_target(),
     )
     for kind in ("fake_quant", "deploy"):
         # Integer sums are exact; only the final float rescale may differ in its last bit.

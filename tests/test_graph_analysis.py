@@ -14,7 +14,8 @@ from amct_engine.graph.analysis import (
     Chain,
     conv_bn_act_chains,
     excluded_layers,
-    input_from_relu,
+    input_bounded_below,
+    input_non_negative,
     quantizable_layers,
 )
 from amct_engine.graph.capture import capture_model
@@ -132,14 +133,14 @@ def test_residual_add_ends_the_chain_after_bn():
     assert chains["layer1.0.conv2"] == Chain("layer1.0.conv2", "layer1.0.bn2")
 
 
-def test_input_from_relu_module_and_functions():
+def test_input_non_negative_module_and_functions():
     relu_net = _capture(ConvBnReluNet)
     functional = capture_model(FunctionalReluNet(), torch.randn(1, 1, 4, 4))
 
     # fc reads relu2 through flatten, which keeps the sign (AMCT looks at the direct producer only).
-    assert [input_from_relu(relu_net, n) for n in ("conv1", "conv2", "fc")] == [False, True, True]
-    assert input_from_relu(functional, "conv2")  # F.relu
-    assert input_from_relu(functional, "fc")  # torch.relu, then flatten
+    assert [input_non_negative(relu_net, n) for n in ("conv1", "conv2", "fc")] == [False, True, True]
+    assert input_non_negative(functional, "conv2")  # F.relu
+    assert input_non_negative(functional, "fc")  # torch.relu, then flatten
 
 
 class _PoolThenLinear(nn.Module):
@@ -159,22 +160,68 @@ class _PoolThenLinear(nn.Module):
         return a + b
 
 
-def test_input_from_relu_looks_through_pooling_and_flatten_only():
+def test_input_non_negative_looks_through_pooling_and_flatten_only():
     for source in (_PoolThenLinear(), torch.jit.script(_PoolThenLinear())):
         cm = capture_model(source, torch.randn(1, 1, 4, 4))
-        assert input_from_relu(cm, "fc1")  # relu → max-pool → flatten
-        assert not input_from_relu(cm, "fc2")  # tanh → avg-pool → flatten: signed
+        assert input_non_negative(cm, "fc1")  # relu → max-pool → flatten
+        assert not input_non_negative(cm, "fc2")  # tanh → avg-pool → flatten: signed
 
 
-def test_input_from_relu_on_a_torchscript_functional_relu():
+def test_input_non_negative_on_a_torchscript_functional_relu():
     cm = capture_model(torch.jit.script(FunctionalReluNet()), torch.randn(1, 1, 4, 4))
 
-    assert input_from_relu(cm, "conv2")  # aten.relu.default call
+    assert input_non_negative(cm, "conv2")  # aten.relu.default call
 
 
-def test_input_from_relu_unknown_layer():
+class _SqueezeExciteBlock(nn.Module):
+    """conv0 → act → conv1 → act → x * sigmoid(fc(pool(x))) → conv2: every conv after conv0 reads `act`."""
+
+    def __init__(self, act: type[nn.Module]) -> None:
+        super().__init__()
+        self.conv0, self.conv1, self.conv2 = nn.Conv2d(1, 4, 3), nn.Conv2d(4, 4, 1), nn.Conv2d(4, 4, 1)
+        self.act0, self.act1, self.fc = act(), act(), nn.Conv2d(4, 4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.act1(self.conv1(self.act0(self.conv0(x))))
+        return self.conv2(y * torch.sigmoid(self.fc(F.adaptive_avg_pool2d(y, 1))))
+
+
+@pytest.mark.parametrize(
+    "act, non_negative, bounded_below", [(nn.ReLU6, True, False), (nn.SiLU, False, True), (nn.Hardswish, False, True)]
+)
+def test_relu6_inputs_are_non_negative_and_silu_hardswish_inputs_bounded_below_through_a_gate(
+    act, non_negative, bounded_below
+):
+    """ReLU6 gets fixed_min like ReLU; SiLU and hardswish inputs start from the asymmetric search; the product
+    with a sigmoid gate keeps what its other factor had."""
+    x = torch.randn(1, 1, 6, 6)
+    scripted = torch.jit.script(_SqueezeExciteBlock(act))
+    for cm in (capture_model(_SqueezeExciteBlock(act), x), capture_model(scripted, x)):
+        for name in ("conv1", "conv2", "fc"):
+            assert input_non_negative(cm, name) is non_negative, name
+            assert input_bounded_below(cm, name) is bounded_below, name
+        assert not input_non_negative(cm, "conv0") and not input_bounded_below(cm, "conv0")
+
+
+class _SplitBlock(nn.Module):
+    """A C2f block's start: conv → ReLU6 → split in halves; conv1 reads one half (torch.export captures it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv0, self.act, self.conv1 = nn.Conv2d(1, 4, 3), nn.ReLU6(), nn.Conv2d(2, 2, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a, b = self.act(self.conv0(x)).split(2, dim=1)
+        return self.conv1(a) + b
+
+
+def test_a_half_of_a_split_keeps_its_sign():
+    assert input_non_negative(capture_model(_SplitBlock(), torch.randn(1, 1, 6, 6)), "conv1")
+
+
+def test_input_non_negative_unknown_layer():
     with pytest.raises(ValueError, match="'nope' is not called"):
-        input_from_relu(_capture(ConvBnReluNet), "nope")
+        input_non_negative(_capture(ConvBnReluNet), "nope")
 
 
 # --- distill groups (docs/spec/engine.md §6.1) --------------------------------------------------------------------

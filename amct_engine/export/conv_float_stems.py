@@ -3,9 +3,9 @@
 A rewrite of the QDQ deploy graph for the x86 targets with int8 weights (export/deploy_target.py
 `DeployTarget.rewrites`), chosen by measurement on onnxruntime 1.32's CPU kernels:
 
-- `float_stems` (x86_vnni and x86_amx, before the padding): a conv on one input channel with a 2-D kernel up to 3x3 (a
-  greyscale image's stem) has too little depth per output for the int8 GEMM: QLinearConv took 702 µs per
-  batch of 64 on the 20k-parameter Fashion-MNIST CNN's 28x28 stem, padded or not, where onnxruntime's
+- `float_stems` (x86_vnni, x86_amx and x86_avx2, before the padding): a conv on one input channel with a 2-D
+  kernel up to 3x3 (a greyscale image's stem) has too little depth per output for the int8 GEMM: QLinearConv
+  took 702 µs per batch of 64 on the 20k-parameter Fashion-MNIST CNN's 28x28 stem, padded or not, where onnxruntime's
   float NCHWc conv took 157 µs (one thread, minimum). Such a conv runs float on its integer codes (input
   codes less the zero point, weight codes, int32 bias), with the rescale by input x weight scale moved
   after the ReLU and max-pool: the same integer sums and the same single multiply as the eval model, so

@@ -9,9 +9,9 @@ exact (the same integer sums), chosen by measurement on onnxruntime 1.32's CPU k
   input channels % 4 == 0; other convs take the generic im2col + GEMM + requantise path. Measured on
   isolated convs: 0.62-0.67x the time for 3x3 kernels on 1-3 channels; larger kernels stay as they are
   (ResNet's 7x7 stem ran 1.3x slower padded, `_padding_pays`). Zero weights add nothing to the sums, so
-  the output is the same. Only where the weights are int8 with zero point 0 (deploy_target x86_vnni):
-  uint8 weights (x86_avx2) never take the symmetric path, and ARM's symmetric conv refuses convs under 64
-  input channels.
+  the output is the same. Only where the weights are int8 with zero point 0 (deploy_target x86_vnni,
+  x86_avx2): uint8 weights (x86_avx2_u8u8) never take the symmetric path, and ARM's symmetric conv refuses
+  convs under 64 input channels.
 - `convs_on_the_gemm_path` (x86_amx): each conv's int8 weight gets its zero point (0) as an initialiser that is
   also a graph input. ORT's QLinearConv takes MLAS's symmetric conv (AVX512-VNNI) only when the weight zero
   point is a *constant* all-zero tensor, and its im2col + QGEMM path otherwise; on a CPU with AMX-INT8 that

@@ -100,6 +100,8 @@ def export_layer_graph(
     dynamic_axes: dict | None = None,
 ) -> onnx.ModelProto:
     """The TorchScript export of `model` (its LayerPlaceholders as placeholder nodes), in memory."""
+    if dynamic_axes and isinstance(model, torch.fx.GraphModule):
+        input_names, output_names = _graph_module_names(model, input_names, output_names)
     buffer = io.BytesIO()
     # Declared only when used: torch's C++ side warns on stderr about an unused custom domain (a float model).
     has_layers = any(isinstance(m, LayerPlaceholder) for m in model.modules())
@@ -120,6 +122,21 @@ def export_layer_graph(
             autograd_inlining=False,
         )
     return onnx.load_from_string(buffer.getvalue())
+
+
+def _graph_module_names(
+    model: torch.fx.GraphModule, input_names: Sequence[str] | None, output_names: Sequence[str] | None
+) -> tuple[Sequence[str], Sequence[str]]:
+    """Names for the inputs and outputs the caller left unnamed, as torch.onnx would give them: its check of
+    `dynamic_axes` reads a model's `.graph` as a TorchScript graph when a list is missing, which an fx
+    GraphModule's (a model captured through torch.export) is not (AttributeError 'Graph' has no 'inputs')."""
+    if not input_names:
+        input_names = [node.name for node in model.graph.nodes if node.op == "placeholder"]
+    if not output_names:
+        output = next(node for node in model.graph.nodes if node.op == "output")
+        count = len(torch.utils._pytree.tree_leaves(output.args[0]))
+        output_names = ["output"] if count == 1 else [f"output_{i}" for i in range(count)]
+    return input_names, output_names
 
 
 def _attribute_value(key: str, value):

@@ -32,7 +32,9 @@ class OnnxFormat:
     - `custom_opsets`: domain -> version for custom ops the writer emits (the file's opset imports);
     - `finalize`: applied to the written file (None: kept as the exporter wrote it);
     - `to_reference_onnx`: a standard-ONNX model computing the same, which `check_onnx` runs in
-      onnxruntime (the identity for a standard-ONNX format).
+      onnxruntime (the identity for a standard-ONNX format);
+    - `stores_for_target`: its weight codes are stored as the deploy target's kernels take them
+      (export.deploy_target: signedness, 7-bit codes on AVX2); else the record's codes as they are.
     """
 
     name: str
@@ -41,6 +43,7 @@ class OnnxFormat:
     custom_opsets: Mapping[str, int] = field(default_factory=dict)
     finalize: Callable[[onnx.ModelProto], onnx.ModelProto] | None = None
     to_reference_onnx: Callable[[onnx.ModelProto], onnx.ModelProto] = _as_written
+    stores_for_target: bool = False
 
     @property
     def rewritten_for_reference(self) -> bool:
@@ -52,7 +55,7 @@ class OnnxFormat:
 FAKE_QUANT = OnnxFormat("fake_quant", FakeQuantBackend)
 
 # QDQ graph onnxruntime fuses into QLinearConv/QGemm/QLinearAdd/... end to end (export/qdq/).
-ONNX_DEPLOY = OnnxFormat("onnx", QdqDeployBackend, finalize_with_inputs=finalize_qdq_deploy)
+ONNX_DEPLOY = OnnxFormat("onnx", QdqDeployBackend, finalize_with_inputs=finalize_qdq_deploy, stores_for_target=True)
 
 # docs/spec/engine.md §5: AMCT's layout for ATC; onnxruntime checks it through the reference rewrite.
 ASCEND_DEPLOY = OnnxFormat(

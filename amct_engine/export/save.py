@@ -18,12 +18,18 @@ import onnxruntime as ort
 import torch
 from torch import nn
 
-from amct_engine.export.deploy_target import DEFAULT_DEPLOY_TARGET, resolve_deploy_target, signed_weights
+from amct_engine.export.deploy_target import (
+    DEFAULT_DEPLOY_TARGET,
+    resolve_deploy_target,
+    signed_weights,
+    weight_bits,
+)
 from amct_engine.export.formats import DEFAULT_DEPLOY_FORMAT, check_deploy_format
 from amct_engine.export.layer_graph import export_layer_graph, splice_layers
 from amct_engine.export.onnx_formats import FAKE_QUANT, OnnxFormat
 from amct_engine.export.quant_layer import ExportQuantLayer
 from amct_engine.export.size_checks import check_file_sizes, record_size_checks, session_runner
+from amct_engine.layers import behaviour_of
 from amct_engine.quant.deployed import compute_factors, fold_batch_norm
 from amct_engine.quant.retrain_layer import QuantRetrainLayer
 from amct_engine.record import LayerQuantRecord
@@ -42,22 +48,35 @@ def quant_layers(model: nn.Module) -> dict[str, QuantRetrainLayer]:
     return {name: m for name, m in model.named_modules() if isinstance(m, QuantRetrainLayer)}
 
 
+def sums_in_16_bit_pairs(layer: nn.Module, record: LayerQuantRecord) -> bool:
+    """Whether the deploy layer runs on the u8s8 GEMM kernels that a deploy target's `weight_bits` is about:
+    not a layer without an int8 kernel (INT16 inputs, transposed convs: the fake-quant form, float), nor a
+    depthwise conv (one input and one output channel per group), whose int8 kernel sums in 32 bits on every
+    x86 CPU (measured: ±127 weights on 255 codes, exact), so narrowing those would only cost accuracy."""
+    if record.act_bits != 8 or not behaviour_of(layer).int8_kernel:
+        return False
+    groups = getattr(layer, "groups", 1)
+    return not (groups > 1 and layer.in_channels == groups == layer.out_channels)
+
+
 def export_layers(
-    model: nn.Module,
-    records: dict[str, LayerQuantRecord],
-    deploy_target: str = DEFAULT_DEPLOY_TARGET,
+    model: nn.Module, records: dict[str, LayerQuantRecord], deploy_target: str | None = None
 ) -> dict[str, ExportQuantLayer]:
     """Module path -> the ExportQuantLayer of each quantised layer of `model`, on the CPU.
 
-    Every format folds BN and takes every factor from the record (docs/spec/engine.md §5).
-    `deploy_target` (export.deploy_target) picks int8 or uint8 + 128 weight codes.
+    Every format folds BN and takes every factor from the record (docs/spec/engine.md §5). A `deploy_target`
+    (export.deploy_target: the "onnx" deploy model's) picks int8 or uint8 + 128 weight codes and their width
+    (7 bits on AVX2); None: the record's codes as they are (the fake-quant and Ascend files).
     """
+    max_bits = 8 if deploy_target is None else weight_bits(deploy_target)
     layers = {}
     for path, wrapper in quant_layers(model).items():
         layer = fold_batch_norm(wrapper.layer, wrapper.bn).cpu()  # a copy
-        factors = compute_factors(wrapper.layer_name, layer, records[wrapper.layer_name])
+        record = records[wrapper.layer_name]
+        bits = max_bits if sums_in_16_bit_pairs(layer, record) else 8
+        factors = compute_factors(wrapper.layer_name, layer, record, bits)
         layers[path] = ExportQuantLayer(wrapper.layer_name, layer, factors)
-        layers[path].signed_weights = signed_weights(deploy_target)
+        layers[path].signed_weights = deploy_target is None or signed_weights(deploy_target)
     return layers
 
 
@@ -154,8 +173,9 @@ def save_quantized_onnx(
     `deploy_format` names the deploy model's format in `amct_engine.export.formats.DEPLOY_FORMATS`:
     "onnx", the portable integer model onnxruntime runs; "ascend", AMCT's layout with
     AscendQuant/AscendDequant for the ATC converter (docs/spec/engine.md §5). `deploy_target`
-    ("auto", "x86_amx", "x86_vnni", "x86_avx2", "arm"; export.deploy_target) is the CPU the "onnx" deploy
-    model is written for; "auto" is the exporting machine's kind, and the deploy file's report says which.
+    ("auto", "x86_amx", "x86_vnni", "x86_avx2", "x86_avx2_u8u8", "arm"; export.deploy_target) is the CPU the
+    "onnx" deploy model is written for; "auto" is the exporting machine's kind, and the deploy file's report
+    says which. Its weights are the record's codes, except on "x86_avx2" (7-bit codes: export.deploy_target).
     `layer_graph`: the model traced with its quantised layers as placeholders (export.layer_graph), when
     the caller has it (PTQ's quantize_model); by default traced here.
     """
@@ -164,15 +184,19 @@ def save_quantized_onnx(
     validate_dynamic_axes(dynamic_axes)
     cpu_inputs = tuple(t.detach().cpu() for t in input_data)
     paths = output_paths(save_path)
-    formats = {"fake_quant": FAKE_QUANT, "deploy": deploy}
-    # The export layers (BN folded, factors computed) and the traced graph, once for both files; the
-    # model they make is what both files compute, the reference of their size checks.
-    layers = export_layers(model, records, deploy_target)
+    # The export layers (BN folded, factors computed) and the traced graph, once for both files where the
+    # deploy file stores the record's codes; the model they make is what a file computes, the reference of
+    # its size checks.
+    layers = export_layers(model, records)
     export_model = build_export_model(model, layers)
     if layer_graph is None:
         layer_graph = export_layer_graph(export_model, cpu_inputs, input_names, output_names, dynamic_axes)
-    for kind, path in paths.items():
-        write_format(layer_graph, layers, formats[kind], path, cpu_inputs, export_model, deploy_target)
+    write_format(layer_graph, layers, FAKE_QUANT, paths["fake_quant"], cpu_inputs, export_model)
+    if deploy.stores_for_target:
+        layers = export_layers(model, records, deploy_target)
+        if any(layer.factors.wts_bits != records[layer.layer_name].wts_bits for layer in layers.values()):
+            export_model = build_export_model(model, layers)
+    write_format(layer_graph, layers, deploy, paths["deploy"], cpu_inputs, export_model, deploy_target)
     return paths
 
 

@@ -176,18 +176,32 @@ def _bn_reads_layer_channels(layer: nn.Module, bn: nn.Module, output_rank) -> bo
     return behaviour_of(layer).reads_normalised_channels(output_rank)
 
 
-def input_from_relu(cm: CapturedModel, name: str) -> bool:
-    """True when every call of ``name`` reads a ReLU's output, directly or through ops that keep it non-negative.
+def input_non_negative(cm: CapturedModel, name: str) -> bool:
+    """True when every call of ``name`` reads a non-negative activation's output (ReLU, ReLU6, a sigmoid gate,
+    softplus), directly or through ops that keep it non-negative.
 
-    Decides the ULQ ``fixed_min`` default: a ReLU output is never negative. AMCT looks at the direct producer
-    only; we also look through pooling, flatten/reshape and dropout (``_SIGN_KEEPING``), so the first Linear
-    after ReLU → max-pool → flatten gets clip_min 0 too: twice the codes for its range, and a deploy graph in
-    which onnxruntime folds the ReLU into the int8 conv instead of a Clip on codes (docs/spec/engine.md §4.1).
+    Decides the ULQ ``fixed_min`` default. AMCT looks for a direct ReLU producer only; we also take ReLU6 and
+    the other activations that never go below 0, and look through pooling, flatten/reshape and dropout
+    (``_SIGN_KEEPING``), so the first Linear after ReLU → max-pool → flatten gets clip_min 0 too: twice the
+    codes for its range, and a deploy graph in which onnxruntime folds the ReLU into the int8 conv instead of a
+    Clip on codes (docs/spec/engine.md §4.1).
     """
+    return _every_call_reads(cm, name, _is_non_negative)
+
+
+def input_bounded_below(cm: CapturedModel, name: str) -> bool:
+    """True when every call of ``name`` reads an activation with a small negative minimum (SiLU -0.28, hardswish
+    -0.375, GELU -0.17, Mish, ELU...), directly or through sign-keeping ops: its ULQ quantiser starts from the
+    asymmetric IFMR search, which keeps the data's minimum, instead of AMCT's symmetric one, which spends half of
+    the codes on values below that minimum (docs/spec/engine.md §4.1)."""
+    return _every_call_reads(cm, name, _is_bounded_below)
+
+
+def _every_call_reads(cm: CapturedModel, name: str, producer_test) -> bool:
     nodes = cm.nodes_of(name)
     if not nodes:
         raise ValueError(f"Layer '{name}' is not called in the model's forward")
-    return all(_reads_relu(cm, node.args[0] if node.args else None) for node in nodes)
+    return all(_reads(cm, node.args[0] if node.args else None, producer_test) for node in nodes)
 
 
 # Ops whose output is non-negative wherever their (first) input is: a max or mean of non-negative values
@@ -231,17 +245,46 @@ _SIGN_KEEPING_FUNCTIONS = (
     "contiguous",
     "dropout",
     "clone",
+    "split",  # a C2f block's halves: each part of a tensor has its sign
+    "split_with_sizes",
+    "chunk",
+    "getitem",
+    "narrow",
+    "slice",
 )
 
 
-def _reads_relu(cm: CapturedModel, node: Any) -> bool:
+def _reads(cm: CapturedModel, node: Any, producer_test) -> bool:
     while isinstance(node, fx.Node):
-        if _is_relu(cm, node):
+        if producer_test(cm, node):
             return True
+        gated = _gated_input(cm, node)
+        if gated is not None:
+            node = gated
+            continue
         if not _keeps_sign(cm, node) or not node.args:
             return False
         node = node.args[0]
     return False
+
+
+_GATES = ({"Sigmoid", "Hardsigmoid"}, {"sigmoid", "hardsigmoid"})
+_MULS = {"mul", "mul_", "__mul__", "<built-in function mul>"}
+
+
+def _gated_input(cm: CapturedModel, node: fx.Node) -> fx.Node | None:
+    """x of x * gate with a gate in [0, 1] (a squeeze-excite block's sigmoid): the product keeps x's sign and
+    lies no lower than x's minimum, so what holds of x's producer holds of it."""
+    name = function_name(node) if node.op in ("call_function", "call_method") else None
+    if name not in _MULS and str(node.target) not in _MULS:
+        return None
+    args = [a for a in node.args[:2] if isinstance(a, fx.Node)]
+    if len(args) != 2:
+        return None
+    for x, gate in (args, args[::-1]):
+        if _activation_in(cm, gate, _GATES):
+            return x
+    return None
 
 
 def _keeps_sign(cm: CapturedModel, node: fx.Node) -> bool:
@@ -252,12 +295,32 @@ def _keeps_sign(cm: CapturedModel, node: fx.Node) -> bool:
     return False
 
 
-def _is_relu(cm: CapturedModel, node: Any) -> bool:
+# Activations whose output is never negative, and those whose minimum is small and negative, as modules and as
+# functions (F.*, torch.*; the captures keep activation modules as modules).
+_NON_NEGATIVE = (
+    {"ReLU", "ReLU6", "Sigmoid", "Hardsigmoid", "Softplus"},
+    {"relu", "relu_", "relu6", "sigmoid", "sigmoid_", "hardsigmoid", "hardsigmoid_", "softplus"},
+)
+_BOUNDED_BELOW = (
+    {"SiLU", "Hardswish", "GELU", "Mish", "ELU", "CELU", "SELU"},
+    {"silu", "silu_", "hardswish", "hardswish_", "gelu", "mish", "elu", "elu_", "celu", "selu"},
+)
+
+
+def _activation_in(cm: CapturedModel, node: Any, kinds: tuple[set[str], set[str]]) -> bool:
     if not isinstance(node, fx.Node):
         return False
     if node.op == "call_module":
-        return type(cm.get_module(node.target)).__name__ == "ReLU"
-    return node.op in ("call_function", "call_method") and function_name(node) in ("relu", "relu_")
+        return type(cm.get_module(node.target)).__name__ in kinds[0]
+    return node.op in ("call_function", "call_method") and function_name(node) in kinds[1]
+
+
+def _is_non_negative(cm: CapturedModel, node: Any) -> bool:
+    return _activation_in(cm, node, _NON_NEGATIVE)
+
+
+def _is_bounded_below(cm: CapturedModel, node: Any) -> bool:
+    return _activation_in(cm, node, _BOUNDED_BELOW)
 
 
 def single_consumer(node: fx.Node | None) -> fx.Node | None:

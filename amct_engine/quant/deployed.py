@@ -55,11 +55,22 @@ class QuantFactors:
     bias_q: torch.Tensor | None  # int32 bias of the integer kernels, or None
 
 
-def compute_factors(name: str, layer: nn.Module, record: LayerQuantRecord) -> QuantFactors:
-    """Integer weight and bias of a BN-folded layer under the record's factors."""
+def narrowed(scale_w: torch.Tensor, record_bits: int, bits: int) -> torch.Tensor:
+    """The weight scale that maps the record's clip range onto `bits`-bit codes: the largest code of
+    `record_bits` (127) and of `bits` (63 for 7) stand for the same weight (docs/spec/engine.md §5, "Weight
+    codes of the deploy model": 7-bit codes keep AVX2's u8s8 pair sums in int16)."""
+    return scale_w * (((1 << (record_bits - 1)) - 1) / ((1 << (bits - 1)) - 1))
+
+
+def compute_factors(name: str, layer: nn.Module, record: LayerQuantRecord, max_wts_bits: int = 8) -> QuantFactors:
+    """Integer weight and bias of a BN-folded layer under the record's factors; weight codes of more than
+    `max_wts_bits` bits (a deploy target's `weight_bits`) are narrowed to that width (`narrowed`)."""
     weight = layer.weight.detach().float()
     scale_w = torch.tensor(record.scale_w, dtype=torch.float32, device=weight.device)
-    qn, qp = quant_range(record.wts_bits)
+    wts_bits = min(record.wts_bits, max_wts_bits)
+    if wts_bits < record.wts_bits:
+        scale_w = narrowed(scale_w, record.wts_bits, wts_bits)
+    qn, qp = -(1 << (wts_bits - 1)), (1 << (wts_bits - 1)) - 1
     weight_scale = behaviour_of(layer).per_out_channel(scale_w, layer)
     weight_q = torch.clamp(torch.round(weight / weight_scale), qn, qp)
     bias_q = None
@@ -75,7 +86,7 @@ def compute_factors(name: str, layer: nn.Module, record: LayerQuantRecord) -> Qu
         scale_d=record.scale_d,
         offset_d=record.offset_d,
         act_bits=record.act_bits,
-        wts_bits=record.wts_bits,
+        wts_bits=wts_bits,
         scale_w=scale_w,
         weight_q=weight_q.to(torch.int8),
         bias_q=bias_q,

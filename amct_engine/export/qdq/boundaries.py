@@ -35,6 +35,7 @@ from amct_engine.export.qdq.op_roles import (
     clamp_bounds,
     commutes,
     fixed_parameters,
+    lower_bound,
     passes_quantized_data,
     runs_in_int8,
 )
@@ -177,7 +178,9 @@ def quantize_boundaries(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) ->
     g = GraphIndex(model)
     plan, to_calibrate = _plan(g)
     fixed = {name: fixed_parameters(g.producer[name].op_type) for name in to_calibrate}
-    calibrated = calibrate(model, [name for name, p in fixed.items() if p is None], feeds)
+    bounds = {name: lower_bound(g, g.producer[name]) for name in to_calibrate}
+    known_bounds = {name: bound for name, bound in bounds.items() if bound is not None}
+    calibrated = calibrate(model, [name for name, p in fixed.items() if p is None], feeds, known_bounds)
     calibrated.update((name, p) for name, p in fixed.items() if p is not None)
     edit = _Insertions(g)
     bases: set[str] = set()

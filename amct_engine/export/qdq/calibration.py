@@ -11,8 +11,15 @@ from onnx import TensorProto, helper
 CALIBRATION_MARGIN = 1.25
 
 
-def calibrate(model: onnx.ModelProto, names: list[str], feeds: dict[str, np.ndarray]) -> dict[str, tuple]:
-    """uint8 (scale, zero point) covering each tensor's range on the example input, 0 included."""
+def calibrate(
+    model: onnx.ModelProto,
+    names: list[str],
+    feeds: dict[str, np.ndarray],
+    lower_bounds: dict[str, float] | None = None,
+) -> dict[str, tuple]:
+    """uint8 (scale, zero point) covering each tensor's range on the example input, 0 included; a tensor with a
+    lower bound (its producer's least output, export/qdq/op_roles.py `lower_bound`) starts no lower than it."""
+    lower_bounds = lower_bounds or {}
     if not names:
         return {}
     probe = onnx.ModelProto()
@@ -32,6 +39,7 @@ def calibrate(model: onnx.ModelProto, names: list[str], feeds: dict[str, np.ndar
             CALIBRATION_MARGIN * min(float(values[name].min()), 0.0),
             CALIBRATION_MARGIN * max(float(values[name].max()), 0.0),
         )
+        lo = max(lo, min(lower_bounds.get(name, lo), 0.0))
         scale = (hi - lo) / 255 if hi > lo else 1.0
         found[name] = (np.float32(scale), np.uint8(np.clip(round(-lo / scale), 0, 255)))
     return found

@@ -86,6 +86,26 @@ def passes_quantized_data(g: GraphIndex, node: onnx.NodeProto) -> bool:
     return runs_in_int8(g, node) or node.op_type in FLOAT_BETWEEN_OPS
 
 
+# Outputs bounded below whatever the input, at the function's minimum (docs/spec/engine.md §5, "Int8 around
+# activations"): a calibrated range starts there at the lowest, so the calibration's margin is not spent below it.
+LOWER_BOUNDS = {"HardSwish": -0.375, "Mish": -0.30884, "Softplus": 0.0}
+SWISH_MINIMUM = -0.278465  # x * sigmoid(x) at x = -1.278465
+
+
+def lower_bound(g: GraphIndex, node: onnx.NodeProto) -> float | None:
+    """The least value `node`'s output can take (LOWER_BOUNDS, SiLU's x * sigmoid(x), Elu's -alpha), else None."""
+    if node.op_type in LOWER_BOUNDS:
+        return LOWER_BOUNDS[node.op_type]
+    if node.op_type == "Elu":
+        return -next((a.f for a in node.attribute if a.name == "alpha"), 1.0)
+    if node.op_type == "Mul" and len(node.input) == 2:  # SiLU: x * Sigmoid(x)
+        for x, gate in (node.input, reversed(node.input)):
+            producer = g.producer.get(gate)
+            if producer is not None and producer.op_type == "Sigmoid" and producer.input[0] == x:
+                return SWISH_MINIMUM
+    return None
+
+
 def fixed_parameters(op_type: str) -> tuple[np.float32, np.uint8] | None:
     """uint8 (scale, zero point) covering a bounded output's whole range, e.g. 1/255 and 0 for a sigmoid."""
     if op_type not in BOUNDED_OUTPUTS:
