@@ -102,6 +102,8 @@ def summary_metrics(rep: dict) -> dict:
         "latency_ms": {k: v["median"] for k, v in rep["latency_ms"].items() if isinstance(v, dict)},
         "speedup": rep["latency_ms"]["speedup"],
     }
+    if "deploy" in rep:  # the CPU kind the deploy model was written for ("auto" resolved on the worker)
+        metrics["deploy_target"] = rep["deploy"]["deploy_target"]
     if "accuracy" in rep:
         metrics["accuracy_before"] = rep["accuracy"]["fp32"]
         metrics["accuracy_after"] = rep["accuracy"]["deploy"]

@@ -70,6 +70,10 @@ def report_rows(report: dict) -> list[tuple[str, str, str, str]]:
         rows.append(
             ("format", formats.get("fp32", DEFAULT_DEPLOY_FORMAT), formats.get("deploy", DEFAULT_DEPLOY_FORMAT), "")
         )
+    deploy = report.get("deploy", {})
+    if deploy.get("deploy_target"):  # "auto" resolved on the worker
+        bits = f"{deploy['weight_bits']}-bit weight codes" if deploy.get("weight_bits") else ""
+        rows.append(("deploy CPU", "", deploy["deploy_target"], bits))
     return rows
 
 

@@ -155,8 +155,10 @@ def test_the_report_table_has_rows_per_output_and_the_gate_verdict():
         },
         "latency_ms": {"fp32": {"median": 1.0, "batch": 2}, "deploy": {"median": 0.5}, "speedup": 2.0},
         "quality_gate": {"passed": False, "failures": ["output 'output_0': mean cosine 0.9300 < 0.99"]},
+        "deploy": {"deploy_target": "x86_avx2", "weight_bits": 7},
     }
     rows = {row[0]: row[1:] for row in report_rows(report)}
+    assert rows["deploy CPU"] == ("", "x86_avx2", "7-bit weight codes")
     assert rows["output cosine with FP32 (output_0)"][1] == "0.9300"
     assert rows["output cosine with FP32 (output_1)"][1] == "0.9800"
     assert rows["top-1 agreement with FP32 (output_0)"][1] == "0.5000"
@@ -175,3 +177,7 @@ def test_latency_names_the_batch_it_ran_not_the_number_of_inputs(tmp_path):
     torch.onnx.export(TwoInputs(), (torch.zeros(5, 3), torch.zeros(5, 3)), path, input_names=["a", "b"], dynamo=False)
     x = (np.zeros((5, 3), np.float32), np.ones((5, 3), np.float32))
     assert latency_ms(path, x, input_names=["a", "b"])["batch"] == 5  # was 2: the number of inputs
+    # Several files side by side (interleaved): each name gets its own figures.
+    both = latency_ms({"fp32": path, "deploy": path}, x, input_names=["a", "b"])
+    assert set(both) == {"fp32", "deploy"}
+    assert all(f["batch"] == 5 and 0 < f["min"] <= f["median"] <= f["p90"] for f in both.values())

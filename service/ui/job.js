@@ -39,6 +39,11 @@ export function reportRows(r) {
   rows.push([`latency, median (batch ${lat.fp32.batch})`, `${lat.fp32.median.toFixed(3)} ms`,
              `${lat.deploy.median.toFixed(3)} ms`, `speed-up ${lat.speedup.toFixed(2)}×`]);
   if (r.formats) rows.push(["format", r.formats.fp32 || "onnx", r.formats.deploy || "onnx", ""]);
+  // The CPU kind the deploy model was written for ("auto" resolved on the worker) and its weight codes' width.
+  if (r.deploy && r.deploy.deploy_target) {
+    rows.push(["deploy CPU", "", r.deploy.deploy_target,
+               r.deploy.weight_bits ? `${r.deploy.weight_bits}-bit weight codes` : ""]);
+  }
   return rows;
 }
 

@@ -133,6 +133,8 @@ def test_browser_submits_a_job_watches_it_and_downloads_the_deploy_onnx(live_ser
     assert accuracy.nth(1).inner_text() == f"{report['accuracy']['deploy']:.4f}"
     latency = table.filter(has_text="latency").locator("td")
     assert latency.nth(1).inner_text() == f"{report['latency_ms']['deploy']['median']:.3f} ms"
+    deploy_cpu = table.filter(has_text="deploy CPU").locator("td")  # what "auto" resolved to on the worker
+    assert deploy_cpu.nth(1).inner_text() == report["deploy"]["deploy_target"]
 
     points = int(page.locator("#loss-curve").get_attribute("data-points"))
     assert points >= 2

@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from amct_engine.export.deploy_target import detect_deploy_target
 from tests.minilm import SentenceEncoder, load_minilm, make_sentences, minilm_available
 from tests.service.support import (
     QUANT_CFG,
@@ -67,6 +68,9 @@ def test_a_two_head_model_gets_a_report_row_per_output(stack, assets, tmp_path):
     for row in report["outputs"].values():
         assert set(row["deploy"]) >= {"mean_cosine", "mse", "max_abs_diff"}
     assert report["training"]["objective"] == "cross_entropy" and report["quality_gate"]["passed"]
+    # The CPU kind "auto" resolved to on the worker, and the speed-up timed side by side.
+    assert report["deploy"]["deploy_target"] == detect_deploy_target() == job["metrics"]["deploy_target"]
+    assert set(report["deploy"]["layers"]) and "interleaved" in report["latency_ms"]["timing"]
     print(
         "two-head rows:",
         json.dumps({k: v["deploy"]["mean_cosine"] for k, v in report["outputs"].items()}),

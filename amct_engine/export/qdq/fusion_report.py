@@ -10,6 +10,7 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto
 
+from amct_engine.export.deploy_target import TARGETS
 from amct_engine.export.int4_pack import INT4_SUFFIX
 from amct_engine.export.qdq.graph_index import LAYER_OPS
 
@@ -128,5 +129,8 @@ def deploy_report(model: str | onnx.ModelProto) -> dict:
         t.name.removesuffix(INT4_SUFFIX) for t in model.graph.initializer if t.data_type == TensorProto.INT4
     ]
     report["conv_layout"] = layout
+    target = TARGETS.get(stored["deploy_target"])
+    if target is not None:  # the widest weight code (7 on x86_avx2; depthwise convs keep 8: export/save.py)
+        report["weight_bits"] = target.weight_bits
     report["matmul_integer_to_float"] = stored.get("matmul_integer_to_float", [])
     return report
