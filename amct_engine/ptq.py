@@ -24,6 +24,7 @@ from amct_engine.config.cfg_document import CfgDocument
 from amct_engine.config.errors import ConfigError
 from amct_engine.config.ptq_json import read_ptq_config, write_ptq_config
 from amct_engine.export.backends import FloatLayerWriter
+from amct_engine.export.deploy_target import DEFAULT_DEPLOY_TARGET
 from amct_engine.export.formats import DEFAULT_DEPLOY_FORMAT
 from amct_engine.export.layer_graph import LayerPlaceholder, export_layer_graph, splice_layers
 from amct_engine.export.save import quant_layers, save_quantized_onnx, write_checked_onnx
@@ -253,12 +254,17 @@ def _record_file(model: nn.Module, record_file) -> RecordFile:
 
 
 def save_model(
-    modfied_onnx_file, record_file, save_path, model=None, deploy_format=DEFAULT_DEPLOY_FORMAT
+    modfied_onnx_file,
+    record_file,
+    save_path,
+    model=None,
+    deploy_format=DEFAULT_DEPLOY_FORMAT,
+    deploy_target=DEFAULT_DEPLOY_TARGET,
 ) -> dict[str, str]:
     """Write `<save_path>_fake_quant_model.onnx` and `<save_path>_deploy_model.onnx` (docs/spec/engine.md §1.6).
 
     `model`: the calibration model; by default the one quantize_model made for `modfied_onnx_file`.
-    `deploy_format`: a name in amct_engine.export.formats.DEPLOY_FORMATS, as for QAT.
+    `deploy_format`, `deploy_target`: as for QAT (amct_engine.export.formats, amct_engine.export.deploy_target).
     """
     model = calibration_model_of(modfied_onnx_file) if model is None else model
     state = getattr(model, PTQ_ATTR, None)
@@ -280,6 +286,7 @@ def save_model(
         state["output_names"],
         state["dynamic_axes"],
         deploy_format,
+        deploy_target,
         layer_graph=state["layer_graph"],
     )
 

@@ -92,7 +92,7 @@ class JobParams(BaseModel):
     deploy_target: DeployTarget = Field(
         DEFAULT_DEPLOY_TARGET,
         description="CPU the onnx deploy model is written for: int8 weights for VNNI x86 and ARM (x86_amx: "
-        "big convs on onnxruntime's AMX kernels), 7-bit int8 codes for x86 without VNNI (x86_avx2: its fast "
+        "big convs on onnxruntime's AMX kernels), 7-bit int8 conv codes for x86 without VNNI (x86_avx2: its fast "
         "kernels sum them exactly), the record's codes as uint8 + 128 on its slower exact kernels (x86_avx2_u8u8); "
         "auto: the worker's CPU (report.json's `deploy.deploy_target` says which)",
     )

@@ -24,6 +24,7 @@ def verify(spec: JobSpec, workdir: Path, ctx, data: JobData, baseline: Baseline,
     """report.json (the files against the FP32 one, the kind's tables, training, the quality gate) and the
     job's result; GateMissed when the model missed a limit the job set."""
     from job_process.quality_gate import failures as gate_failures
+    from job_process.quality_gate import warnings as deploy_warnings
     from job_process.training import evaluate_accuracy
 
     pytorch_accuracy = evaluate_accuracy(model, data.eval_x, data.eval_labels) if data.has_labels else None
@@ -35,6 +36,7 @@ def verify(spec: JobSpec, workdir: Path, ctx, data: JobData, baseline: Baseline,
         "max_accuracy_drop": spec.params.max_accuracy_drop,
         "min_output_cosine": spec.params.min_output_cosine,
     }
+    result_report["warnings"] = deploy_warnings(result_report, spec.params)
     report_path = workdir / "out" / "report.json"
     report_path.write_text(json.dumps(result_report, indent=2))
     files = {**ctx.files, "fp32_onnx": baseline.fp32_onnx, "report": str(report_path)}
@@ -99,11 +101,13 @@ def summary_metrics(rep: dict) -> dict:
     metrics = {
         "onnx_size_bytes": rep["onnx_size_bytes"],
         "size_ratio": rep["size_ratio"],
-        "latency_ms": {k: v["median"] for k, v in rep["latency_ms"].items() if isinstance(v, dict)},
+        "latency_ms": {k: v["median"] for k, v in rep["latency_ms"].items() if isinstance(v, dict) and "median" in v},
         "speedup": rep["latency_ms"]["speedup"],
     }
-    if "deploy" in rep:  # the CPU kind the deploy model was written for ("auto" resolved on the worker)
+    if "deploy_target" in rep.get("deploy", {}):  # the CPU kind the deploy model was written for ("auto" resolved)
         metrics["deploy_target"] = rep["deploy"]["deploy_target"]
+    if rep.get("warnings"):  # slower than FP32, or more accuracy lost than half a point (quality_gate.warnings)
+        metrics["warnings"] = rep["warnings"]
     if "accuracy" in rep:
         metrics["accuracy_before"] = rep["accuracy"]["fp32"]
         metrics["accuracy_after"] = rep["accuracy"]["deploy"]

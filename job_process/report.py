@@ -296,8 +296,9 @@ def build_report(
     report["formats"] = formats
     report["shapes"] = size_report.shapes(onnx_files)
     report["other_sizes"] = size_report.other_sizes(onnx_files, x, formats, input_names, predict, _agreement)
-    if deploy_format == DEFAULT_DEPLOY_FORMAT:  # the CPU `auto` resolved to, and what each layer runs as
-        report["deploy"] = deploy_report(onnx_files["deploy"])
+    deployed = deploy_report(onnx_files["deploy"]) if deploy_format == DEFAULT_DEPLOY_FORMAT else {}
+    if deployed:  # the CPU `auto` resolved to, and what each layer runs as (a pruned float model has none)
+        report["deploy"] = deployed
     if DEPLOY_FORMATS[deploy_format].load().rewritten_for_reference:
         note = f"{deploy_format} layout timed through its onnxruntime reference rewrite"
         report["latency_ms"]["deploy"]["note"] = note
@@ -323,7 +324,11 @@ def _latency(onnx_files: dict, x: tuple, batch: int, formats: dict, input_names)
     n = len(x[0])
     sample = tuple(np.ascontiguousarray(a[:batch]) if n >= batch else np.repeat(a[:1], batch, axis=0) for a in x)
     timed = {name: onnx_files[name] for name in ("fp32", "deploy")}
+    load_before = os.getloadavg()
     latency: dict = latency_ms(timed, sample, {name: formats[name] for name in timed}, input_names)
     latency["speedup"] = latency["fp32"]["median"] / latency["deploy"]["median"]
     latency["timing"] = "interleaved: FP32 and deploy runs alternate, one thread"
+    latency["threads"] = 1
+    # The machine's 1/5/15-minute load averages before and after: a loaded machine moves medians, not ratios.
+    latency["load_avg"] = {"before": list(load_before), "after": list(os.getloadavg())}
     return latency

@@ -26,6 +26,9 @@ def _ratio(before: float, after: float) -> str:
     return f"{after / before:.2f}×" if before else "–"
 
 
+WARNING_LABEL = "warning"  # a row per report.json `warnings` line (job_process/quality_gate.py `warnings`)
+
+
 def report_rows(report: dict) -> list[tuple[str, str, str, str]]:
     """(what, before, after, change) for the FP32 model against the deploy model."""
     rows = []
@@ -94,6 +97,7 @@ def output_rows(report: dict) -> list[tuple[str, str, str, str]]:
     gate = report.get("quality_gate")
     if gate and not gate["passed"]:
         rows.append(("quality gate", "", "FAILED", "; ".join(gate["failures"])))
+    rows += [(WARNING_LABEL, "", "", text) for text in report.get("warnings", [])]
     return rows
 
 
@@ -111,7 +115,7 @@ def summary_table(report: dict, title: str | None = None) -> Table:
     table.add_column("after (deploy)", justify="right")
     table.add_column("change", justify="right")
     for row in rows:
-        table.add_row(*row)
+        table.add_row(*row, style="bold yellow" if row[0] == WARNING_LABEL else None)
     return table
 
 

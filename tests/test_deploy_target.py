@@ -79,7 +79,10 @@ def test_weight_codes_follow_the_target_and_the_report_says_which(qat, target, d
     paths = amct.save_quant_retrain_model(
         str(config), qmodel, str(record), str(tmp_path / target), INPUT, deploy_target=target
     )
-    assert _weight_codes(paths["deploy"]) == {layer: (np.dtype(dtype), {zero}) for layer in ("conv1", "conv2", "fc")}
+    codes = {layer: (np.dtype(dtype), {zero}) for layer in ("conv1", "conv2", "fc")}
+    if target == "x86_avx2":  # the Linear keeps the record's 8 bits there, on the exact u8u8 kernels
+        codes["fc"] = (np.dtype(np.uint8), {128})
+    assert _weight_codes(paths["deploy"]) == codes
     # One input channel under a 3x3 kernel: on the x86 int8 targets conv1 runs float on its codes (conv_float_stems.py).
     x86_signed = target in ("x86_vnni", "x86_amx", "x86_avx2")
     assert deploy_report(paths["deploy"])["conv_layout"]["float_stems"] == (["conv1/Conv"] if x86_signed else [])
@@ -92,21 +95,23 @@ def test_weight_codes_follow_the_target_and_the_report_says_which(qat, target, d
 
 
 def test_avx2_stores_7_bit_codes_that_its_u8s8_kernels_sum_exactly(qat):
-    """x86_avx2: the record's clip range on 7-bit codes (2 x 255 x 64 < 2^15: no pair of u8s8 products
+    """x86_avx2: the convs' record clip range on 7-bit codes (2 x 255 x 64 < 2^15: no pair of u8s8 products
     saturates), so the deploy model computes the export model at those codes bit for bit on any x86 CPU, and
-    stays within a few 8-bit steps of the eval model's 8-bit codes."""
+    stays within a few 8-bit steps of the eval model's 8-bit codes; the Linear keeps 8 bits (u8u8)."""
     tmp_path, config, qmodel, record, expected = qat
     paths = amct.save_quant_retrain_model(
         str(config), qmodel, str(record), str(tmp_path / "avx2"), INPUT, deploy_target="x86_avx2"
     )
     inits = {t.name: numpy_helper.to_array(t) for t in onnx.load(paths["deploy"]).graph.initializer}
-    for layer in ("conv1", "conv2", "fc"):
+    for layer in ("conv1", "conv2"):
         codes = inits[f"{layer}.weight"].astype(int)
         assert codes.min() >= -64 and codes.max() <= 63 and np.abs(codes).max() >= 62  # the range is used
     records = records_for_save(qmodel, str(record))
     narrowed = export_layers(qmodel, records, "x86_avx2")
-    assert {layer.factors.wts_bits for layer in narrowed.values()} == {7}
+    assert {path: layer.factors.wts_bits for path, layer in narrowed.items()} == {"conv1": 7, "conv2": 7, "fc": 8}
     for path, layer in narrowed.items():
+        if path == "fc":
+            continue
         qmodel_layer = qmodel.get_submodule(path)
         scale = np.asarray(records[qmodel_layer.layer_name].scale_w) * 127 / 63
         np.testing.assert_allclose(layer.factors.scale_w.numpy(), scale, rtol=1e-6)

@@ -14,10 +14,12 @@ import pytest
 import torch
 
 import amct_engine as amct
+from amct_engine.export.deploy_target import detect_deploy_target
 from amct_engine.quant.hfmg import hfmg_search
 from amct_engine.quant.ifmr import ifmr_search
 from amct_engine.quant.primitives import fake_quantize
 from amct_engine.record import RecordFile
+from tests.deploy_targets import record_exact_target
 
 CALIBRATION, BATCH = 512, 256
 
@@ -28,7 +30,7 @@ def _ort_logits(path, x: torch.Tensor) -> np.ndarray:
     return np.concatenate([session.run(None, {name: x[i : i + 2000].numpy()})[0] for i in range(0, len(x), 2000)])
 
 
-def ptq(tmp_path, model, x_calibration, example, cfg_text=None, batch=BATCH):
+def ptq(tmp_path, model, x_calibration, example, cfg_text=None, batch=BATCH, **save_options):
     """The AMCT PTQ workflow; returns (calibration model, paths)."""
     cfg = None
     if cfg_text is not None:
@@ -52,7 +54,7 @@ def ptq(tmp_path, model, x_calibration, example, cfg_text=None, batch=BATCH):
     with torch.no_grad():
         for i in range(batch_num):
             calibration(x_calibration[i * batch : (i + 1) * batch])
-    return calibration, amct.save_model(str(onnx_file), str(record), str(tmp_path / "ptq"))
+    return calibration, amct.save_model(str(onnx_file), str(record), str(tmp_path / "ptq"), **save_options)
 
 
 @pytest.mark.parametrize(("bits", "vs_ifmr", "inside"), [(8, 1.0, 0.95), (4, 0.5, 0.8)])
@@ -80,7 +82,9 @@ def test_ptq_int8_deploy_matches_fp32_and_ort_static(tmp_path, fashion_fp32, fas
 
     x_train, _, x_test, y_test = fashion_data
     fp32 = float((fashion_fp32(x_test).argmax(1) == y_test).float().mean())
-    calibration, paths = ptq(tmp_path, fashion_fp32, x_train[:CALIBRATION], x_test[:8], cfg_text)
+    # The record's 8-bit codes on this CPU's exact kernels: the deploy model computes the calibration model.
+    exact = {"deploy_target": record_exact_target()}
+    calibration, paths = ptq(tmp_path, fashion_fp32, x_train[:CALIBRATION], x_test[:8], cfg_text, **exact)
     deploy_logits = _ort_logits(paths["deploy"], x_test)
     deploy = float((deploy_logits.argmax(1) == y_test.numpy()).mean())
     with torch.no_grad():
@@ -102,6 +106,11 @@ def test_ptq_int8_deploy_matches_fp32_and_ort_static(tmp_path, fashion_fp32, fas
     # FP32 weights (they differ with the thread count); the bench's ptq rows give the measured pair.
     assert deploy >= ort_accuracy - 0.0005
     assert set(RecordFile(tmp_path / "record.txt").quant_layers()) == {"conv1", "conv2", "fc"}
+    # This machine's own kind (auto: 7-bit conv codes on AVX2 without VNNI) keeps FP32's top-1 too.
+    auto = amct.save_model(str(tmp_path / "fused.onnx"), str(tmp_path / "record.txt"), str(tmp_path / "auto"))
+    auto_accuracy = float((_ort_logits(auto["deploy"], x_test).argmax(1) == y_test.numpy()).mean())
+    print(f"PTQ {algo}, deploy_target auto ({detect_deploy_target()}): {auto_accuracy:.4f}")
+    assert auto_accuracy >= fp32 - 0.003
 
 
 def test_save_before_calibration_says_what_to_run(tmp_path):

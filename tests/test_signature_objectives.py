@@ -156,9 +156,11 @@ def test_the_report_table_has_rows_per_output_and_the_gate_verdict():
         "latency_ms": {"fp32": {"median": 1.0, "batch": 2}, "deploy": {"median": 0.5}, "speedup": 2.0},
         "quality_gate": {"passed": False, "failures": ["output 'output_0': mean cosine 0.9300 < 0.99"]},
         "deploy": {"deploy_target": "x86_avx2", "weight_bits": 7},
+        "warnings": ["the deploy model is slower than the FP32 model: 0.65x its speed at batch 2 in onnxruntime"],
     }
     rows = {row[0]: row[1:] for row in report_rows(report)}
     assert rows["deploy CPU"] == ("", "x86_avx2", "7-bit weight codes")
+    assert rows["warning"][2].startswith("the deploy model is slower than the FP32 model: 0.65x")
     assert rows["output cosine with FP32 (output_0)"][1] == "0.9300"
     assert rows["output cosine with FP32 (output_1)"][1] == "0.9800"
     assert rows["top-1 agreement with FP32 (output_0)"][1] == "0.5000"
@@ -181,3 +183,20 @@ def test_latency_names_the_batch_it_ran_not_the_number_of_inputs(tmp_path):
     both = latency_ms({"fp32": path, "deploy": path}, x, input_names=["a", "b"])
     assert set(both) == {"fp32", "deploy"}
     assert all(f["batch"] == 5 and 0 < f["min"] <= f["median"] <= f["p90"] for f in both.values())
+
+
+def test_a_slower_or_less_accurate_deploy_model_is_warned_about_with_its_figures():
+    from job_host.spec import JobParams
+    from job_process.quality_gate import warnings
+
+    report = {
+        "latency_ms": {"fp32": {"median": 1.0, "batch": 1}, "deploy": {"median": 1.54}, "speedup": 0.65},
+        "accuracy": {"fp32": 0.890, "deploy": 0.870},
+        "accuracy_drop": 0.020,
+    }
+    found = warnings(report, JobParams())
+    assert found[0].startswith("the deploy model is slower than the FP32 model: 0.65x its speed at batch 1")
+    assert found[1] == "the deploy model lost 2.00 pts of held-out top-1 (0.8900 -> 0.8700)"
+    assert warnings(report, JobParams(max_accuracy_drop=0.05)) == found[:1]  # the job allowed that drop
+    report["latency_ms"]["speedup"], report["accuracy_drop"] = 1.8, 0.004
+    assert warnings(report, JobParams()) == []

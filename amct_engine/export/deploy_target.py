@@ -5,10 +5,11 @@ in saturating 16-bit lanes: 2 x 255 x 127 > 32767, so full-range int8 weights gi
 (docs/spec/engine.md §5, "Weight codes of the deploy model"). VNNI (`vpdpbusd`, 32-bit sums) and ARM's
 dot-product kernels are exact. So:
 - "x86_vnni", "arm": signed int8 weights with zero point 0, ORT's fast U8S8 kernels;
-- "x86_avx2": 7-bit weight codes (-64..63, the record's clip range: 2 x 255 x 64 < 32768, so no pair
-  saturates), signed with zero point 0: the same fast u8s8 kernels, exact; what onnxruntime's own
+- "x86_avx2": the convs' weights as 7-bit codes (-64..63, the record's clip range: 2 x 255 x 64 < 32768, so
+  no pair saturates), signed with zero point 0: the same fast u8s8 kernels, exact; what onnxruntime's own
   quantiser calls `reduce_range`. MobileNetV2 at batch 1 / 8 ran 0.43x / 0.66x FP32's time so, 0.77x / 0.96x
-  on the u8u8 kernels;
+  on the u8u8 kernels. Depthwise convs keep 8 bits (exact kernel), Linear / MatMul layers the record's 8 bits
+  as uint8 + 128 (export/save.py `weight_codes`);
 - "x86_avx2_u8u8": the record's 8-bit integers as uint8 codes + 128 (zero point 128), ORT's exact but
   slower u8u8 kernels: the deploy model computes the fake-quant model's weights bit for bit;
 - "x86_amx" (AMX-INT8, e.g. Xeon Sapphire Rapids): as "x86_vnni", and each conv's weight zero point written
@@ -34,7 +35,7 @@ class DeployTarget:
     name: str
     signed_weights: bool  # int8 codes with zero point 0 (exact here); else uint8 codes + 128
     rewrites: tuple[str, ...] = ()
-    weight_bits: int = 8  # the widest weight code the target's kernels sum exactly (quant.deployed.narrowed)
+    weight_bits: int = 8  # the widest conv weight code the target's kernels sum exactly (export/save.py weight_codes)
 
 
 TARGETS: Registry[DeployTarget] = Registry("deploy target")
@@ -100,13 +101,3 @@ def resolve_deploy_target(name: str = DEFAULT_DEPLOY_TARGET) -> str:
     """A concrete target: `name` itself, or the exporting machine's kind for "auto"."""
     name = check_deploy_target(name)
     return detect_deploy_target() if name == "auto" else name
-
-
-def signed_weights(target: str) -> bool:
-    """True where int8 weights with zero point 0 run exactly (VNNI, ARM)."""
-    return TARGETS[resolve_deploy_target(target)].signed_weights
-
-
-def weight_bits(target: str) -> int:
-    """The widest weight code `target`'s integer kernels sum exactly: 7 on AVX2 without VNNI, else 8."""
-    return TARGETS[resolve_deploy_target(target)].weight_bits

@@ -18,12 +18,7 @@ import onnxruntime as ort
 import torch
 from torch import nn
 
-from amct_engine.export.deploy_target import (
-    DEFAULT_DEPLOY_TARGET,
-    resolve_deploy_target,
-    signed_weights,
-    weight_bits,
-)
+from amct_engine.export.deploy_target import DEFAULT_DEPLOY_TARGET, TARGETS, resolve_deploy_target
 from amct_engine.export.formats import DEFAULT_DEPLOY_FORMAT, check_deploy_format
 from amct_engine.export.layer_graph import export_layer_graph, splice_layers
 from amct_engine.export.onnx_formats import FAKE_QUANT, OnnxFormat
@@ -48,15 +43,25 @@ def quant_layers(model: nn.Module) -> dict[str, QuantRetrainLayer]:
     return {name: m for name, m in model.named_modules() if isinstance(m, QuantRetrainLayer)}
 
 
-def sums_in_16_bit_pairs(layer: nn.Module, record: LayerQuantRecord) -> bool:
-    """Whether the deploy layer runs on the u8s8 GEMM kernels that a deploy target's `weight_bits` is about:
-    not a layer without an int8 kernel (INT16 inputs, transposed convs: the fake-quant form, float), nor a
-    depthwise conv (one input and one output channel per group), whose int8 kernel sums in 32 bits on every
-    x86 CPU (measured: ±127 weights on 255 codes, exact), so narrowing those would only cost accuracy."""
-    if record.act_bits != 8 or not behaviour_of(layer).int8_kernel:
-        return False
+def weight_codes(layer: nn.Module, record: LayerQuantRecord, deploy_target: str | None) -> tuple[int, bool]:
+    """(width, signed) of a layer's weight codes in the file written for `deploy_target` (None: the record's
+    8-bit codes, signed: the fake-quant and Ascend files). A target whose kernels add pairs of products in 16
+    bits (`weight_bits` 7: x86_avx2) gets 7-bit codes on the convs that run on those kernels, which sum them
+    exactly and measured as accurate as 8 bits on the mobile nets of docs/benchmarks.md; there a depthwise
+    conv keeps 8 signed bits (its int8 kernel sums in 32 bits: ±127 weights on 255 codes came out exact), a
+    Linear / MatMul keeps the record's 8 bits as uint8 + 128 on the exact u8u8 kernels (7 bits unmeasured on
+    transformers: issue 38), and a layer without an int8 kernel (INT16 inputs, transposed convs) runs float."""
+    if deploy_target is None:
+        return 8, True
+    target = TARGETS[resolve_deploy_target(deploy_target)]
+    behaviour = behaviour_of(layer)
+    if target.weight_bits == 8 or record.act_bits != 8 or not behaviour.int8_kernel:
+        return 8, target.signed_weights
+    if behaviour.matmul_like:
+        return 8, False
     groups = getattr(layer, "groups", 1)
-    return not (groups > 1 and layer.in_channels == groups == layer.out_channels)
+    depthwise = groups > 1 and layer.in_channels == groups == layer.out_channels
+    return (8 if depthwise else target.weight_bits), target.signed_weights
 
 
 def export_layers(
@@ -65,18 +70,19 @@ def export_layers(
     """Module path -> the ExportQuantLayer of each quantised layer of `model`, on the CPU.
 
     Every format folds BN and takes every factor from the record (docs/spec/engine.md §5). A `deploy_target`
-    (export.deploy_target: the "onnx" deploy model's) picks int8 or uint8 + 128 weight codes and their width
-    (7 bits on AVX2); None: the record's codes as they are (the fake-quant and Ascend files).
+    (export.deploy_target: the "onnx" deploy model's) picks each layer's weight codes (`weight_codes`: int8
+    or uint8 + 128, 7 bits for AVX2's convs); None: the record's codes as they are (the fake-quant and Ascend
+    files).
     """
-    max_bits = 8 if deploy_target is None else weight_bits(deploy_target)
     layers = {}
     for path, wrapper in quant_layers(model).items():
         layer = fold_batch_norm(wrapper.layer, wrapper.bn).cpu()  # a copy
         record = records[wrapper.layer_name]
-        bits = max_bits if sums_in_16_bit_pairs(layer, record) else 8
-        factors = compute_factors(wrapper.layer_name, layer, record, bits)
-        layers[path] = ExportQuantLayer(wrapper.layer_name, layer, factors)
-        layers[path].signed_weights = deploy_target is None or signed_weights(deploy_target)
+        bits, signed = weight_codes(layer, record, deploy_target)
+        layers[path] = ExportQuantLayer(
+            wrapper.layer_name, layer, compute_factors(wrapper.layer_name, layer, record, bits)
+        )
+        layers[path].signed_weights = signed
     return layers
 
 

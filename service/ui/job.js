@@ -14,6 +14,8 @@ const LOG_TAIL_LINES = 40;
 const NONZERO_LABEL = "nonzero weights¹";
 const NONZERO_NOTE = "¹ of the weight tensors only; an integer code counts when ≠ its zero point";
 const GATE_LABEL = "quality gate"; // its row is red: the figures the job missed its limits by
+const WARNING_LABEL = "warning"; // a yellow row per report.json `warnings` line
+const ROW_CLASSES = { [GATE_LABEL]: "gate-failed", [WARNING_LABEL]: "warning" };
 
 // The rows service/report_view.py prints in the CLI: FP32 model against the deploy model.
 export function reportRows(r) {
@@ -100,6 +102,8 @@ function outputRows(r) {
   }
   const gate = r.quality_gate;
   if (gate && !gate.passed) rows.push([GATE_LABEL, "", "FAILED", gate.failures.join("; ")]);
+  // Slower than FP32, or more accuracy lost than the job allows (job_process/quality_gate.py `warnings`).
+  for (const text of r.warnings || []) rows.push([WARNING_LABEL, "", "", text]);
   return rows;
 }
 
@@ -255,7 +259,7 @@ export function jobView(id) {
     const rows = reportRows(r);
     el.report.replaceChildren(h("table", { id: "report-table", class: "report" },
       h("thead", {}, h("tr", {}, ["", "before (FP32)", "after (deploy)", "change"].map((t) => h("th", {}, t)))),
-      h("tbody", {}, rows.map((row) => h("tr", { class: row[0] === GATE_LABEL ? "gate-failed" : null },
+      h("tbody", {}, rows.map((row) => h("tr", { class: ROW_CLASSES[row[0]] || null },
         row.map((c, i) => h(i ? "td" : "th", { class: i ? "num" : "" }, c)))))),
       rows.some((row) => row[0] === NONZERO_LABEL) ? h("p", { class: "muted note" }, NONZERO_NOTE) : "");
     if (r.sensitivity) el.report.append(h("h3", {}, "Per-layer sensitivity"), sensitivityTable(r.sensitivity));

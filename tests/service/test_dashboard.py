@@ -135,6 +135,13 @@ def test_browser_submits_a_job_watches_it_and_downloads_the_deploy_onnx(live_ser
     assert latency.nth(1).inner_text() == f"{report['latency_ms']['deploy']['median']:.3f} ms"
     deploy_cpu = table.filter(has_text="deploy CPU").locator("td")  # what "auto" resolved to on the worker
     assert deploy_cpu.nth(1).inner_text() == report["deploy"]["deploy_target"]
+    # A deploy model slower than FP32 (this 20k-parameter CNN often is at small batches) gets a yellow row with
+    # its figure; a faster one none.
+    warned = page.locator("#report-table tr.warning")
+    slower = report["latency_ms"]["speedup"] < 1
+    assert warned.count() == len(report["warnings"]) and any("slower" in w for w in report["warnings"]) == slower
+    if slower:
+        assert f"{report['latency_ms']['speedup']:.2f}x its speed" in warned.first.inner_text()
 
     points = int(page.locator("#loss-curve").get_attribute("data-points"))
     assert points >= 2

@@ -71,6 +71,8 @@ def test_a_two_head_model_gets_a_report_row_per_output(stack, assets, tmp_path):
     # The CPU kind "auto" resolved to on the worker, and the speed-up timed side by side.
     assert report["deploy"]["deploy_target"] == detect_deploy_target() == job["metrics"]["deploy_target"]
     assert set(report["deploy"]["layers"]) and "interleaved" in report["latency_ms"]["timing"]
+    assert report["latency_ms"]["threads"] == 1 and len(report["latency_ms"]["load_avg"]["after"]) == 3
+    assert set(job["metrics"]["latency_ms"]) == {"fp32", "deploy"}
     print(
         "two-head rows:",
         json.dumps({k: v["deploy"]["mean_cosine"] for k, v in report["outputs"].items()}),
