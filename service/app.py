@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 from contextlib import asynccontextmanager
 
 import anyio
+import uvicorn
 from fastapi import FastAPI
 from sqlalchemy import select
 
@@ -27,15 +29,17 @@ log = logging.getLogger("amct.api")
 
 
 async def reap_forever(settings: Settings, dispatcher: Dispatcher) -> None:
-    """Every reap_interval_s, run the reaper (core/reaper.py) in a thread; an error is logged, not fatal."""
+    """Run the reaper (core/reaper.py) in a thread at once, then every reap_interval_s; an error is logged, not
+    fatal. At once: a restarted server's jobs whose worker processes died with it are queued again at its start
+    (core/lease_owner.py), not after a reap interval."""
     while True:
-        await asyncio.sleep(settings.reap_interval_s)
         try:
             result = await asyncio.to_thread(reap_once, settings, dispatcher)
             if any(result.values()):
                 log.info("reaper: %s", result)
         except Exception:
             log.exception("reaper run failed; trying again in %s s", settings.reap_interval_s)
+        await asyncio.sleep(settings.reap_interval_s)
 
 
 def ensure_project(sessions, project: str) -> None:
@@ -93,6 +97,22 @@ def create_app(settings: Settings | None = None, run_migrations: bool = True) ->
     app.include_router(docs.router)  # /docs and /redoc with their assets from this server (offline)
     ui.mount(app)  # the dashboard at /ui, and / redirects there
     return app
+
+
+class ApiServer(uvicorn.Server):
+    """uvicorn's Server, which hangs up the open job event streams when it begins to shut down.
+
+    uvicorn waits for every response to end, and an event stream ends only with its job: Ctrl-C of `amct
+    serve` with a dashboard open waited that long. Closed as a client that hangs up (no traceback), the
+    stream reads as dropped, which clients resume with Last-Event-ID (service/client.py, ui/api.js); a
+    clean end would tell them the job is over.
+    """
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        for connection in list(self.server_state.connections):
+            if events.is_event_stream(getattr(connection, "scope", None)):
+                connection.transport.close()
+        await super().shutdown(sockets)
 
 
 def app_from_env() -> FastAPI:

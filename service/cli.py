@@ -138,7 +138,7 @@ def serve(
     import uvicorn
 
     from core.db import migrate
-    from service.app import create_app
+    from service.app import ApiServer, create_app
 
     logging.basicConfig(level=logging.INFO)
     os.environ["AMCT_DATA_DIR"] = str(data_dir.resolve())
@@ -153,11 +153,21 @@ def serve(
     # uvicorn shuts down on SIGTERM, then re-raises it to the handler it found: with the default one the
     # process would die there, before the `finally` below stops the worker. Exit normally instead.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    # uvicorn.run's server, plus hanging up the job event streams when it stops (service/app.py).
+    server = ApiServer(
+        uvicorn.Config(create_app(settings, run_migrations=False), host=host, port=port, log_level="info")
+    )
     try:
-        uvicorn.run(create_app(settings, run_migrations=False), host=host, port=port, log_level="info")
+        server.run()
+    except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it stopped on; a stop, as in uvicorn.run
+        pass
     finally:
         if worker is not None:
+            # A second Ctrl-C while the worker stops kills it, instead of a KeyboardInterrupt traceback.
+            signal.signal(signal.SIGINT, lambda *_: worker.kill())
             worker.stop(grace_s=30)
+    if not server.started:
+        sys.exit(3)  # uvicorn's start-up failure status, as uvicorn.run exits when it never served
 
 
 @app.command()
@@ -219,15 +229,15 @@ def compress(
 ) -> None:
     """Compress a model here, no server: the engine a worker runs, with a progress bar and a summary table."""
     from job_host.bubblewrap import SandboxUnavailable
-    from service.local_compress import LocalJobError, check_dataset
+    from service.local_compress import LocalJobError, check_inputs
     from service.local_compress import compress as run_local
 
     signature, shape = model_signature(inputs, input_shape, data)
     check_job_settings(kind.value, params)
     if not inputs:  # a signature names its arrays and their dtypes; `inputs` of the shorthand may be raw pixels
         check_not_raw_images(data, accept_uint8)
-    try:  # what the API would refuse at upload and submit, refused before the engine starts
-        params.objective = check_dataset(data, kind.value, signature, params)
+    try:  # what the API would refuse at upload and submit (model, cfg, dataset), refused before the engine starts
+        params.objective = check_inputs(model, cfg, data, kind.value, signature, params)
     except LocalJobError as e:
         raise fail(f"{e.type}: {e.detail}") from None
     with progress_view() as (bar, show):
@@ -295,8 +305,21 @@ def distill_config(
 
 def main(argv: list[str] | None = None) -> int:
     """The `amct` entry point (and `python -m service`); returns the exit status."""
+    from pydantic import ValidationError
+
     try:
         app(args=argv, prog_name="amct")
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except ValidationError as e:  # the server's settings, from AMCT_* variables (core/settings.py): one line
+        print(f"error: {_settings_error(e)}", file=sys.stderr)
+        return 1
     return 0
+
+
+def _settings_error(error) -> str:
+    from job_host.spec import validation_message
+
+    first = error.errors()[0]
+    where = f"AMCT_{str(first['loc'][0]).upper()}: " if first["loc"] else ""
+    return f"{where}{validation_message(first)} (settings: docs/service.md)"

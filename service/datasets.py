@@ -51,7 +51,8 @@ def _stats(header) -> dict:
 
 
 def describe_dataset(path: str, settings: Settings) -> tuple[str, dict]:
-    """An upload's format and description; the archive is checked against the settings' zip limits first."""
+    """An upload's format and description (or a local file's: `amct compress`); the archive is checked against
+    the settings' zip limits first."""
     fmt = sniff_format(path)
     if fmt == "npz":
         check_zip(path, settings.max_zip_entries, settings.max_unpacked_bytes, "the .npz file")
@@ -59,9 +60,7 @@ def describe_dataset(path: str, settings: Settings) -> tuple[str, dict]:
 
 
 def describe_arrays(path: str, fmt: str) -> dict:
-    """Shapes, dtypes, finiteness and integer ranges of every array, checked as one dataset (DatasetError).
-
-    Also what `amct compress` checks a local file with, before its engine starts (service/local_compress.py)."""
+    """Shapes, dtypes, finiteness and integer ranges of every array, checked as one dataset (DatasetError)."""
     try:
         headers = array_headers(path, fmt)
     except DatasetError:

@@ -18,11 +18,14 @@ starts it lives as long as it does, which PR_SET_PDEATHSIG needs).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
 import subprocess
 import threading
 import uuid
+from pathlib import Path
 
 from core import workers
 from core.db import jobstate
@@ -30,7 +33,7 @@ from core.db.session import session_factory
 from core.queue import Dispatcher, make_celery
 from core.reaper import reap_once
 from core.settings import DIE_WITH_PARENT_ENV, Settings
-from job_host.sandbox import kill_group, stop_group
+from job_host.sandbox import kill_group
 
 log = logging.getLogger("amct.serve")
 MAX_BACKOFF_S = 60.0  # the longest wait between restarts of a worker that dies before it comes up
@@ -94,7 +97,35 @@ class EmbeddedWorker:
         return came_up
 
     def stop(self, grace_s: float = 30.0) -> None:
+        """Celery's cold shutdown: SIGQUIT to the worker's main process alone, which then stops its pool
+        itself. A SIGTERM to the whole group killed the pool processes behind its back, and billiard logged
+        each as an ERROR ("ForkPoolWorker-N exited with signal 15"); a warm shutdown (SIGTERM) would wait
+        for a running job to end. Its job is stopped and queued again (acks_late), as before."""
+        self._stopping.set()
+        proc = self.proc
+        if proc is not None and proc.poll() is None:
+            # Before Celery handles SIGQUIT (still starting), its default action would dump core: SIGTERM then.
+            sig = signal.SIGQUIT if _handles(proc.pid, signal.SIGQUIT) else signal.SIGTERM
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, sig)
+            try:
+                proc.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self._thread.join(grace_s)
+
+    def kill(self) -> None:
+        """SIGKILL the worker and all its group now."""
         self._stopping.set()
         if self.proc is not None:
-            stop_group(self.proc, grace_s)
-        self._thread.join(grace_s)
+            kill_group(self.proc)
+
+
+def _handles(pid: int, sig: int) -> bool:
+    """Whether process `pid` has a handler for `sig` (SigCgt of /proc/PID/status)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    caught = next((line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:")), "0")
+    return bool(int(caught, 16) >> (sig - 1) & 1)

@@ -15,8 +15,8 @@ from sqlalchemy.orm import Session
 from core.db import jobstate
 from core.db.models import Config, Dataset, Job, Model, Project
 from core.settings import Settings
-from job_host.kinds import JOB_KINDS
 from job_host.spec import JobParams
+from service.cfg_summary import check_cfg_suits
 from service.job_rules import JobRuleError, check_data, check_settings
 from service.problems import Problem
 from service.routes.common import get_or_404
@@ -34,33 +34,11 @@ def check_inputs(session: Session, body: JobCreate, project: str, settings: Sett
         check_settings(body.kind, params, settings.multinode)
         if model.status != "ready":
             raise JobRuleError(f"model {model.id} is {model.status}: {model.status_detail or 'not usable'}", "model_id")
-        _check_config(config, body.kind)
+        check_cfg_suits(config.summary, config.kind, body.kind, f"config {config.id}", "config_id")
         names = (f"dataset {dataset.id}", f"model {model.id}")
         return check_data(body.kind, params, dataset.description, model.signature, model.outputs, names)
     except JobRuleError as e:
         raise Problem(422, str(e), field=e.field, **e.extra) from None
-
-
-def _check_config(config: Config, kind_name: str) -> None:
-    kind = JOB_KINDS[kind_name]
-    verdict = config.summary.get("job_kinds", {}).get(kind_name)
-    if config.kind != kind.cfg_kind:
-        raise JobRuleError(
-            f"config {config.id} is a {config.kind} cfg; a {kind_name} job needs a {kind.cfg_kind} cfg", "config_id"
-        )
-    if verdict is None:  # the cfg was checked at upload, before this job kind was registered
-        raise JobRuleError(
-            f"config {config.id} was uploaded before the job kind {kind_name} existed; "
-            "upload it again to have it checked for that kind",
-            "config_id",
-        )
-    if not verdict["ok"]:
-        raise JobRuleError(
-            f"config {config.id} does not suit {kind_name}: {verdict['detail']}",
-            "config_id",
-            line=verdict.get("line"),
-            column=verdict.get("column"),
-        )
 
 
 def job_params(body: JobCreate) -> JobParams:

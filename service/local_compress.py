@@ -15,13 +15,17 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from core.settings import Settings
 from job_host.arrays import sniff_format
+from job_host.kinds import JOB_KINDS
 from job_host.launcher import ChildProcess
 from job_host.protocol import LOG_FILE
 from job_host.signature import example_inputs
 from job_host.spec import JobParams, JobSpec
-from service.datasets import DatasetError, describe_arrays
+from service.cfg_summary import check_cfg_suits, summarise_cfg
+from service.datasets import describe_dataset
 from service.job_rules import JobRuleError, check_data
+from service.zipcheck import check_torchscript
 
 
 class LocalJobError(RuntimeError):
@@ -30,12 +34,52 @@ class LocalJobError(RuntimeError):
         self.type, self.detail = type_, detail
 
 
-def check_dataset(data: Path, kind: str, inputs: list[dict], params: JobParams) -> str | None:
-    """What the API refuses at submit (service/job_rules.py), refused here before the engine starts. Returns
+def check_inputs(model: Path, cfg: Path, data: Path, kind: str, inputs: list[dict], params: JobParams) -> str | None:
+    """What the API refuses at upload (POST /v1/models, /v1/configs, /v1/datasets) and at submit (POST /v1/jobs),
+    refused here before the engine starts, with the same functions; LocalJobError names the file at fault.
+    Returns the objective a retraining kind trains with (check_dataset)."""
+    settings = Settings()  # the API's zip limits, as AMCT_* variables set them
+    check_model(model, settings)
+    check_cfg(cfg, kind)
+    return check_dataset(data, kind, inputs, params, settings)
+
+
+def check_model(model: Path, settings: Settings) -> None:
+    """The file is a TorchScript archive (service/zipcheck.py, what the upload checks before its sandboxed
+    load). Whether it loads and runs on the signature the job process finds out, as it always did."""
+    try:
+        check_torchscript(str(model), settings.max_zip_entries, settings.max_unpacked_bytes, str(model))
+    except ValueError as e:
+        raise LocalJobError("bad_model", f"{e}; --model takes a TorchScript file (torch.jit.save)") from None
+
+
+def check_cfg(cfg: Path, kind: str) -> None:
+    """The cfg parses as the kind's cfg and suits the kind, as POST /v1/configs and POST /v1/jobs judge it: the
+    engine's ConfigError names the file, line, column and field."""
+    from amct_engine.config.errors import ConfigError
+
+    cfg_kind = JOB_KINDS[kind].cfg_kind
+    try:
+        summary = summarise_cfg(cfg.read_bytes(), cfg_kind, str(cfg))
+        check_cfg_suits(summary, cfg_kind, kind, "--cfg", "config_id")
+    except ConfigError as e:
+        raise LocalJobError("bad_cfg", str(e)) from None
+    except JobRuleError as e:
+        raise LocalJobError("bad_cfg", f"{e} (--kind {kind})") from None
+    except OSError as e:
+        raise LocalJobError("bad_cfg", f"cannot read {cfg}: {e}") from None
+
+
+# The CLI's names for the request fields the job rules name.
+_OPTIONS = {"dataset_id": "data", "model_id": "model", "config_id": "cfg"}
+
+
+def check_dataset(data: Path, kind: str, inputs: list[dict], params: JobParams, settings: Settings) -> str | None:
+    """What the API refuses at upload (service/datasets.py) and submit (service/job_rules.py). Returns
     the objective a retraining kind trains with, as POST /v1/jobs resolves it (None for the other kinds)."""
     try:
-        description = describe_arrays(str(data), sniff_format(str(data)))
-    except DatasetError as e:
+        _, description = describe_dataset(str(data), settings)
+    except ValueError as e:  # DatasetError, or the zip check's
         raise LocalJobError("bad_dataset", f"{data}: {e}") from None
     except Exception as e:  # the user's file, in their terms
         raise LocalJobError("bad_dataset", f"cannot read {data}: {e}") from None
@@ -43,7 +87,8 @@ def check_dataset(data: Path, kind: str, inputs: list[dict], params: JobParams) 
         # No output structure yet (the API records it at upload): the label-width check runs in the engine.
         return check_data(kind, params, description, inputs, None, (str(data), "the model"))
     except JobRuleError as e:
-        raise LocalJobError("bad_dataset", f"{e} (--{e.field.replace('_', '-')})") from None
+        option = _OPTIONS.get(e.field, e.field).replace("_", "-")
+        raise LocalJobError("bad_dataset", f"{e} (--{option})") from None
 
 
 def compress(
@@ -61,7 +106,7 @@ def compress(
     """Run one job here; returns `{metrics, report, files: {artifact kind: path in out}}`.
 
     `inputs` is the model's signature (job_host/signature.py) and `input_shape` the first input's
-    example shape, as the API records them for an upload; `params` hold the objective check_dataset
+    example shape, as the API records them for an upload; `params` hold the objective check_inputs
     resolved. Raises LocalJobError with the engine's error type and detail when the job fails.
     """
     fmt = sniff_format(str(data))

@@ -6,15 +6,14 @@ carries the engine's `line`, `column` and `field`.
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse
 from starlette.concurrency import run_in_threadpool
 
 from core.db.models import Config
-from job_host.kinds import CFG_KINDS, kinds_for_cfg
+from job_host.kinds import CFG_KINDS
 from service.auth import ReadCaller, WriteCaller
+from service.cfg_summary import summarise_cfg
 from service.deps import SessionDep, SettingsDep, StoreDep
 from service.problems import Problem
 from service.routes.common import NAME_FIELD, UPLOAD_ERRORS, get_or_404, multipart, require_name
@@ -22,29 +21,6 @@ from service.schemas import CleanStr, ConfigOut
 from service.uploads import receive_upload
 
 router = APIRouter(prefix="/v1/configs", tags=["configs"])
-
-
-def summarise_cfg(text: str | bytes, kind: str, filename: str) -> dict:
-    """Parse (ConfigError on a bad file) and say which job kinds accept the cfg, and why not.
-
-    Each job kind that takes a cfg of this `kind` gets a verdict: its engine API family's check
-    (docs/spec/engine.md §1.2-§1.4), or just the parse when it names none (job_host/kinds.py).
-    """
-    # Imported on first use: the engine pulls in torch, which the API needs for nothing else.
-    from amct_engine.config.cfg_checks import check_cfg_for_api
-    from amct_engine.config.cfg_loader import parse_cfg_document
-    from amct_engine.config.errors import ConfigError
-
-    doc = parse_cfg_document(text, kind, filename)
-    job_kinds: dict[str, dict[str, Any]] = {}
-    for job_kind in kinds_for_cfg(kind):
-        try:
-            if job_kind.engine_api is not None:
-                check_cfg_for_api(doc, job_kind.engine_api)  # type: ignore[arg-type]  # an ENGINE_APIS name
-            job_kinds[job_kind.name] = {"ok": True}
-        except ConfigError as e:
-            job_kinds[job_kind.name] = {"ok": False, "detail": str(e), "line": e.line, "column": e.column}
-    return {"job_kinds": job_kinds}
 
 
 @router.post(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from collections.abc import AsyncIterator
 from typing import Annotated
@@ -31,6 +32,16 @@ BATCH = 500
 # job_events.seq is an INTEGER column: an id past it matches nothing and overflows the driver
 # (SQLite raises on the bind; the stream would end in a broken chunked body after its 200).
 MAX_SEQ = 2**31 - 1
+
+
+STREAM_PATH = re.compile(re.escape(router.prefix) + r"/[^/]+/events")
+
+
+def is_event_stream(scope: dict | None) -> bool:
+    """Whether an ASGI scope asks for this route (service/app.py's ApiServer hangs them up at shutdown)."""
+    return (
+        scope is not None and scope.get("type") == "http" and STREAM_PATH.fullmatch(scope.get("path", "")) is not None
+    )
 
 
 def format_event(event: JobEvent) -> str:

@@ -34,7 +34,7 @@ from service.problems import Problem
 from service.routes.common import NAME_FIELD, UPLOAD_ERRORS, get_or_404, multipart, require_name
 from service.schemas import CleanStr, ModelOut
 from service.uploads import Upload, receive_upload
-from service.zipcheck import check_zip
+from service.zipcheck import check_torchscript
 
 router = APIRouter(prefix="/v1/models", tags=["models"])
 DTYPES = SHORTHAND_DTYPES
@@ -187,7 +187,9 @@ async def upload_model(
             name = require_name(upload.fields, upload.filename)
             inputs, shape, batch = parse_signature(upload.fields)
             try:
-                check_zip(str(upload.path), settings.max_zip_entries, settings.max_unpacked_bytes, "the model file")
+                check_torchscript(
+                    str(upload.path), settings.max_zip_entries, settings.max_unpacked_bytes, "the model file"
+                )
             except ValueError as e:
                 raise Problem(422, f"{e}; upload a TorchScript file (torch.jit.save)", field="file") from None
             report = await run_in_threadpool(validate_in_child, upload, inputs, batch, settings)

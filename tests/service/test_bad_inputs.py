@@ -212,7 +212,7 @@ CORPUS = [
     ("pt-zip-bomb-1000-to-1", lambda c: _model(c, zip_dense()), 422, "file", "compressed"),
     ("pt-random-bytes", lambda c: _model(c, RNG.bytes(4096)), 422, "file", "not a zip"),
     ("pt-text-file", lambda c: _model(c, b"def forward(x):\n    return x\n"), 422, "file", "not a zip"),
-    ("pt-torch-save-not-torchscript", lambda c: _model(c, torch_save_pickle()), 422, "file", "load as TorchScript"),
+    ("pt-torch-save-not-torchscript", lambda c: _model(c, torch_save_pickle()), 422, "file", "not a TorchScript file"),
     ("pt-float-input-shape", lambda c: _model(c, b"PK", input_shape="1.5,16"), 422, "input_shape", "1.5,16"),
     ("pt-unknown-dtype", lambda c: _model(c, b"PK", input_dtype="float8"), 422, "input_dtype", "float32"),
     ("pt-name-too-long", lambda c: _model(c, b"PK", name="n" * 201), 422, "name", "200"),
