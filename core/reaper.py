@@ -32,6 +32,7 @@ def reap_once(settings: Settings, dispatcher: Dispatcher) -> dict:
     sessions = session_factory(settings.resolved_database_url, settings.db_pool)
     requeued, failed, cancelled = [], [], []
     with sessions.begin() as session:
+        jobstate.expire_if_owner_gone(session)  # a worker process of this machine that died: no need to wait
         for job_id in jobstate.expired_running_jobs(session):
             outcome = jobstate.recover_lost_job(session, job_id)
             if outcome == jobstate.QUEUED:

@@ -28,7 +28,9 @@ def verify(spec: JobSpec, workdir: Path, ctx, data: JobData, baseline: Baseline,
     from job_process.training import evaluate_accuracy
 
     pytorch_accuracy = evaluate_accuracy(model, data.eval_x, data.eval_labels) if data.has_labels else None
+    ctx.checkpoints.check_cancel()  # the report's evaluations and timings take a while: a cancel still stops them
     result_report = _report(spec, ctx, data, baseline, pytorch_accuracy)
+    ctx.checkpoints.check_cancel()
     missed = gate_failures(result_report, spec.params, ctx.losses)
     result_report["quality_gate"] = {
         "passed": not missed,

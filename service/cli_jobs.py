@@ -17,7 +17,7 @@ import typer
 from rich.markup import escape
 from rich.table import Column, Table
 
-from core.job_states import CANCELLED, FAILED, QUEUED, RUNNING, SUCCEEDED, TERMINAL
+from core.job_states import CANCELLED, FAILED, QUEUED, RUNNING, SUCCEEDED
 from job_host.kinds import JOB_KINDS
 from job_host.spec import JobParams
 from service.cli_common import (
@@ -233,6 +233,12 @@ def watch(
         _follow(client, resolve_job(client, job_id))
 
 
+_CANCEL_OUTCOMES = {
+    "pending": " (its worker stops it at the next training step or stage, within a heartbeat)",
+    "too_late": " (the cancel came too late: the job had ended)",
+}
+
+
 @jobs_app.command()
 def cancel(
     job_id: JobIdArg, server: ServerOpt = DEFAULT_SERVER, api_key: ApiKeyOpt = None, data_dir: DataDirOpt = None
@@ -240,8 +246,7 @@ def cancel(
     """Cancel a queued job at once, or ask a running job's worker to stop it."""
     with service_client(server, api_key, data_dir) as client:
         job = client.cancel(resolve_job(client, job_id)["id"])
-    pending = " (the worker stops it within a heartbeat)" if job["status"] not in TERMINAL else ""
-    console.print(f"job {job['id']}: {_status(job['status'])}{pending}")
+    console.print(f"job {job['id']}: {_status(job['status'])}{_CANCEL_OUTCOMES.get(job.get('cancel_outcome'), '')}")
 
 
 def _why_missing(job: dict, kinds: list[str], error: ApiError) -> str:

@@ -133,8 +133,14 @@ class JobOut(_Out):
     metrics: dict[str, Any] | None
     error: JobError | None
     cancel_requested: bool
+    cancel_outcome: Literal["pending", "cancelled", "too_late"] | None = Field(
+        description="what a cancel request came to: pending while the job runs (it stops at its next training "
+        "step or stage), cancelled, or too_late when the job ended otherwise first (a job that succeeded keeps "
+        "its result); null without a cancel request"
+    )
     created_at: datetime
-    started_at: datetime | None
+    started_at: datetime | None = Field(description="when the job's first attempt began")
+    attempt_started_at: datetime | None = Field(description="when its current (or last) attempt began")
     finished_at: datetime | None
     links: dict[str, str]
 
@@ -197,10 +203,11 @@ class Me(BaseModel):
 class JobKindInfo(BaseModel):
     name: str
     cfg_kind: CfgKind = Field(description="the cfg a job of this kind takes (POST /v1/configs `kind`)")
-    needs_labels: bool = Field(
-        description="a retraining kind: trains with an `objective` (cross_entropy on the "
-        "dataset's `labels`, or distill_outputs without them)"
+    trains: bool = Field(
+        description="trains with an `objective`: cross_entropy on the dataset's `labels`, or distill_outputs "
+        "(the FP32 model's outputs) on a dataset without them"
     )
+    needs_labels: bool = Field(description="refused on a dataset without `labels` (false for every built-in kind)")
     description: str
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from core.db import jobstate
 from core.db.session import session_factory
+from core.lease_owner import lease_owner
 from core.reaper import job_folders
 from core.settings import Settings
 from core.storage import BlobStore, open_store
@@ -52,7 +53,7 @@ class JobRunner:
         self.settings, self.warm = settings, warm
         self.store = store or open_store(settings.resolved_artifact_store, settings.s3_endpoint_url)
         self.sessions = session_factory(settings.resolved_database_url, settings.db_pool)
-        self.owner = owner or f"{os.uname().nodename}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.owner = owner or lease_owner(os.uname().nodename, uuid.uuid4().hex)
         bubblewrap.log_state("worker")  # jobs fail with SandboxUnavailable without one (no opt-out)
         sandbox.child_nice()  # a bad AMCT_CHILD_NICE stops the worker here, not each job at its start
 
@@ -68,6 +69,8 @@ class JobRunner:
 
     def _attempt(self, job_id: str) -> str:
         with self.sessions.begin() as session:
+            # A re-delivered message whose job's worker process was killed here: take the job over now.
+            jobstate.expire_if_owner_gone(session, [job_id])
             job = jobstate.claim_job(session, job_id, self.owner, self.settings.lease_s)
             if job is not None and jobstate.give_up_if_exhausted(session, job, self.owner):
                 return jobstate.FAILED

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import logging
-import os
 
 from celery import shared_task
 
+from core.lease_owner import lease_owner
 from core.queue import JOIN_TASK, REAP_TASK, RUN_JOB_TASK, Dispatcher
 from core.reaper import reap_once
 from worker import warm
@@ -18,7 +18,7 @@ log = logging.getLogger(__name__)
 
 @shared_task(bind=True, name=RUN_JOB_TASK, acks_late=True, reject_on_worker_lost=True)
 def run_job(self, job_id: str) -> str:
-    owner = f"{self.request.hostname}:{os.getpid()}:{(self.request.id or '')[:8]}"
+    owner = lease_owner(self.request.hostname, self.request.id or "")
     return JobRunner(self.app.amct_settings, owner=owner, warm=warm.current()).run(job_id)
 
 
@@ -31,5 +31,5 @@ def reap(self) -> dict:
 def join_job(self, job_id: str, attempt: int, node_rank: int) -> str:
     """A node other than 0 of a job across several nodes (worker/nodes.py). Not redelivered when this worker
     dies: the attempt's other nodes fail with it, and the next attempt asks for its nodes again."""
-    owner = f"{self.request.hostname}:{os.getpid()}:{(self.request.id or '')[:8]}"
+    owner = lease_owner(self.request.hostname, self.request.id or "")
     return NodeRunner(self.app.amct_settings, owner=owner).run(job_id, attempt, node_rank)

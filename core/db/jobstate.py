@@ -13,11 +13,12 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, cast
 
-from sqlalchemy import CursorResult, and_, select, update
+from sqlalchemy import CursorResult, and_, func, select, update
 from sqlalchemy.orm import Session
 
 from core.db.models import Job, JobEvent, utcnow
 from core.job_states import CANCELLED, FAILED, QUEUED, RUNNING, STATES, SUCCEEDED, TERMINAL  # noqa: F401 - re-exported
+from core.lease_owner import gone_here
 
 # (from, to) -> the name of the edge, recorded in the event. Nothing else is allowed.
 TRANSITIONS: dict[tuple[str, str], str] = {
@@ -94,12 +95,15 @@ def claim_job(session: Session, job_id: str, owner: str, lease_s: float) -> Job 
         "lease_expires_at": now + timedelta(seconds=lease_s),
         "attempt": Job.attempt + 1,
         "phase": "preparing",
+        "attempt_started_at": now,
+        # A requeued job (its worker lost, its engine killed) keeps its first start: the time since is the
+        # job's elapsed time, attempts included.
+        "started_at": func.coalesce(Job.started_at, now),
     }
     not_cancelled = Job.cancel_requested_at.is_(None)
     for from_ in (QUEUED, RUNNING):
         where = not_cancelled if from_ == QUEUED else and_(not_cancelled, Job.lease_expires_at < now)
-        values = dict(lease, started_at=now) if from_ == QUEUED else lease
-        if transition(session, job_id, from_, RUNNING, values=values, extra_where=where, event={"worker": owner}):
+        if transition(session, job_id, from_, RUNNING, values=lease, extra_where=where, event={"worker": owner}):
             return session.get(Job, job_id, populate_existing=True)
     return None
 
@@ -209,6 +213,27 @@ def expire_leases(session: Session, owner_prefix: str) -> list[str]:
         .returning(Job.id)
     ).all()
     return [r[0] for r in rows]
+
+
+def expire_if_owner_gone(session: Session, job_ids: list[str] | None = None) -> list[str]:
+    """End now the leases of the running jobs (of `job_ids`, or all) whose owner's process is gone on this
+    machine (core/lease_owner.py): they are lost jobs already, not in `lease_s`. Returns their ids."""
+    query = select(Job.id, Job.lease_owner).where(Job.status == RUNNING, Job.lease_expires_at >= utcnow())
+    if job_ids is not None:
+        query = query.where(Job.id.in_(job_ids))
+    expired = []
+    for job_id, owner in session.execute(query).all():
+        if not gone_here(owner):
+            continue
+        ended = session.execute(
+            update(Job)
+            .where(Job.id == job_id, Job.status == RUNNING, Job.lease_owner == owner)
+            .values(lease_expires_at=utcnow() - timedelta(seconds=1))
+        )
+        if cast(CursorResult, ended).rowcount:
+            add_event(session, job_id, "log", {"message": "its worker process is gone: its lease ends now"})
+            expired.append(job_id)
+    return expired
 
 
 def recover_lost_job(session: Session, job_id: str) -> str | None:

@@ -156,7 +156,8 @@ class Job(Base):
     event_seq: Mapped[int] = mapped_column(Integer, default=0)
     created_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
-    started_at: Mapped[datetime | None] = mapped_column(default=None)
+    started_at: Mapped[datetime | None] = mapped_column(default=None)  # the first attempt's start
+    attempt_started_at: Mapped[datetime | None] = mapped_column(default=None)  # the current attempt's
     finished_at: Mapped[datetime | None] = mapped_column(default=None)
 
 

@@ -53,11 +53,21 @@ def job_out(job: Job | Row) -> JobOut:
         metrics=job.metrics,
         error={"type": job.error_type, "detail": job.error_detail} if job.error_type else None,
         cancel_requested=job.cancel_requested_at is not None,
+        cancel_outcome=cancel_outcome(job.status, job.cancel_requested_at is not None),
         created_at=job.created_at,
         started_at=job.started_at,
+        attempt_started_at=job.attempt_started_at,
         finished_at=job.finished_at,
         links={"self": base, "events": f"{base}/events", "artifacts": f"{base}/artifacts", "cancel": f"{base}/cancel"},
     )
+
+
+def cancel_outcome(status: str, requested: bool) -> str | None:
+    if not requested:
+        return None
+    if status not in jobstate.TERMINAL:
+        return "pending"
+    return "cancelled" if status == jobstate.CANCELLED else "too_late"
 
 
 def artifact_out(a: Artifact) -> ArtifactOut:
@@ -173,6 +183,7 @@ JOB_OUT_COLUMNS = tuple(
         "cancel_requested_at",
         "created_at",
         "started_at",
+        "attempt_started_at",
         "finished_at",
     )
 )
@@ -241,7 +252,9 @@ async def get_job(request: Request, job_id: CleanStr, credentials: Credentials) 
     responses={409: {"description": "the job already finished"}},
 )
 def cancel_job(job_id: CleanStr, session: SessionDep, caller: WriteCaller) -> JobOut:
-    """Queued jobs are cancelled at once; a running job's worker stops it within a heartbeat."""
+    """Queued jobs are cancelled at once; a running job's worker stops it within a heartbeat, at its next training
+    step or stage. A job that finishes its work first succeeds all the same: `cancel_outcome` then says
+    `too_late`."""
     job = get_or_404(session, Job, job_id, caller.project, "job")
     if job.status in jobstate.TERMINAL:
         raise Problem(409, f"job {job_id} already {job.status}", field="job_id", status_now=job.status)

@@ -154,12 +154,15 @@ export function jobView(id) {
     cancel.disabled = TERMINAL.has(job.status) || job.cancel_requested;
     cancel.hidden = TERMINAL.has(job.status);
     el.facts.replaceChildren(keyValues([
-      ["kind", job.kind], ["device", job.device], ["phase", job.phase], ["attempt", job.attempt],
+      ["kind", job.kind], ["device", job.device], ["phase", job.phase],
+      ["attempt", job.attempt > 1 && job.attempt_started_at ? `${job.attempt}, since ${when(job.attempt_started_at)}` : job.attempt],
       ["created", when(job.created_at)], ["started", job.started_at && when(job.started_at)],
       ["finished", job.finished_at && when(job.finished_at)], ["elapsed", duration(elapsed(job))],
     ]));
     el.error.replaceChildren(job.error ? h("p", { class: "error-box" }, `${job.error.type}: ${job.error.detail || ""}`)
-      : job.cancel_requested && !TERMINAL.has(job.status) ? h("p", { class: "muted" }, "cancel requested…") : "");
+      : job.cancel_outcome === "pending" ? h("p", { class: "muted" }, "cancel requested…")
+      : job.cancel_outcome === "too_late" ? h("p", { class: "muted" }, "the cancel came too late: the job had finished its work")
+      : "");
   }
 
   function paintTimeline() {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from datetime import timedelta
 
 import pytest
@@ -146,6 +147,20 @@ def test_a_job_with_max_attempts_n_runs_n_attempts_when_the_reaper_requeues_it(s
     assert (job.attempt, job.error_detail) == (2, "the worker was lost 2 times")
 
 
+def test_a_requeued_job_keeps_its_first_start_and_dates_each_attempt(sessions, job_id):
+    starts = []
+    for worker in ("worker-a", "worker-b"):
+        with sessions.begin() as s:
+            job = jobstate.claim_job(s, job_id, worker, lease_s=60)
+            starts.append((job.started_at, job.attempt_started_at))
+        _lose_the_worker(sessions, job_id)
+        with sessions.begin() as s:
+            assert jobstate.recover_lost_job(s, job_id) == "queued"
+    (first, first_attempt), (second, second_attempt) = starts
+    assert first == first_attempt and second == first  # the elapsed time counts from the first attempt
+    assert second_attempt > first_attempt
+
+
 def test_a_job_with_max_attempts_n_runs_n_attempts_when_a_redelivery_reclaims_it(sessions, job_id):
     with sessions.begin() as s:
         s.execute(update(Job).where(Job.id == job_id).values(max_attempts=2))
@@ -281,3 +296,25 @@ def test_the_api_process_reaps_on_its_own(db_url, sessions, job_id, tmp_path):
     settings = make_settings(tmp_path, database_url=db_url, reap_interval_s=0.2)
     with open_api(settings):  # the lifespan starts the loop; nothing else runs here
         wait_until(lambda: _states(sessions, job_id)[-1][1] == "queued", 10, what="the API reaped the job")
+
+
+def test_a_lease_whose_owner_process_is_gone_here_ends_at_once(sessions, job_id):
+    import subprocess
+    import sys
+
+    from core.lease_owner import gone_here, lease_owner
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    here = lease_owner("w@h", "task1234")
+    dead = here.replace(f":{os.getpid()}:", f":{child.pid}:", 1)
+    elsewhere = dead.rsplit(":", 1)[0] + ":other-machine/4026531836"
+    assert gone_here(dead) and not gone_here(here) and not gone_here(elsewhere) and not gone_here(None)
+    for owner, expected in ((here, []), (elsewhere, []), (dead, [job_id])):
+        with sessions.begin() as s:
+            s.execute(update(Job).where(Job.id == job_id).values(status="queued", lease_owner=None))
+            assert jobstate.claim_job(s, job_id, owner, lease_s=120) is not None
+        with sessions.begin() as s:
+            assert jobstate.expire_if_owner_gone(s, [job_id]) == expected
+            # Only the dead owner's job can be claimed again now; a live owner's lease still runs.
+            assert (jobstate.claim_job(s, job_id, "w2@h:1:t:x", lease_s=120) is not None) == bool(expected)

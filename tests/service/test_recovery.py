@@ -124,6 +124,53 @@ def test_a_job_whose_worker_is_killed_finishes_from_its_checkpoint_on_a_new_work
 
 
 @pytest.mark.slow
+def test_a_killed_pool_process_hands_its_job_on_without_waiting_out_the_lease(tmp_path, pg_url, redis_server, assets):
+    """Two workers on PostgreSQL + Redis, the default two-minute lease: kill -9 of the pool process that runs a
+    job. Celery re-delivers the message at once; the worker that takes it sees the lease's owner is gone on
+    this machine (core/lease_owner.py) and resumes the job from its checkpoint within seconds."""
+    settings = make_settings(
+        tmp_path / "data", database_url=pg_url, broker_url=redis_server.url, heartbeat_s=0.5, checkpoint_every_steps=0
+    )
+    assert settings.lease_s == 120
+    with open_api(settings) as client:
+        api = Api(client, settings)
+        ids = _upload(api, assets)
+        workers = [Worker(settings, tmp_path / f"worker-{i}.log") for i in (1, 2)]
+        try:
+            job_id = api.submit(kind="quant_retrain", epochs=3, batch_size=8, lr=5e-4, **ids).json()["id"]
+            wait_until(
+                lambda: any(e["type"] == "checkpoint" for e in job_events(api, job_id)), 240, what="a checkpoint"
+            )
+            owner = _lease_owner(settings, job_id)
+            os.kill(int(owner.split(":")[1]), 9)  # the pool process (not the worker): Celery starts another
+            killed_at = time.monotonic()
+            wait_until(
+                lambda: (j := get_job(api, job_id))["attempt"] == 2 and j["status"] == "running",
+                60,
+                interval=0.1,
+                what="the second attempt",
+            )
+            resumed_after = time.monotonic() - killed_at
+            job = wait_terminal(api, job_id, 300)
+        finally:
+            for worker in workers:
+                worker.stop()
+    print(f"\npool process killed: the job's second attempt began {resumed_after:.1f} s later (lease 120 s)")
+    assert resumed_after < 30
+    assert job["status"] == "succeeded", job["error"]
+    assert job["metrics"]["resumed_from"] is not None  # from the checkpoint, not from the start
+    messages = [e.get("message") for e in job_events(api, job_id) if e["type"] == "log"]
+    assert "its worker process is gone: its lease ends now" in messages
+
+
+def _lease_owner(settings, job_id: str) -> str:
+    from core.db.session import session_factory
+
+    with session_factory(settings.resolved_database_url)() as session:
+        return session.get(Job, job_id).lease_owner
+
+
+@pytest.mark.slow
 def test_a_redis_restart_loses_no_job(stack, tmp_path):
     """Redis dies (nothing persisted) while a job trains and another is submitted; both go on."""
     api, ids, redis_server = stack
