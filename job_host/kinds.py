@@ -40,11 +40,15 @@ class JobKind:
     name: str  # the `kind` of a job, as the API, the CLI and the job spec spell it
     cfg_kind: CfgKind  # the cfg a job of this kind takes
     engine_api: str | None  # the ENGINE_APIS family a retrain cfg must suit; None: parsing it is enough
-    needs_labels: bool  # trained on the dataset's `labels` (refused at submit without them)
+    # Trains with an `objective`: cross_entropy on the dataset's labels, or distill_outputs without them
+    trains: bool
     description: str  # one line for `GET /v1/meta`, the dashboard and `--help`
     runner: str  # "package.module:function" taking a JobContext (job_process/runners.py)
     # Runs data-parallel with `world_size` > 1 (its training goes through runners.train: job_process/distributed.py)
     distributed: bool = False
+    # Cannot run without the dataset's `labels` (refused at submit without them); none of ours: each
+    # training kind distils the FP32 model's outputs when a dataset has no labels
+    needs_labels: bool = False
 
     def __post_init__(self) -> None:
         if self.cfg_kind not in CFG_KINDS:

@@ -58,6 +58,15 @@ class OneOf:
         return json_schema
 
 
+def validation_message(error: Any) -> str:
+    """A pydantic error's message without the prefix pydantic puts on a validator's own words ("Value error, …"):
+    what the API's 422 and the CLI say."""
+    message = str(error["msg"])
+    for prefix in ("Value error, ", "Assertion failed, "):
+        message = message.removeprefix(prefix)
+    return message
+
+
 DeployFormat = Annotated[str, OneOf(DEPLOY_FORMATS.names)]
 DeployTarget = Annotated[str, OneOf(deploy_target_names)]
 # (tuples of the names: a Literal over them, as pydantic reads it; mypy cannot see a tuple's values)

@@ -36,7 +36,9 @@ def validate(path: str, inputs: list[dict], batch: int) -> dict:
     except SignatureError as e:  # our own words about the outputs' types
         return {"ok": False, "stage": "outputs", "error": str(e)}
     except Exception as e:  # any failure is the upload's; what a user reads of it: job_host/errors.py
-        return {"ok": False, "stage": stage, "error": describe(e, stage)}
+        # the path is the sandbox's copy of the upload: the user knows it as their model file
+        names = {f"TorchScript file {path}": "the model file", str(path): "the model file"}
+        return {"ok": False, "stage": stage, "error": describe(e, stage, names)}
     layers = {
         "quantizable": [{"name": i.name, "type": i.type_name} for i in quantizable_layers(cm, retrain_type_names())],
         "distillable": [i.name for i in quantizable_layers(cm, distill_type_names())],

@@ -63,7 +63,8 @@ def serve(ctl_fd: int, warm_up: Callable[[], None], run_job: Callable[[Path], in
         message, _ = receive(ctl)
         if message is None:
             return 0
-        code = _run_one(ctl, Path(message["folder"]), run_job, job_threads, f"{news}; {served} jobs before this one")
+        before = f"{served} job{'' if served == 1 else 's'} before this one"
+        code = _run_one(ctl, Path(message["folder"]), run_job, job_threads, f"{news}; {before}")
         _clean_up()
         send(ctl, {"type": "exit", "code": code})
 

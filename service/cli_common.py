@@ -142,12 +142,18 @@ def _explain(error, key: KeyChoice) -> str:
 def service_client(server: str, api_key: str | None, data_dir: Path | None):
     """An AmctClient whose failures end the command with one line: no traceback for a server that is not
     there, the ways to give a key for a 401, the problem's detail otherwise."""
-    from service.client import AmctClient, ApiError, ServiceUnreachable
+    from service.client import AmctClient, ApiError, ServiceSlow, ServiceUnreachable
 
     key = resolve_api_key(api_key, data_dir, server)
     with AmctClient(server, key.key) as client:
         try:
             yield client
+        except ServiceSlow as e:
+            waited = f" within {e.waited_s:g} s" if e.waited_s else ""
+            raise fail(
+                f"the service at {server} took the request but did not answer{waited}: it is up but busy; "
+                "`amct jobs list` shows whether it went through before you send it again"
+            ) from None
         except ServiceUnreachable as e:
             raise fail(
                 f"cannot reach the service at {server} ({e.reason}): is `amct serve` running there? "

@@ -19,7 +19,7 @@ from typing import Annotated, Any
 import typer
 from pydantic import ValidationError
 
-from job_host.spec import JobParams
+from job_host.spec import JobParams, validation_message
 from service.cli_common import DeployFormat, DeployTarget, fail
 
 # Fields offered as a fixed list of choices (the tables' names); the others take their plain type.
@@ -76,4 +76,4 @@ def params_from_options(values: dict[str, Any]) -> JobParams:
     except ValidationError as e:
         error = e.errors()[0]
         name = str(error["loc"][0]) if error["loc"] else "job"
-        raise fail(f"--{name.replace('_', '-')} {plain.get(name)}: {error['msg']}") from None
+        raise fail(f"--{name.replace('_', '-')} {plain.get(name)}: {validation_message(error)}") from None

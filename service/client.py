@@ -44,16 +44,33 @@ class ServiceUnreachable(ConnectionError):
         super().__init__(f"cannot reach {base_url}: {self.reason}")
 
 
+class ServiceSlow(ServiceUnreachable):
+    """The server took the request but did not answer within the read timeout: it is there, but busy."""
+
+    def __init__(self, base_url: str, cause: httpx.TransportError, waited_s: float | None) -> None:
+        super().__init__(base_url, cause)
+        self.waited_s = waited_s
+
+
+# An upload is answered after the server's sandboxed check of the file (up to its validate_timeout_s, 300 s
+# by default, more on a busy machine): the client waits that long and more, not the 60 s of other requests.
+UPLOAD_READ_TIMEOUT_S = 900.0
+DEFAULT_TIMEOUT_S = 60.0
+
+
 class AmctClient:
     def __init__(
         self,
         base_url: str,
         api_key: str | None = None,
-        timeout: float = 60.0,
+        timeout: float | None = None,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
+        """`timeout`: seconds per request (DEFAULT_TIMEOUT_S); uploads wait UPLOAD_READ_TIMEOUT_S for their answer."""
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.http = httpx.Client(base_url=base_url.rstrip("/"), headers=headers, timeout=timeout, transport=transport)
+        self.http = httpx.Client(
+            base_url=base_url.rstrip("/"), headers=headers, timeout=timeout or DEFAULT_TIMEOUT_S, transport=transport
+        )
 
     def close(self) -> None:
         self.http.close()
@@ -68,6 +85,9 @@ class AmctClient:
     def _request(self, method: str, path: str, **kwargs) -> httpx.Response:
         try:
             response = self.http.request(method, path, **kwargs)
+        except (httpx.ReadTimeout, httpx.WriteTimeout) as e:
+            timeout = kwargs.get("timeout") or self.http.timeout
+            raise ServiceSlow(str(self.http.base_url), e, timeout.read) from e
         except httpx.TransportError as e:
             raise ServiceUnreachable(str(self.http.base_url), e) from e
         if response.status_code >= 400:
@@ -81,7 +101,13 @@ class AmctClient:
         file = Path(file)
         with file.open("rb") as f:
             return self._json(
-                "POST", path, files={"file": (file.name, f)}, data={k: v for k, v in fields.items() if v is not None}
+                "POST",
+                path,
+                files={"file": (file.name, f)},
+                data={k: v for k, v in fields.items() if v is not None},
+                timeout=httpx.Timeout(
+                    self.http.timeout.connect, read=UPLOAD_READ_TIMEOUT_S, write=UPLOAD_READ_TIMEOUT_S
+                ),
             )
 
     # -- resources ---------------------------------------------------------------------------------

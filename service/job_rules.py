@@ -56,7 +56,9 @@ def check_data(
     messages call them. Returns the objective a training kind trains with (the asked one, or the default its
     labels give), None for the others."""
     objective = None
-    if JOB_KINDS[kind].needs_labels:
+    if JOB_KINDS[kind].needs_labels and not description["has_labels"]:
+        raise JobRuleError(f"{kind} jobs train on the dataset's labels, which {names[0]} lacks", "dataset_id")
+    if JOB_KINDS[kind].trains:
         objective = params.objective or default_objective(description["has_labels"])
     try:
         check_against_model(description, inputs, outputs, objective or "")

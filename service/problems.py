@@ -13,6 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from python_multipart.exceptions import ParseError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from job_host.spec import validation_message
+
 PROBLEM_JSON = "application/problem+json"
 _TITLES = {
     400: "Bad Request",
@@ -142,7 +144,7 @@ def document(app: FastAPI) -> None:
 def _error(e: dict) -> dict:
     if e["type"] == "json_invalid":  # loc is ("body", <character offset>): the field is the body itself
         return {"field": "body", "message": f"{e['msg']} at character {e['loc'][-1]}", "type": e["type"]}
-    return {"field": _field(e["loc"]), "message": e["msg"], "type": e["type"]}
+    return {"field": _field(e["loc"]), "message": validation_message(e), "type": e["type"]}
 
 
 def install(app: FastAPI) -> None:

@@ -215,6 +215,11 @@ class ForkServerPool:
         slot.mkdir(mode=0o700)
         try:
             self._server = ForkServer(slot, self.module)
+        except (
+            bubblewrap.SandboxUnavailable
+        ) as e:  # said once at the worker's start (bubblewrap.log_state): no traceback
+            log.warning("no fork server: %s", e)
+            shutil.rmtree(slot, ignore_errors=True)
         except Exception:
             log.exception("could not start a fork server; jobs start cold")
             shutil.rmtree(slot, ignore_errors=True)

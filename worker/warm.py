@@ -60,6 +60,12 @@ class WarmPool:
         folder.mkdir(mode=0o700)
         try:
             self._child = ChildProcess.warm(folder, self.module)
+        except (
+            bubblewrap.SandboxUnavailable
+        ) as e:  # said once at the worker's start (bubblewrap.log_state): no traceback
+            log.warning("no warm job process: %s", e)
+            shutil.rmtree(folder, ignore_errors=True)
+            return
         except Exception:
             log.exception("could not start a warm job process; jobs start cold")
             shutil.rmtree(folder, ignore_errors=True)

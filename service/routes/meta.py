@@ -26,7 +26,13 @@ router = APIRouter(prefix="/v1/meta", tags=["meta"])
 def get_meta(caller: ReadCaller) -> Meta:
     return Meta(
         job_kinds=[
-            JobKindInfo(name=k.name, cfg_kind=k.cfg_kind, needs_labels=k.needs_labels, description=k.description)
+            JobKindInfo(
+                name=k.name,
+                cfg_kind=k.cfg_kind,
+                trains=k.trains,
+                needs_labels=k.needs_labels,
+                description=k.description,
+            )
             for k in JOB_KINDS.values()
         ],
         deploy_formats=[DeployFormatInfo(name=f.name, summary=f.summary) for f in DEPLOY_FORMATS.values()],

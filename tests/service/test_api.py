@@ -191,6 +191,33 @@ def test_cross_entropy_needs_labels_and_distill_outputs_is_the_default_without(a
     assert job.status_code == 202 and job.json()["params"]["objective"] == "distill_outputs"
 
 
+def test_meta_says_which_kinds_train_and_that_none_needs_labels(api, uploaded, assets):
+    kinds = {k["name"]: k for k in api.client.get("/v1/meta").json()["job_kinds"]}
+    assert {name for name, k in kinds.items() if k["trains"]} >= {
+        "quant_retrain",
+        "compressed_retrain",
+        "prune_retrain",
+    }
+    assert not kinds["ptq"]["trains"] and not any(k["needs_labels"] for k in kinds.values())
+    unlabelled = api.upload_dataset((assets / "unlabelled.npz").read_bytes()).json()["id"]
+    assert api.submit(**job_body(uploaded, dataset_id=unlabelled)).status_code == 202  # label-free, as it says
+
+
+def test_a_kind_that_needs_labels_is_refused_without_them(api, uploaded, assets):
+    from dataclasses import replace
+
+    from job_host.kinds import JOB_KINDS, register_job_kind
+
+    original = JOB_KINDS["quant_retrain"]
+    register_job_kind(replace(original, needs_labels=True), replace=True)
+    try:
+        unlabelled = api.upload_dataset((assets / "unlabelled.npz").read_bytes()).json()["id"]
+        body = assert_problem(api.submit(**job_body(uploaded, kind="quant_retrain", dataset_id=unlabelled)), 422)
+        assert body["field"] == "dataset_id" and "labels" in body["detail"]
+    finally:
+        register_job_kind(original, replace=True)
+
+
 def test_list_pages_newest_first_with_a_cursor(api, uploaded):
     ids = [api.submit(**job_body(uploaded, seed=i)).json()["id"] for i in range(5)]
     seen, cursor = [], None
@@ -216,8 +243,25 @@ def test_cancel_a_queued_job_then_409(api, uploaded):
     job_id = api.submit(**job_body(uploaded)).json()["id"]
     response = api.client.post(f"/v1/jobs/{job_id}/cancel")
     assert response.status_code == 202 and response.json()["status"] == "cancelled"
-    assert response.json()["finished_at"] is not None
+    assert response.json()["finished_at"] is not None and response.json()["cancel_outcome"] == "cancelled"
     assert_problem(api.client.post(f"/v1/jobs/{job_id}/cancel"), 409, "job_id")
+
+
+def test_a_cancel_that_comes_too_late_says_so(api, uploaded):
+    from core.db import jobstate
+    from core.db.session import session_factory
+
+    job_id = api.submit(**job_body(uploaded)).json()["id"]
+    assert api.client.get(f"/v1/jobs/{job_id}").json()["cancel_outcome"] is None
+    sessions = session_factory(api.settings.resolved_database_url)
+    with sessions.begin() as s:
+        jobstate.claim_job(s, job_id, "worker-a", lease_s=60)
+    response = api.client.post(f"/v1/jobs/{job_id}/cancel")
+    assert response.status_code == 202 and response.json()["cancel_outcome"] == "pending"
+    with sessions.begin() as s:  # the job finished its work before its worker saw the request
+        assert jobstate.transition(s, job_id, jobstate.RUNNING, jobstate.SUCCEEDED)
+    job = api.client.get(f"/v1/jobs/{job_id}").json()
+    assert (job["status"], job["cancel_requested"], job["cancel_outcome"]) == ("succeeded", True, "too_late")
 
 
 def _sse(text: str) -> list[dict]:

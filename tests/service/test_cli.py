@@ -681,3 +681,11 @@ def test_main_keeps_the_old_entry_point(capsys):
     assert main(["--help"]) == 0
     assert "serve" in capsys.readouterr().out
     assert main(["no-such-command"]) == 2
+
+
+def test_a_bad_setting_is_one_line_naming_its_variable(capsys, monkeypatch):
+    monkeypatch.setenv("AMCT_LEASE_S", "two minutes")
+    assert main(["migrate"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: AMCT_LEASE_S: Input should be a valid number") and err.count("\n") == 1, err
+    assert "Traceback" not in err and "Value error" not in err

@@ -174,3 +174,5 @@ def test_a_model_that_branches_on_the_batch_size_is_refused_at_upload_naming_the
     assert body["stage"] == "capture", body
     assert "dynamic axis 'batch' (axis 0 of 'input')" in body["detail"], body
     assert "batch sizes 2 and up only" in body["detail"] and "`if x.shape[0] > 1:`" in body["detail"], body
+    # whole, and the file named as the user knows it (not the sandbox's path to its copy)
+    assert "the model file fixes it in its graph" in body["detail"] and not body["detail"].endswith("…"), body

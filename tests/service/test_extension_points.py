@@ -57,6 +57,7 @@ def test_meta_and_the_cfg_summary_list_it(throwaway, tmp_path):
     assert kinds["throwaway"] == {
         "name": "throwaway",
         "cfg_kind": "retrain",
+        "trains": False,
         "needs_labels": False,
         "description": throwaway.KIND.description,
     }
