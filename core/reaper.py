@@ -21,7 +21,7 @@ from sqlalchemy import func, select, update
 
 from core import workers
 from core.db import jobstate
-from core.db.models import Job
+from core.db.models import Job, Model
 from core.db.session import session_factory
 from core.queue import Dispatcher
 from core.settings import DEVICES, Settings
@@ -42,6 +42,7 @@ def reap_once(settings: Settings, dispatcher: Dispatcher) -> dict:
             elif outcome == jobstate.CANCELLED:
                 cancelled.append(job_id)
         unserved = _fail_unserved(session, settings)
+        interrupted = _interrupted_checks(session, settings)
         resent = _stale_queued(session, settings.requeue_after_s, dispatcher)
         removed = _remove_dead_folders(session, settings.tmp_dir)
     for job_id, queue in requeued + resent:  # after the commit, as at submit
@@ -53,7 +54,21 @@ def reap_once(settings: Settings, dispatcher: Dispatcher) -> dict:
         "resent": [j for j, _ in resent],
         "unserved": unserved,
         "folders_removed": removed,
+        "checks_interrupted": interrupted,
     }
+
+
+def _interrupted_checks(session, settings: Settings) -> list[str]:
+    """Models still `validating` well past the check's time limit: the API that checked them in the background
+    stopped (service/model_checks.py). They become `invalid`, so a client waiting on one gets an answer."""
+    before = jobstate.utcnow() - timedelta(seconds=2 * settings.validate_timeout_s + 60)
+    rows = session.execute(
+        update(Model)
+        .where(Model.status == "validating", Model.created_at < before)
+        .values(status="invalid", status_detail="its check was interrupted (the server stopped); upload it again")
+        .returning(Model.id)
+    ).all()
+    return [r[0] for r in rows]
 
 
 def _fail_unserved(session, settings: Settings) -> list[str]:

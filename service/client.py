@@ -97,12 +97,13 @@ class AmctClient:
     def _json(self, method: str, path: str, **kwargs) -> Any:
         return self._request(method, path, **kwargs).json()
 
-    def _upload(self, path: str, file: str | Path, **fields: str | None) -> dict:
+    def _upload(self, path: str, file: str | Path, headers: dict[str, str] | None = None, **fields: str | None) -> dict:
         file = Path(file)
         with file.open("rb") as f:
             return self._json(
                 "POST",
                 path,
+                headers=headers,
                 files={"file": (file.name, f)},
                 data={k: v for k, v in fields.items() if v is not None},
                 timeout=httpx.Timeout(
@@ -121,18 +122,32 @@ class AmctClient:
         name: str | None = None,
         input_dtype: str | None = None,
         inputs: str | list | None = None,
+        wait: bool = True,
+        poll_s: float = 0.5,
     ) -> dict:
-        """`inputs`: the signature (a list of {name, shape, dtype}, or its JSON); else `input_shape`."""
+        """`inputs`: the signature (a list of {name, shape, dtype}, or its JSON); else `input_shape`.
+
+        The server answers once the file is stored (`Prefer: respond-async`) and checks it in the background;
+        with `wait` this polls the model until the check ends and raises ApiError (422, `file`) when it refused
+        the model, as a synchronous upload does. Without, the answer is the `validating` model."""
         if inputs is not None and not isinstance(inputs, str):
             inputs = json.dumps(inputs)
-        return self._upload(
+        model = self._upload(
             "/v1/models",
             file,
+            headers={"Prefer": "respond-async"},
             input_shape=None if inputs else input_shape,
             name=name,
             input_dtype=input_dtype,
             inputs=inputs,
         )
+        while wait and model["status"] == "validating":
+            time.sleep(poll_s)
+            model = self._json("GET", f"/v1/models/{model['id']}")
+        if model["status"] == "invalid":
+            detail = model.get("status_detail") or "the model was refused"
+            raise ApiError(422, {"title": "Unprocessable Content", "detail": detail, "field": "file"})
+        return model
 
     def upload_config(self, file: str | Path, kind: str = "retrain", name: str | None = None) -> dict:
         return self._upload("/v1/configs", file, kind=kind, name=name)

@@ -32,6 +32,10 @@ def check_inputs(session: Session, body: JobCreate, project: str, settings: Sett
     dataset = get_or_404(session, Dataset, body.dataset_id, project, "dataset")
     try:
         check_settings(body.kind, params, settings.multinode)
+        if model.status == "validating":
+            raise JobRuleError(
+                f"model {model.id} is still being checked; submit once GET /v1/models/{model.id} says ready", "model_id"
+            )
         if model.status != "ready":
             raise JobRuleError(f"model {model.id} is {model.status}: {model.status_detail or 'not usable'}", "model_id")
         check_cfg_suits(config.summary, config.kind, body.kind, f"config {config.id}", "config_id")

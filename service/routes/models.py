@@ -2,21 +2,24 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
 import signal
 import subprocess
 import tempfile
+from contextlib import ExitStack
 from pathlib import Path
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from core.db.models import Model
 from core.settings import Settings
 from job_host import sandbox, signature
 from job_host.bubblewrap import SandboxUnavailable
+from job_host.bubblewrap import require as require_sandbox
 from job_host.errors import scrub
 from job_host.signature import (
     EXAMPLE_BATCH,
@@ -27,6 +30,7 @@ from job_host.signature import (
     from_input_shape,
     parse_inputs,
 )
+from service import model_checks
 from service.auth import ReadCaller, WriteCaller
 from service.checks import BUSY_RESPONSE, checks_slot
 from service.deps import SessionDep, SettingsDep, StoreDep
@@ -147,7 +151,11 @@ def _exit_reason(returncode: int) -> str:
     "",
     status_code=201,
     response_model=ModelOut,
-    responses={**UPLOAD_ERRORS, **BUSY_RESPONSE},
+    responses={
+        **UPLOAD_ERRORS,
+        **BUSY_RESPONSE,
+        202: {"description": "with `Prefer: respond-async`: stored, `validating`; follow its Location"},
+    },
     openapi_extra=multipart(
         [],
         {
@@ -176,49 +184,98 @@ def _exit_reason(returncode: int) -> str:
     ),
 )
 async def upload_model(
-    request: Request, session: SessionDep, store: StoreDep, settings: SettingsDep, caller: WriteCaller
+    request: Request,
+    response: Response,
+    session: SessionDep,
+    store: StoreDep,
+    settings: SettingsDep,
+    caller: WriteCaller,
 ) -> Model:
     """Multipart: `file` (TorchScript), `name`, and `inputs` (the signature, JSON) or `input_shape`
     (e.g. `1,1,28,28`) with optional `input_dtype`. The model runs once on example tensors made from the
-    signature in a sandboxed child; its output structure is recorded as `outputs`."""
-    with checks_slot(settings, "model"):
+    signature in a sandboxed child; its output structure is recorded as `outputs`.
+
+    With `Prefer: respond-async` the answer comes as soon as the file is stored: 202, the model `validating`,
+    then `ready` or `invalid` (its `status_detail` saying why) once the check is done (service/model_checks.py).
+    """
+    # Owned by the background check when there is one: it ends them (the slot, the uploaded file) itself.
+    slot = ExitStack()
+    slot.enter_context(checks_slot(settings, "model"))
+    upload: Upload | None = None
+    try:
         upload = await receive_upload(request, "file", settings.max_model_bytes, settings.tmp_dir)
+        name = require_name(upload.fields, upload.filename)
+        inputs, shape, batch = parse_signature(upload.fields)
         try:
-            name = require_name(upload.fields, upload.filename)
-            inputs, shape, batch = parse_signature(upload.fields)
-            try:
-                check_torchscript(
-                    str(upload.path), settings.max_zip_entries, settings.max_unpacked_bytes, "the model file"
-                )
-            except ValueError as e:
-                raise Problem(422, f"{e}; upload a TorchScript file (torch.jit.save)", field="file") from None
-            report = await run_in_threadpool(validate_in_child, upload, inputs, batch, settings)
-            if not report["ok"]:
-                raise Problem(
-                    422,
-                    f"the model does not {_STAGE_VERB.get(report['stage'], 'validate')}: {report['error']}",
-                    field="file",
-                    stage=report["stage"],
-                )
+            check_torchscript(str(upload.path), settings.max_zip_entries, settings.max_unpacked_bytes, "the model file")
+        except ValueError as e:
+            raise Problem(422, f"{e}; upload a TorchScript file (torch.jit.save)", field="file") from None
+        if model_checks.wants_async(request):
+            _require_sandbox()  # none: the 503 now, not a model that can never be checked
             blob = await run_in_threadpool(store.put_file, upload.file, upload.sha256)
-        finally:
+            model = _model_row(caller.project, name, shape, inputs, blob, status="validating")
+            session.add(model)
+            session.commit()
+            slot.callback(upload.discard)  # the file goes with the slot, when the check has ended
+            check = functools.partial(validate_in_child, upload, inputs, batch, settings)
+            model_checks.start(request.app, model.id, check, _columns, slot.pop_all())
+            upload = None
+            response.status_code = 202
+            response.headers["Location"] = f"/v1/models/{model.id}"
+            return model
+        report = await run_in_threadpool(validate_in_child, upload, inputs, batch, settings)
+        if not report["ok"]:
+            raise Problem(422, _refusal(report), field="file", stage=report["stage"])
+        blob = await run_in_threadpool(store.put_file, upload.file, upload.sha256)
+    finally:
+        if upload is not None:
             upload.discard()
-    model = Model(
-        project_id=caller.project,
+        slot.close()
+    model = _model_row(caller.project, name, shape, inputs, blob, status="ready", **_checked(report))
+    session.add(model)
+    session.commit()
+    return model
+
+
+def _require_sandbox() -> None:
+    try:
+        require_sandbox()
+    except SandboxUnavailable as e:
+        raise Problem(503, str(e), field="file") from None
+
+
+def _model_row(project: str, name: str, shape: list[int], inputs: list[dict], blob, **values) -> Model:
+    return Model(
+        project_id=project,
         name=name,
         input_shape=shape,
         input_dtype=inputs[0]["dtype"],
         inputs=inputs,
-        outputs=report["outputs"],
-        status="ready",
         sha256=blob.sha256,
         size_bytes=blob.size_bytes,
         uri=blob.uri,
-        layers={**report["layers"], "parameters": report["parameters"], "output_shapes": report["output_shapes"]},
+        **values,
     )
-    session.add(model)
-    session.commit()
-    return model
+
+
+def _checked(report: dict) -> dict:
+    """The Model columns a passed check fills in."""
+    return {
+        "outputs": report["outputs"],
+        "layers": {**report["layers"], "parameters": report["parameters"], "output_shapes": report["output_shapes"]},
+    }
+
+
+def _columns(report: dict) -> dict:
+    """The Model columns a check's report sets: ready with what it found, or invalid with why."""
+    if report["ok"]:
+        return {"status": "ready", **_checked(report)}
+    return {"status": "invalid", "status_detail": _refusal(report)}
+
+
+def _refusal(report: dict) -> str:
+    """What a failed check says (the 422's detail, or an asynchronous check's `status_detail`)."""
+    return f"the model does not {_STAGE_VERB.get(report['stage'], 'validate')}: {report['error']}"
 
 
 _STAGE_VERB = {
