@@ -7,6 +7,8 @@ filesystem message queue and a local artifact store (the embedded mode of `amct 
 
 from __future__ import annotations
 
+import os
+import shutil
 from functools import cached_property
 from pathlib import Path
 from typing import Literal
@@ -67,6 +69,11 @@ class Settings(BaseSettings):
     heartbeat_s: float = 5.0
     max_attempts: int = 3
     job_time_limit_s: int = 24 * 3600
+    # Per job (docs/service.md, "Limits"): the address space of a CPU job's engine process, and the bytes its
+    # folder may hold (its staged inputs, checkpoints and exports). None: sized from the machine when the
+    # worker starts (job_memory_limit, job_disk_limit); 0: no limit.
+    job_memory_bytes: int | None = Field(default=None, ge=0)
+    job_disk_bytes: int | None = Field(default=None, ge=0)
     # Redis re-delivers unacked messages after this; it must outlive the longest job (docs/spec/service.md §2a).
     visibility_timeout_s: int = 26 * 3600
     # Recovery (docs/service.md): training checkpoints at every epoch end and every N steps (0: epochs
@@ -145,6 +152,23 @@ class Settings(BaseSettings):
     @property
     def tmp_dir(self) -> Path:
         return (self.data_dir / "tmp").resolve()
+
+    @property
+    def job_memory_limit(self) -> int | None:
+        """job_memory_bytes, or three quarters of the machine's memory: one job cannot take it all."""
+        if self.job_memory_bytes is not None:
+            return self.job_memory_bytes or None
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") * 3 // 4
+
+    @property
+    def job_disk_limit(self) -> int | None:
+        """job_disk_bytes, or a quarter of the job folders' file system: one job cannot fill it."""
+        if self.job_disk_bytes is not None:
+            return self.job_disk_bytes or None
+        folder = self.tmp_dir
+        while not folder.exists():  # the folder is made with the first job
+            folder = folder.parent
+        return shutil.disk_usage(folder).total // 4
 
     def queue_for(self, device: str) -> str:
         return f"{self.queue_prefix}.{device}"

@@ -43,7 +43,7 @@ from job_host.protocol import (
 
 JOB_MODULE = "job_process.main"
 LOG_TAIL_BYTES = 4000
-ERROR_TYPES = ("engine_error", "unsupported", "quality_gate")  # the types job_process/main.py writes
+ERROR_TYPES = ("engine_error", "unsupported", "quality_gate", "memory_limit")  # the types job_process/main.py writes
 
 
 class ChildProcess:

@@ -180,6 +180,8 @@ class JobSpec(BaseModel):
     outputs: dict[str, Any] | None = None
     dataset_format: str
     checkpoint_every_steps: int | None = None
+    # The job's address-space limit in bytes (a CPU job's; the worker's job_memory_limit), None: none
+    memory_bytes: int | None = None
     model: str
     cfg: str
     dataset: str

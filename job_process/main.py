@@ -12,6 +12,7 @@ started it (launcher.py) reads its files and does all database and store writes.
 from __future__ import annotations
 
 import json
+import resource
 import sys
 import time
 import traceback
@@ -177,9 +178,23 @@ def run_job(workdir: Path) -> int:
     """Run the job whose spec is in `workdir` (a fresh process, a warm one, or a child of the fork server)."""
     _relay_engine_warnings()
     spec = JobSpec.read(workdir)
+    _limit_memory(spec)
     if spec.params.world_size > 1:
         return distributed.launch(workdir, spec, run_rank)
     return run_rank(workdir, spec, SINGLE)
+
+
+def _limit_memory(spec: JobSpec) -> None:
+    """The job's address-space limit (docs/service.md, "Limits"), set here rather than at the sandbox's start: a
+    fork server's child is forked from a process that serves jobs with other limits. CPU jobs only: a GPU
+    driver reserves address space far beyond the memory it uses."""
+    if spec.memory_bytes and spec.device == "cpu":
+        resource.setrlimit(resource.RLIMIT_AS, (spec.memory_bytes, spec.memory_bytes))
+
+
+def _out_of_memory(e: BaseException) -> bool:
+    """An allocation refused by the limit: Python's MemoryError, or torch's allocator saying so."""
+    return isinstance(e, MemoryError) or "can't allocate memory" in str(e) or "not enough memory" in str(e)
 
 
 def run_rank(workdir: Path, spec: JobSpec, rank: Rank) -> int:
@@ -211,6 +226,16 @@ def run_rank(workdir: Path, spec: JobSpec, rank: Rank) -> int:
         return 1
     except Exception as e:
         traceback.print_exc()
+        if spec.memory_bytes and _out_of_memory(e):
+            limit = f"{spec.memory_bytes / 2**30:.1f} GiB"
+            error(
+                {
+                    "type": "memory_limit",
+                    "detail": f"the job needed more memory than its limit, {limit} of "
+                    "address space (the server's AMCT_JOB_MEMORY_BYTES)",
+                }
+            )
+            return 1
         error_type = "unsupported" if isinstance(e, DeviceUnavailable) else "engine_error"
         # The traceback went to child.log; the answer gets the type and a scrubbed line (errors.py).
         error({"type": error_type, "detail": describe(e, "the job")})

@@ -56,6 +56,7 @@ def stage_inputs(
         outputs=model.outputs,
         dataset_format=dataset.format,
         checkpoint_every_steps=settings.checkpoint_every_steps,
+        memory_bytes=settings.job_memory_limit,
         model=str((visible_as or workdir) / files["model"][1]),
         cfg=str((visible_as or workdir) / files["cfg"][1]),
         dataset=str((visible_as or workdir) / files["dataset"][1]),

@@ -8,10 +8,13 @@ the cancel file, and the process group is killed only if it has not stopped afte
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import signal
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from core.db import jobstate
 from core.settings import Settings
@@ -31,6 +34,7 @@ def supervise(
     `on_rendezvous`: called with a `rendezvous` line (node 0 of a job across several nodes, worker/nodes.py)."""
     job_id = records.job_id
     deadline = time.monotonic() + settings.job_time_limit_s
+    disk_limit = settings.job_disk_limit
     last_beat, cancel_at = 0.0, None
     while not child.stdout_closed:
         batch = child.messages(timeout=min(0.5, settings.heartbeat_s))
@@ -45,6 +49,10 @@ def supervise(
                 log.warning("job %s: lease lost; stopping the child", job_id)
                 child.kill()
                 return LOST
+            if disk_limit and (used := folder_bytes(child.workdir)) > disk_limit:
+                child.kill()
+                records.fail("disk_limit", _over_disk(used, disk_limit), child.workdir)
+                return jobstate.FAILED
             if lease.cancel_requested and cancel_at is None:
                 cancel_at = now
                 child.request_cancel()
@@ -87,6 +95,23 @@ def _record_exit(child: ChildProcess, records: JobRecords, returncode: int, canc
         outputs=child.result() if error["type"] == "quality_gate" else None,
     )
     return jobstate.FAILED
+
+
+def folder_bytes(folder: Path) -> int:
+    """The disk space the files under `folder` take (allocated blocks: a sparse file counts what it holds)."""
+    total = 0
+    for root, _dirs, files in os.walk(folder):
+        for name in files:
+            with contextlib.suppress(OSError):  # written or removed meanwhile
+                total += os.lstat(os.path.join(root, name)).st_blocks * 512
+    return total
+
+
+def _over_disk(used: int, limit: int) -> str:
+    return (
+        f"the job's folder (its inputs, checkpoints and exports) grew to {used / 2**20:,.1f} MiB, past its limit of "
+        f"{limit / 2**20:,.1f} MiB (the server's AMCT_JOB_DISK_BYTES)"
+    )
 
 
 def killed_by(returncode: int) -> str | None:

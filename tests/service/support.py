@@ -80,6 +80,9 @@ def settings_env(settings: Settings) -> dict[str, str]:
         env[f"AMCT_{name.upper()}"] = str(getattr(settings, name))
     if settings.node_address:
         env["AMCT_NODE_ADDRESS"] = settings.node_address
+    for name in ("job_memory_bytes", "job_disk_bytes"):  # None: sized from the machine
+        if (value := getattr(settings, name)) is not None:
+            env[f"AMCT_{name.upper()}"] = str(value)
     return env
 
 
