@@ -100,11 +100,14 @@ class GateMissed(Exception):
 
 def summary_metrics(rep: dict) -> dict:
     """The few numbers GET /v1/jobs/{id} shows; the rest is in report.json."""
+    from job_process.quality_gate import speedups
+
     metrics = {
         "onnx_size_bytes": rep["onnx_size_bytes"],
         "size_ratio": rep["size_ratio"],
         "latency_ms": {k: v["median"] for k, v in rep["latency_ms"].items() if isinstance(v, dict) and "median" in v},
         "speedup": rep["latency_ms"]["speedup"],
+        "speedup_by_batch": {str(batch): x for batch, x in speedups(rep["latency_ms"]).items()},
     }
     if "deploy_target" in rep.get("deploy", {}):  # the CPU kind the deploy model was written for ("auto" resolved)
         metrics["deploy_target"] = rep["deploy"]["deploy_target"]

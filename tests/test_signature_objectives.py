@@ -200,3 +200,11 @@ def test_a_slower_or_less_accurate_deploy_model_is_warned_about_with_its_figures
     assert warnings(report, JobParams(max_accuracy_drop=0.05)) == found[:1]  # the job allowed that drop
     report["latency_ms"]["speedup"], report["accuracy_drop"] = 1.8, 0.004
     assert warnings(report, JobParams()) == []
+    # Timed at batch 8 too: faster at batch 1 but slower there is said, with that batch's figure.
+    report["latency_ms"]["other_batches"] = [
+        {"batch": 8, "fp32": {"median": 4.0}, "deploy": {"median": 5.0}, "speedup": 0.8}
+    ]
+    assert warnings(report, JobParams()) == [
+        "the deploy model is slower than the FP32 model: 0.80x its speed at batch 8 in onnxruntime on this CPU "
+        "(docs/benchmarks.md says where int8 kernels win)"
+    ]

@@ -37,9 +37,10 @@ export function reportRows(r) {
                r.accuracy.deploy.toFixed(4), `${drop >= 0 ? "+" : ""}${drop} pts`]);
   }
   rows.push(...outputRows(r));
-  const lat = r.latency_ms;
-  rows.push([`latency, median (batch ${lat.fp32.batch})`, `${lat.fp32.median.toFixed(3)} ms`,
-             `${lat.deploy.median.toFixed(3)} ms`, `speed-up ${lat.speedup.toFixed(2)}×`]);
+  for (const lat of [r.latency_ms, ...(r.latency_ms.other_batches || [])]) { // the declared batch, then 8
+    rows.push([`latency, median (batch ${lat.fp32.batch})`, `${lat.fp32.median.toFixed(3)} ms`,
+               `${lat.deploy.median.toFixed(3)} ms`, `speed-up ${lat.speedup.toFixed(2)}×`]);
+  }
   if (r.formats) rows.push(["format", r.formats.fp32 || "onnx", r.formats.deploy || "onnx", ""]);
   // The CPU kind the deploy model was written for ("auto" resolved on the worker) and its weight codes' width.
   if (r.deploy && r.deploy.deploy_target) {
@@ -62,6 +63,16 @@ function damageFill(share) {
 
 // report.json's `sensitivity` (docs/spec/engine.md §4.11): one row per layer and variant, most damaging first,
 // with a bar scaled to the largest damage.
+// The before/after table (a yellow row per warning, a red one for a missed gate) and its footnote.
+export function reportTable(r) {
+  const rows = reportRows(r);
+  return [h("table", { id: "report-table", class: "report" },
+    h("thead", {}, h("tr", {}, ["", "before (FP32)", "after (deploy)", "change"].map((t) => h("th", {}, t)))),
+    h("tbody", {}, rows.map((row) => h("tr", { class: ROW_CLASSES[row[0]] || null },
+      row.map((c, i) => h(i ? "td" : "th", { class: i ? "num" : "" }, c)))))),
+  rows.some((row) => row[0] === NONZERO_LABEL) ? h("p", { class: "muted note" }, NONZERO_NOTE) : ""];
+}
+
 export function sensitivityTable(s) {
   const worst = Math.max(1e-9, ...s.rows.map((r) => r.damage));
   return h("table", { id: "sensitivity-table", class: "report" },
@@ -259,12 +270,7 @@ export function jobView(id) {
   }
 
   function showReport(r) {
-    const rows = reportRows(r);
-    el.report.replaceChildren(h("table", { id: "report-table", class: "report" },
-      h("thead", {}, h("tr", {}, ["", "before (FP32)", "after (deploy)", "change"].map((t) => h("th", {}, t)))),
-      h("tbody", {}, rows.map((row) => h("tr", { class: ROW_CLASSES[row[0]] || null },
-        row.map((c, i) => h(i ? "td" : "th", { class: i ? "num" : "" }, c)))))),
-      rows.some((row) => row[0] === NONZERO_LABEL) ? h("p", { class: "muted note" }, NONZERO_NOTE) : "");
+    el.report.replaceChildren(...reportTable(r));
     if (r.sensitivity) el.report.append(h("h3", {}, "Per-layer sensitivity"), sensitivityTable(r.sensitivity));
     if (r.mixed_precision) el.report.append(h("h3", {}, "Mixed precision"), mixedPrecisionTable(r.mixed_precision));
   }
