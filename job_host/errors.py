@@ -22,6 +22,10 @@ MAX_CHARS = 500  # of any error text a user reads
 _ENGINE_DIRS = tuple(str(Path(__file__).resolve().parents[1] / p) + "/" for p in ("amct_engine", "job_process"))
 _RAISED = re.compile(r"(?:builtins\.)?([A-Za-z]{1,40}(?:Error|Exception)): ?(.*)")
 _UNPRINTABLE = re.compile(r"[^\x20-\x7e]+")  # ASCII printables only: no control codes, no binary
+# TorchScript's argument check: its first line names the argument, its last ("Cast error details: …") does not.
+_ARGUMENT = re.compile(
+    r"Expected a value of type '([^']{1,80})' for argument '(\w{1,60})' but instead found type '([^']{1,80})'"
+)
 
 
 def scrub(text: object, limit: int = MAX_CHARS) -> str:
@@ -65,6 +69,9 @@ def describe(e: BaseException, stage: str, names: dict[str, str] | None = None) 
         return scrub(f"{name}: {' '.join(lines)}" if lines else name, limit)
     # TorchScript puts the real cause on the last line of a long trace of the model's own code, as
     # `builtins.RuntimeError: …` for a `raise` in the model (the Python exception is a torch.jit.Error).
+    if argument := next((m for ln in lines if (m := _ARGUMENT.search(ln))), None):
+        expected, name, found = argument.groups()
+        return scrub(f"the model's argument '{name}' takes {expected}, not the {found} given in {stage}", EXCERPT_CHARS)
     raised = [(i, m) for i, ln in enumerate(lines) if (m := _RAISED.match(ln))]
     if raised:
         last, match = raised[-1]

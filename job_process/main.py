@@ -184,6 +184,9 @@ def run_job(workdir: Path) -> int:
     return run_rank(workdir, spec, SINGLE)
 
 
+OUT_OF_MEMORY = ("can't allocate memory", "bad_alloc", "not enough memory")  # torch's and C++'s words
+
+
 def _limit_memory(spec: JobSpec) -> None:
     """The job's address-space limit (docs/service.md, "Limits"), set here rather than at the sandbox's start: a
     fork server's child is forked from a process that serves jobs with other limits. CPU jobs only: a GPU
@@ -193,8 +196,8 @@ def _limit_memory(spec: JobSpec) -> None:
 
 
 def _out_of_memory(e: BaseException) -> bool:
-    """An allocation refused by the limit: Python's MemoryError, or torch's allocator saying so."""
-    return isinstance(e, MemoryError) or "can't allocate memory" in str(e) or "not enough memory" in str(e)
+    """An allocation refused by the limit: Python's MemoryError, or torch's allocator or C++ saying so."""
+    return isinstance(e, MemoryError) or any(s in str(e) for s in OUT_OF_MEMORY)
 
 
 def run_rank(workdir: Path, spec: JobSpec, rank: Rank) -> int:

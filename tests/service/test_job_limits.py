@@ -22,17 +22,20 @@ MEMORY_LIMIT, DISK_LIMIT = 3 * GiB, 60 * MiB
 
 
 class MemoryHog(nn.Module):
-    """Holds four 1 GiB tensors at once in its forward: 4 GiB, within the upload check's 8 GiB."""
+    """Holds four 1 GiB tensors at once in its forward: 4 GiB, within the upload check's 8 GiB. Each depends on
+    the input and feeds the output, so no graph capture folds or drops them."""
 
     def __init__(self) -> None:
         super().__init__()
         self.fc = nn.Linear(16, 3)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scale = x.mean()
         held: list[torch.Tensor] = []
         for _ in range(4):
-            held.append(torch.ones(268435456))  # 2**28 floats: 1 GiB
-        return self.fc(x) + held[3][0] * 0
+            held.append(torch.full([268435456], 1.0) * scale)  # 2**28 floats: 1 GiB
+        extra = held[0][0] + held[1][0] + held[2][0] + held[3][0]
+        return self.fc(x) + extra * 0
 
 
 class Heavy(nn.Module):

@@ -315,6 +315,22 @@ def test_a_user_exception_is_reduced_to_its_type_and_a_scrubbed_excerpt(tmp_path
     assert "\x1b" not in text and "line one" not in text and "def forward" not in text
 
 
+def test_an_argument_cast_error_names_the_argument(tmp_path):
+    """TorchScript's own check of a call: its last line ("Cast error details: …") names nothing; its first does."""
+
+    class TakesACount(torch.nn.Module):
+        def forward(self, x: torch.Tensor, count: int) -> torch.Tensor:
+            return x * count
+
+    scripted = hostile.save(TakesACount(), tmp_path / "count.pt")
+    with pytest.raises(Exception) as raised:  # noqa: PT011
+        torch.jit.load(str(scripted))(torch.zeros(2), torch.zeros(2))
+    assert "Cast error details" in str(raised.value)
+    assert (
+        describe(raised.value, "forward") == "the model's argument 'count' takes int, not the Tensor given in forward"
+    )
+
+
 def test_the_parent_scrubs_what_a_child_reports_and_never_follows_its_links(tmp_path):
     """A child the model took over could forge error.json, or plant it as a link to a host secret."""
     secret = tmp_path / "api-key"
