@@ -75,12 +75,14 @@ SKIPPED_PEER_NOTE = "not timed here: the slowest peer on these nets by far (docs
 
 
 def _randomised_bn(model: nn.Module, seed: int = 0) -> nn.Module:
-    """BN statistics of a trained-looking network, so that activations are neither dead nor exploding."""
+    """BN statistics and PReLU slopes of a trained-looking network: activations neither dead nor exploding."""
     gen = torch.Generator().manual_seed(seed)
     for bn in (m for m in model.modules() if isinstance(m, nn.BatchNorm2d)):
         bn.running_mean.copy_(torch.rand(bn.num_features, generator=gen) * 0.2 - 0.1)
         bn.running_var.copy_(torch.rand(bn.num_features, generator=gen) + 0.5)
         bn.weight.data.copy_(torch.rand(bn.num_features, generator=gen) * 0.5 + 0.5)
+    for prelu in (m for m in model.modules() if isinstance(m, nn.PReLU)):  # a slope per channel, as trained
+        prelu.weight.data.copy_(torch.rand(prelu.weight.shape, generator=gen) * 0.4 + 0.05)
     return model.eval()
 
 

@@ -48,7 +48,12 @@ def quantize(
     start = time.perf_counter()
     prepared = out.with_name(out.stem + "_pre.onnx")
     if not prepared.exists():
-        quant_pre_process(str(fp32_onnx), str(prepared))
+        try:
+            quant_pre_process(str(fp32_onnx), str(prepared))
+        except Exception:  # e.g. a detector's "Incomplete symbolic shape inference"
+            # ORT's own way out: its pre-processing without the symbolic pass (onnx's shape inference and the
+            # graph optimisation still run), so the peer is measured rather than left out.
+            quant_pre_process(str(fp32_onnx), str(prepared), skip_symbolic_shape=True)
     input_name = onnx.load(str(prepared), load_external_data=False).graph.input[0].name
     quantize_static(
         str(prepared),

@@ -1,6 +1,7 @@
 """Every conv of a mobile CNN runs in int8 whatever its activation (issue 37, docs/spec/engine.md §5, "Int8
 around activations"): SiLU and sigmoid gates as QLinearSigmoid + QLinearMul, ReLU6 as a clamp ORT drops or a clip on
-the codes, hardswish / hardsigmoid / PReLU in float between int8 layers, a detector's split, concat and
+the codes, hardswish as a clip on the codes and QLinearMul, PReLU as Max(x, a * x), the squeeze-excite
+hardsigmoid in float between int8 layers, a detector's split, concat and
 nearest upsampling between int8 layers. Small versions of bench/mobile_nets.py's layouts, random weights
 with trained-looking BatchNorm; the deploy outputs stay within the steps the added quantisers introduce."""
 
@@ -86,6 +87,8 @@ def _save(net: nn.Module, x: torch.Tensor, tmp_path, **options):
         bn.running_mean.uniform_(-0.2, 0.2)
         bn.running_var.uniform_(0.5, 1.5)
         bn.weight.data.uniform_(0.5, 1.5)
+    for prelu in (m for m in net.modules() if isinstance(m, nn.PReLU)):  # a slope per channel, as trained
+        prelu.weight.data.uniform_(0.05, 0.45)
     net.eval()
     config, record = tmp_path / "c.json", tmp_path / "r.txt"
     amct.create_quant_retrain_config(str(config), net, x[:2])
@@ -119,7 +122,8 @@ def _outputs(path: str, x: torch.Tensor) -> list[np.ndarray]:
 def test_every_conv_runs_as_an_int8_kernel_whatever_the_activation(name, tmp_path):
     ctor, shape = NETS[name]
     x = torch.randn(16, *shape, generator=torch.Generator().manual_seed(1))
-    qmodel, paths = _save(ctor(), x, tmp_path)
+    net = ctor()
+    qmodel, paths = _save(net, x, tmp_path)
     report = deploy_report(paths["deploy"])
     # Only a layer whose output is the model's output stays float, and the report says so.
     assert all("model output" in why for why in report["not_fused"].values()), report["not_fused"]
@@ -129,8 +133,14 @@ def test_every_conv_runs_as_an_int8_kernel_whatever_the_activation(name, tmp_pat
     assert ops.count("Conv") + ops.count("FusedConv") == heads, ops
     if name in ("silu-sigmoid-gate", "detector"):  # x * sigmoid(x) and the gates, in int8
         assert "QLinearSigmoid" in ops and "QLinearMul" in ops and "QuickGelu" not in ops
-    if name == "prelu":
+    if name == "prelu":  # PReLU as Max(x, a * x) between int8 layers, not ORT's slow PRelu kernel
         assert ops.count("QLinearConv") == 2 and ops.count("QGemm") == 3
+        assert "PRelu" not in ops and ops.count("Max") == 3 and len(report["activations"]["prelu"]) == 3
+    if name == "hardswish-hardsigmoid-gate":  # the gate on the codes, the product in int8: no float hardswish
+        hardswishes = sum(isinstance(m, nn.Hardswish) for m in net.modules())
+        assert "HardSwish" not in ops and ops.count("Clip") == hardswishes
+        assert len(report["activations"]["hardswish_on_codes"]) == hardswishes
+        assert ops.count("QLinearMul") == hardswishes + 1  # and the squeeze-excite gate
 
     # At the example's batch and at another one (the files declare it dynamic).
     for batch in (x, torch.randn(3, *shape, generator=torch.Generator().manual_seed(2))):
@@ -206,7 +216,7 @@ def test_a_model_captured_by_torch_export_saves_with_dynamic_axes_and_no_names(t
 
 @pytest.mark.parametrize(
     "name, producer, minimum",
-    [("hardswish-hardsigmoid-gate", "HardSwish", -0.375), ("silu-sigmoid-gate", "Mul", -0.2785)],
+    [("hardswish-hardsigmoid-gate", "Mul", -0.375), ("silu-sigmoid-gate", "Mul", -0.2785)],
 )
 def test_bounded_below_activations_are_quantised_from_their_minimum_not_below(name, producer, minimum, tmp_path):
     """The calibration widens an example's range by a margin (other inputs reach further), but hardswish never
@@ -222,12 +232,18 @@ def test_bounded_below_activations_are_quantised_from_their_minimum_not_below(na
         node = producers.get(name)
         return node.input[0] if node is not None and node.op_type == "DequantizeLinear" else name
 
-    def is_activation(source) -> bool:  # HardSwish, or SiLU's x * Sigmoid(x) (not a gate's x * sigmoid(fc(x)))
-        if source is None or source.op_type != producer:
+    def gate_input(name: str) -> str | None:  # the codes a gate reads: SiLU's Sigmoid, hardswish's Clip on codes
+        node = producers.get(name)
+        node = producers.get(node.input[0]) if node is not None and node.op_type == "DequantizeLinear" else None
+        if node is not None and node.op_type == "QuantizeLinear":
+            node = producers.get(node.input[0])
+        return codes_of(node.input[0]) if node is not None and node.op_type in ("Sigmoid", "Clip") else None
+
+    def is_activation(source) -> bool:  # x * gate(x), not a squeeze-excite gate's x * sigmoid(fc(x))
+        if source is None or source.op_type != producer or len(source.input) != 2:
             return False
-        factors = {codes_of(name) for name in source.input}
-        gates = [producers.get(name) for name in source.input]
-        return producer != "Mul" or any(g is not None and codes_of(g.input[0]) in factors for g in gates)
+        a, b = source.input
+        return gate_input(b) == codes_of(a) or gate_input(a) == codes_of(b)
 
     lows = []
     for node in deploy.graph.node:

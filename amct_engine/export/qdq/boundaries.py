@@ -27,6 +27,7 @@ from onnx import helper, numpy_helper
 
 from amct_engine.export.layer_graph import LAYER_ATTR
 from amct_engine.export.onnx_graph import constants_to_initializers
+from amct_engine.export.qdq.activations_on_codes import snap_to_gate_grid
 from amct_engine.export.qdq.calibration import calibrate
 from amct_engine.export.qdq.codes import shape_ops_on_codes
 from amct_engine.export.qdq.graph_index import LAYER_OPS, GraphIndex, layer_tag
@@ -119,6 +120,17 @@ def _plan(g: GraphIndex) -> tuple[dict[str, tuple[str, str] | None], list[str]]:
     return plan, [n for n, p in plan.items() if p is None]
 
 
+def _snap_hardswish_inputs(g: GraphIndex, calibrated: dict[str, tuple]) -> None:
+    """A tensor read only by HardSwish gets a grid whose scale divides 3, so its gate runs on the codes
+    (export/qdq/activations_on_codes.py)."""
+    for name, (scale, zero_point) in list(calibrated.items()):
+        readers = [n for n, _ in g.readers[name]]
+        if readers and all(n.op_type == "HardSwish" for n in readers):
+            snapped = snap_to_gate_grid(float(scale), int(zero_point))
+            if snapped is not None:
+                calibrated[name] = snapped
+
+
 def _clamp_kept_by_ort(g: GraphIndex, name: str, params: tuple[str, str] | None) -> bool:
     """A clamp's output (ReLU, ReLU6) whose quantiser reaches outside the clamp's bounds: ORT keeps that clamp
     in float (its ClipQuantFusion drops it only when the quantiser's range lies within the bounds) and so
@@ -182,6 +194,7 @@ def quantize_boundaries(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) ->
     known_bounds = {name: bound for name, bound in bounds.items() if bound is not None}
     calibrated = calibrate(model, [name for name, p in fixed.items() if p is None], feeds, known_bounds)
     calibrated.update((name, p) for name, p in fixed.items() if p is not None)
+    _snap_hardswish_inputs(g, calibrated)
     edit = _Insertions(g)
     bases: set[str] = set()
     for name, params in plan.items():

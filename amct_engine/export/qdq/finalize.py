@@ -15,6 +15,7 @@ from amct_engine.export.deploy_target import TARGETS
 from amct_engine.export.float_output_matmul import matmuls_to_integer_to_float
 from amct_engine.export.int4_pack import pack_int4_weights
 from amct_engine.export.onnx_graph import drop_default_attributes
+from amct_engine.export.qdq.activations_on_codes import hardswish_on_codes, prelu_without_float_kernel
 from amct_engine.export.qdq.batch_norm import batch_norms_as_depthwise_convs
 from amct_engine.export.qdq.boundaries import quantize_boundaries
 from amct_engine.export.qdq.fusion_report import REPORT_KEY
@@ -33,8 +34,12 @@ TARGET_REWRITES: dict[str, Callable[[onnx.ModelProto], list[str]]] = {
 def finalize_qdq_deploy(model: onnx.ModelProto, feeds: dict[str, np.ndarray], deploy_target: str) -> onnx.ModelProto:
     """The "onnx" deploy format's finaliser: boundaries quantised, names, the target's rewrites, producer, and
     the export's decisions in the file's metadata (`deploy_report` adds what onnxruntime makes of the graph)."""
-    model = name_after_layers(batch_norms_as_depthwise_convs(quantize_boundaries(model, feeds)))
-    decisions = {"deploy_target": deploy_target, "wide_kernels": tall_kernels_as_wide(model)}
+    model = batch_norms_as_depthwise_convs(quantize_boundaries(model, feeds))
+    activations = {"hardswish_on_codes": hardswish_on_codes(model), "prelu": prelu_without_float_kernel(model)}
+    activations = {kind: nodes for kind, nodes in activations.items() if nodes}
+    model = name_after_layers(model)
+    decisions: dict = {"deploy_target": deploy_target, "activations": activations}
+    decisions["wide_kernels"] = tall_kernels_as_wide(model)
     for name in TARGETS[deploy_target].rewrites:
         decisions[name] = TARGET_REWRITES[name](model)
     decisions["matmul_integer_to_float"] = matmuls_to_integer_to_float(model)

@@ -133,4 +133,6 @@ def deploy_report(model: str | onnx.ModelProto) -> dict:
     if target is not None:  # the widest weight code (7 on x86_avx2; depthwise convs keep 8: export/save.py)
         report["weight_bits"] = target.weight_bits
     report["matmul_integer_to_float"] = stored.get("matmul_integer_to_float", [])
+    # HardSwish nodes whose gate runs on codes, PRelu nodes rewritten (export/qdq/activations_on_codes.py)
+    report["activations"] = stored.get("activations", {})
     return report

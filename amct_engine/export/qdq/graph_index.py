@@ -9,7 +9,7 @@ import onnx
 from onnx import TensorProto, helper
 
 # Which input of each op carries the data (the others are shapes, axes, ...).
-DATA_INPUTS = {"Reshape": 1, "Squeeze": 1, "Unsqueeze": 1, "Pad": 1, "Slice": 1, "Resize": 1, "Clip": 1}
+DATA_INPUTS = {"Reshape": 1, "Squeeze": 1, "Unsqueeze": 1, "Pad": 1, "Slice": 1, "Resize": 1, "Clip": 1, "PRelu": 1}
 
 
 LAYER_OPS = {"Conv", "Gemm", "MatMul"}

@@ -11,7 +11,8 @@ runs it in int8 between quantisers, runs it in float between them, or clamps (do
   (x * sigmoid(x)) and a squeeze-excite gate (x * sigmoid(fc(x))): QLinearMul. Other Muls stay float,
   so a transformer's GELU (x * 0.5 * (1 + erf(x / sqrt 2))) is not cut into int8 pieces.
 - Float-between ops: ORT has no int8 kernel (HardSwish, HardSigmoid, PRelu, Tanh, ...): the op runs in
-  float between a DequantizeLinear and a QuantizeLinear, which lets the layers on both sides fuse.
+  float between a DequantizeLinear and a QuantizeLinear, which lets the layers on both sides fuse; HardSwish
+  and PRelu are then rewritten into ops ORT runs faster (export/qdq/activations_on_codes.py).
 - Clamps (Relu, Clip with constant bounds): quantising after the clamp is the clamp of the codes, so the
   layer before it takes the clamp's output quantiser; ORT drops the clamp when the quantiser's range lies
   inside the clamp's bounds, and elsewhere we clamp the codes (boundaries._Insertions.clamp_on_codes).
