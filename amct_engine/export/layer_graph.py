@@ -24,6 +24,7 @@ from onnx import helper, numpy_helper
 from torch import nn
 from torch.onnx import symbolic_helper
 
+from amct_engine.export.aten_symbolics import register as register_symbolics
 from amct_engine.export.dynamic_shapes import traceable_sizes
 from amct_engine.layers import behaviour_of
 
@@ -105,6 +106,7 @@ def export_layer_graph(
     buffer = io.BytesIO()
     # Declared only when used: torch's C++ side warns on stderr about an unused custom domain (a float model).
     has_layers = any(isinstance(m, LayerPlaceholder) for m in model.modules())
+    register_symbolics(OPSET)  # aten::rms_norm and grouped-query attention (export/aten_symbolics.py)
     with warnings.catch_warnings(), torch.no_grad():
         # The TorchScript-based exporter warns that it is legacy; export/backends.py says why we use it.
         warnings.simplefilter("ignore")

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 
+from amct_engine.graph.empty_caches import drop_empty_cache_concats
 from amct_engine.graph.errors import GraphCaptureError, first_line
 from amct_engine.graph.lifting import Scope, lift_leaf_modules, quiet_export
 from amct_engine.graph.symbolic_sizes import simplify_size_arithmetic, symbolic_capture, symbolic_graph
@@ -304,6 +305,7 @@ def _export_fallback(module: nn.Module, example_inputs, fx_message: str) -> fx.G
             ep.module(), _export_scope, params.__contains__, module.state_dict(), class_name=type(module).__name__
         )
         simplify_size_arithmetic(gm)
+        drop_empty_cache_concats(gm)  # a transformers model's use_cache=True (docs/spec/engine.md §5.3)
         return gm, dict(ep.range_constraints)
 
     try:

@@ -27,6 +27,12 @@ _ADVICE = (
     "become one static graph. Remove it from forward (torch.where, or decide outside the model), save "
     "the model with torch.jit.trace on representative inputs, or pass the Python nn.Module instead."
 )
+# docs/spec/engine.md §5.3: the usual cause is a transformers model traced with its key/value cache on
+_DATA_DEPENDENT_SIZE = (
+    "A size in its graph is computed from tensor values (as a transformers model's key/value cache length is "
+    "when it is traced with use_cache=True, the default of Llama/Qwen configs): trace it with use_cache=False "
+    "(model.config.use_cache = False), or pass the nn.Module."
+)
 _HOP_TO_TS = {"cond": "prim::If", "while_loop": "prim::Loop"}
 _HIERARCHY_ITEM = re.compile(r"([^.()]+)\(([^()]*)\)")
 _NOT_A_MODULE = {"SELF", "UNKNOWN_INSTANCE"}
@@ -68,7 +74,7 @@ def graph_module_from_torchscript(
         ts.eval()
         converter, ep = _convert(ts, example, source)
         flat = ep.module()
-        scopes = _align_scopes(converter.ts_graph, flat, source)
+        scopes = _align_scopes(converter.ts_graph, flat, source, {name for name, _ in ts.named_modules()})
         params = {name for name, _ in ts.named_parameters()}
         gm = lift_leaf_modules(flat, scopes.get, params.__contains__, ts.state_dict(), class_name=ts.original_name)
         simplify_size_arithmetic(gm)
@@ -128,6 +134,8 @@ def _conversion_message(ts_graph: torch.Graph, exc: BaseException, source: str) 
             f"its TorchScript graph has data-dependent control flow at node {flow.kind()}"
             f"{_where(ts_graph, flow.kind())}. {_ADVICE}"
         )
+    if "data-dependent" in reason:
+        return f"Could not convert {source} to a graph: {reason}. {_DATA_DEPENDENT_SIZE}"
     return f"Could not convert {source} to a graph: {reason}"
 
 
@@ -142,7 +150,9 @@ def _reject_control_flow(graph: fx.Graph, ts_graph: torch.Graph, source: str) ->
             )
 
 
-def _align_scopes(ts_graph: torch.Graph, gm: fx.GraphModule, source: str) -> dict[fx.Node, Scope]:
+def _align_scopes(
+    ts_graph: torch.Graph, gm: fx.GraphModule, source: str, module_paths: set[str]
+) -> dict[fx.Node, Scope]:
     """Pair the layer/activation calls of the converted graph with the TorchScript nodes they came from.
 
     Both graphs list the calls of one kind (conv, relu, …) in program order, so they pair by position;
@@ -151,7 +161,7 @@ def _align_scopes(ts_graph: torch.Graph, gm: fx.GraphModule, source: str) -> dic
     ts_calls: dict[str, list[Scope]] = {}
     for node in ts_graph.nodes():
         if category := op_category(node.kind()):
-            ts_calls.setdefault(category, []).append(_scope(node))
+            ts_calls.setdefault(category, []).append(_full_path(_scope(node), module_paths))
     fx_calls: dict[str, list[fx.Node]] = {}
     for node in gm.graph.nodes:
         if node.op == "call_function" and (category := op_category(node.target)):
@@ -176,6 +186,26 @@ def _scope(node: torch.Node) -> Scope:
     if not items:
         return Scope("", "")
     return Scope(".".join(n for n, _ in items), items[-1][1])
+
+
+def _full_path(scope: Scope, module_paths: set[str]) -> Scope:
+    """The scope with its module's real path: a module held in an `nn.ModuleList` (a transformer's
+    `model.layers.0`) is called by a loop of its parent, so TorchScript's hierarchy leaves the list out
+    (`model.0.self_attn.q_proj`); the one module path that holds those names in that order is the module's
+    (docs/spec/engine.md §5.3)."""
+    if not scope.path or scope.path in module_paths:
+        return scope
+    parts = scope.path.split(".")
+    found = [p for p in module_paths if _holds_in_order(p.split("."), parts)]
+    return Scope(found[0], scope.class_name) if len(found) == 1 else scope
+
+
+def _holds_in_order(path: list[str], parts: list[str]) -> bool:
+    """Whether `path` is `parts` with names inserted (never after the last)."""
+    if not path or path[-1] != parts[-1]:
+        return False
+    names = iter(path)
+    return all(any(name == part for name in names) for part in parts)
 
 
 def _walk(block) -> Iterator[torch.Node]:
