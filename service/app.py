@@ -12,6 +12,7 @@ import anyio
 import uvicorn
 from fastapi import FastAPI
 from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
 
 from core.db import migrate
 from core.db.models import Project
@@ -43,10 +44,19 @@ async def reap_forever(settings: Settings, dispatcher: Dispatcher) -> None:
 
 
 def ensure_project(sessions, project: str) -> None:
+    """Create the deployment's project row once. Idempotent under concurrency: every API process runs this at
+    start-up, and on a fresh database two of them may both see no row; the loser's insert fails on the primary
+    key, which means the row is there (docs/service.md, "Servers")."""
     with sessions() as session:
-        if session.scalar(select(Project.id).where(Project.id == project)) is None:
-            session.add(Project(id=project, name=project))
+        if session.scalar(select(Project.id).where(Project.id == project)) is not None:
+            return
+        session.add(Project(id=project, name=project))
+        try:
             session.commit()
+        except IntegrityError:
+            session.rollback()
+            if session.scalar(select(Project.id).where(Project.id == project)) is None:
+                raise  # not the race: some other constraint failed
 
 
 def create_app(settings: Settings | None = None, run_migrations: bool = True) -> FastAPI:
