@@ -239,7 +239,10 @@ def prune_spec_from_cfg(prune_config: Message) -> PruneSpec | None:
         if bcp.HasField("prune_schedule"):
             ps = bcp.prune_schedule
             schedule = PruneScheduleSpec(int(ps.steps), float(ps.start_ratio), int(ps.interval))
-        return FilterPruneSpec(float(bcp.prune_ratio), bool(bcp.ascend_optimized), bcp.importance, schedule)
+        granularity = _enum_name(bcp, "granularity")
+        return FilterPruneSpec(
+            float(bcp.prune_ratio), bool(bcp.ascend_optimized), bcp.importance, schedule, granularity
+        )
     if kind == "n_out_of_m_pruner":
         l1 = prune_config.n_out_of_m_pruner.l1_selective_prune
         return SelectivePruneSpec(_enum_name(l1, "n_out_of_m_type"), int(l1.update_freq))

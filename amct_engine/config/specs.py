@@ -62,6 +62,7 @@ class FilterPruneSpec:
     ascend_optimized: bool = True
     importance: str = DEFAULT_IMPORTANCE
     schedule: PruneScheduleSpec | None = None  # progressive pruning (our extension); None: one shot, as AMCT
+    granularity: str = "CHANNEL"  # our extension: "HEAD" prunes whole attention heads (docs/spec/engine.md §4.4)
 
 
 @dataclass(frozen=True)

@@ -13,12 +13,19 @@ class DataType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     INT8: _ClassVar[DataType]
     INT16: _ClassVar[DataType]
 
+class PruneGranularity(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CHANNEL: _ClassVar[PruneGranularity]
+    HEAD: _ClassVar[PruneGranularity]
+
 class NOutOfMType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     M4N2: _ClassVar[NOutOfMType]
 INT4: DataType
 INT8: DataType
 INT16: DataType
+CHANNEL: PruneGranularity
+HEAD: PruneGranularity
 M4N2: NOutOfMType
 
 class AMCTRetrainConfig(_message.Message):
@@ -142,16 +149,18 @@ class FilterPruner(_message.Message):
     def __init__(self, balanced_l2_norm_filter_prune: _Optional[_Union[BalancedL2NormFilterPruner, _Mapping]] = ...) -> None: ...
 
 class BalancedL2NormFilterPruner(_message.Message):
-    __slots__ = ("prune_ratio", "ascend_optimized", "importance", "prune_schedule")
+    __slots__ = ("prune_ratio", "ascend_optimized", "importance", "prune_schedule", "granularity")
     PRUNE_RATIO_FIELD_NUMBER: _ClassVar[int]
     ASCEND_OPTIMIZED_FIELD_NUMBER: _ClassVar[int]
     IMPORTANCE_FIELD_NUMBER: _ClassVar[int]
     PRUNE_SCHEDULE_FIELD_NUMBER: _ClassVar[int]
+    GRANULARITY_FIELD_NUMBER: _ClassVar[int]
     prune_ratio: float
     ascend_optimized: bool
     importance: str
     prune_schedule: PruneSchedule
-    def __init__(self, prune_ratio: _Optional[float] = ..., ascend_optimized: _Optional[bool] = ..., importance: _Optional[str] = ..., prune_schedule: _Optional[_Union[PruneSchedule, _Mapping]] = ...) -> None: ...
+    granularity: PruneGranularity
+    def __init__(self, prune_ratio: _Optional[float] = ..., ascend_optimized: _Optional[bool] = ..., importance: _Optional[str] = ..., prune_schedule: _Optional[_Union[PruneSchedule, _Mapping]] = ..., granularity: _Optional[_Union[PruneGranularity, str]] = ...) -> None: ...
 
 class PruneSchedule(_message.Message):
     __slots__ = ("steps", "start_ratio", "interval")

@@ -98,12 +98,15 @@ def prune_with_forward_check(
     cuts: Sequence[GroupCut],
     inputs: tuple[torch.Tensor, ...],
     expected: list[tuple[int, ...]] | None = None,
+    finish: Callable[[nn.Module], None] | None = None,
 ) -> tuple[list[GroupCut], list[tuple[GroupCut, str]]]:
     """Apply every cut whose removal keeps the forward working; return (applied, [(broken, error)]).
 
     ``expected``: the unpruned model's output shapes, when already known. Each trial prunes a deep
-    copy; bisection finds the breaking groups in O(k log n) trials.
+    copy; bisection finds the breaking groups in O(k log n) trials. ``finish``: what else a pruned
+    model needs before it runs (attention_heads.sync_head_attributes).
     """
+    finish = finish or (lambda _model: None)
     if not cuts:
         return [], []
     if expected is None:
@@ -113,6 +116,7 @@ def prune_with_forward_check(
         trial = copy.deepcopy(model)
         try:
             apply_plan(trial, plan_from_cuts(subset))
+            finish(trial)
             shapes = output_shapes(trial, inputs)
         except Exception as exc:  # the user's forward may raise anything on a shape mismatch
             return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
@@ -124,6 +128,7 @@ def prune_with_forward_check(
     broken: list[tuple[GroupCut, str]] = []
     _bisect(list(cuts), applied, broken, lambda extra: failure(applied + extra))
     apply_plan(model, plan_from_cuts(applied))
+    finish(model)
     return applied, broken
 
 

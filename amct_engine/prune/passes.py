@@ -7,9 +7,11 @@ strings them together (parse → prune → re-capture → quantise → record).
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 
 import torch
 from torch import nn
+from torch.fx import GraphModule
 
 from amct_engine.config.specs import FilterPruneSpec
 from amct_engine.graph.analysis import shared_weights
@@ -17,6 +19,15 @@ from amct_engine.graph.capture import CapturedModel
 from amct_engine.layer_table import selective_type_names
 from amct_engine.layers import entry_of
 from amct_engine.prune.apply import GroupCut, apply_plan, output_shapes, prune_with_forward_check
+from amct_engine.prune.attention_heads import (
+    HEAD,
+    HeadGroup,
+    add_head_groups,
+    find_head_groups,
+    free_head_counts,
+    head_bcp_importance,
+    sync_head_attributes,
+)
 from amct_engine.prune.bcp import remain_count, select_pruned_channels
 from amct_engine.prune.dependency import OP, ChannelDependencies, ChannelGroup, build_channel_groups
 from amct_engine.prune.importance import IMPORTANCE_CRITERIA, ImportanceCriterion, ImportanceData, prepare_criterion
@@ -63,6 +74,8 @@ class _Criteria:
     def __call__(self, group: ChannelGroup, spec: FilterPruneSpec) -> torch.Tensor:
         if self.given is not None:
             return self.given(group, self.model)
+        if isinstance(group, HeadGroup) and spec.importance == "bcp":
+            return head_bcp_importance(group, self.model)  # BCP's filter norms, summed per head
         if spec.importance not in self.prepared:
             self.prepared[spec.importance] = prepare_criterion(
                 IMPORTANCE_CRITERIA[spec.importance], self.model, self.data
@@ -120,7 +133,9 @@ def filter_prune(
     if not specs:
         return []
     deps: ChannelDependencies = build_channel_groups(cm)
-    applied, _ = _decide_and_cut(cm, deps, settings, _Criteria(cm.module, criterion, data), report, cm.module)
+    heads = add_head_groups(cm, deps, {n for n, s in specs.items() if s.granularity == HEAD})
+    criteria = _Criteria(cm.module, criterion, data)
+    applied, _ = _decide_and_cut(cm, deps, settings, criteria, report, cm.module, heads)
     pruned = {m.name for cut in applied for m in cut.group.members}
     report.layers.update({n: why for n, why in deps.not_prunable.items() if n in specs and n not in pruned})
     return applied
@@ -133,6 +148,7 @@ def _decide_and_cut(
     criteria,
     report: PruneReport,
     target: nn.Module,
+    heads: Sequence[HeadGroup] = (),
 ):
     """Decide every group (in the report), remove the chosen channels from ``target`` where the forward on
     ``input_data`` still runs, and mark the others restored. The cuts applied, and each group's decision."""
@@ -143,7 +159,8 @@ def _decide_and_cut(
         by_group[group.id] = decision
         if cut is not None:
             cuts.append(cut)
-    applied, broken = prune_with_forward_check(target, cuts, cm.example_inputs, deps.output_shapes)
+    finish = (lambda m: sync_head_attributes(m, heads)) if heads else None
+    applied, broken = prune_with_forward_check(target, cuts, cm.example_inputs, deps.output_shapes, finish)
     for cut, error in broken:
         decision = by_group[cut.group.id]
         decision.status, decision.kept = RESTORED, decision.channels
@@ -180,8 +197,12 @@ def replay_filter_prune(cm: CapturedModel, records, path: str, report: PruneRepo
     plan = plan_from_records(records, cm.module, path)
     if not plan:
         return
+    heads = find_head_groups(cm)
+    if isinstance(cm.module, GraphModule):
+        free_head_counts(cm.module, heads)  # a pruned head count is read from the projections' width
     expected = output_shapes(cm.module, cm.example_inputs)
     apply_plan(cm.module, plan)
+    sync_head_attributes(cm.module, heads)
     got = output_shapes(cm.module, cm.example_inputs)
     if got != expected:
         raise RuntimeError(
