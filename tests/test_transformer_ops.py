@@ -215,3 +215,18 @@ def test_torchscript_traced_with_cache_names_the_fix(tmp_path):
     traced = torch.jit.trace(LlamaClassifier(use_cache=True).eval(), example)
     with pytest.raises(GraphCaptureError, match=r"use_cache=False"):
         amct.create_quant_config(str(tmp_path / "q.json"), traced, example)
+
+
+def test_a_torchscript_scope_gets_the_module_path_with_the_fewest_names_inserted():
+    """TorchScript's scopes leave out a ModuleList's own name (`encoder.0.output.dense`); of the module paths
+    that hold those names in order, the one with the list's name only is the module, not a deeper one."""
+    from amct_engine.graph.lifting import Scope
+    from amct_engine.graph.torchscript import _full_path
+
+    paths = {"encoder.layer.0.output.dense", "encoder.layer.0.attention.output.dense", "encoder.layer.0.output"}
+    assert _full_path(Scope("encoder.0.output.dense", "Linear"), paths).path == "encoder.layer.0.output.dense"
+    assert _full_path(Scope("encoder.0.attention.output.dense", "Linear"), paths).path == (
+        "encoder.layer.0.attention.output.dense"
+    )
+    ambiguous = {"a.x.0.fc", "a.y.0.fc"}  # two lists at the same depth: left as TorchScript named it
+    assert _full_path(Scope("a.0.fc", "Linear"), ambiguous).path == "a.0.fc"

@@ -196,8 +196,11 @@ def _full_path(scope: Scope, module_paths: set[str]) -> Scope:
     if not scope.path or scope.path in module_paths:
         return scope
     parts = scope.path.split(".")
-    found = [p for p in module_paths if _holds_in_order(p.split("."), parts)]
-    return Scope(found[0], scope.class_name) if len(found) == 1 else scope
+    found = sorted((len(p.split(".")), p) for p in module_paths if _holds_in_order(p.split("."), parts))
+    # The fewest names inserted: `encoder.0.output.dense` is `encoder.layer.0.output.dense`, not
+    # `encoder.layer.0.attention.output.dense` (TorchScript leaves out only the list's own name).
+    unique = found and (len(found) == 1 or found[0][0] < found[1][0])
+    return Scope(found[0][1], scope.class_name) if unique else scope
 
 
 def _holds_in_order(path: list[str], parts: list[str]) -> bool:

@@ -122,7 +122,7 @@ def test_a_job_that_trains_into_a_useless_model_fails_the_quality_gate_with_arti
 FFN_FP32_CFG = b"""retrain_data_quant_config { ulq_quantize { dst_type: INT8 } }
 retrain_weight_quant_config { arq_retrain { channel_wise: true dst_type: INT8 } }
 """ + b"".join(
-    b'quant_skip_layers: "bert.encoder.%d.%s.dense"\n' % (i, part)
+    b'quant_skip_layers: "bert.encoder.layer.%d.%s.dense"\n' % (i, part)
     for i in range(6)
     for part in (b"intermediate", b"output")
 )
