@@ -1,0 +1,99 @@
+"""Embedding tables of the deploy model as int8 rows with one float scale per row (docs/spec/engine.md §5).
+
+A `Gather` on axis 0 of a float initialiser of at least 1 MiB whose indices come from the graph (token ids)
+is a lookup table: a transformer's word embeddings are half its bytes (all-MiniLM-L6-v2: 46.9 MB of a
+90.4 MB FP32 file) and no quantiser covers them. Each row r gets the symmetric scale s_r = max|row r| / 127 and the
+codes round(row / s_r) in int8; at run time
+
+    Gather(codes, ids) -> Cast(float) -> Mul(Gather(scales, ids))      (scales stored [rows, 1])
+
+so a looked-up row differs from the float one by at most s_r / 2 per element, and the table costs a
+quarter of its bytes plus 4 bytes a row.
+
+Why standard ops and not onnxruntime's `com.microsoft::GatherBlockQuantized`: in onnxruntime 1.32 its CPU
+kernel takes uint8 data only (8-bit codes with zero point 128 by default, or packed 4-bit), a block size
+that is a power of two ≥ 16 (so a 384-wide row needs 3 copies of its scale at block 128), and it was the
+slower of the two on MiniLM's 30522 × 384 table with [32, 128] ids, one thread, best of 20 interleaved
+runs (AVX-512 VNNI CPU): float Gather 0.82-1.07 ms, int8 Gather + Cast + Mul 0.94-0.98 ms,
+GatherBlockQuantized 1.55-1.81 ms (block 128), 1.94-2.05 ms (block 16). The standard ops also run in any
+ONNX runtime.
+
+A tied table (one also read by something other than such a Gather: a MatMul/Gemm language-model head,
+directly or through a Transpose) is skipped and stays float: the head needs the float values, and a float
+copy beside the int8 table would cost more bytes than it saves (the engine's PTQ leaves a tied head float,
+so its Gemm reads the table itself: tests/test_deploy_int8_embeddings.py).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+MIN_TABLE_BYTES = 1 << 20  # smaller tables (position, token-type embeddings) save too little to be worth the ops
+CODES_SUFFIX, SCALES_SUFFIX = ".int8_rows", ".row_scales"
+
+
+def int8_embeddings(model: onnx.ModelProto) -> list[str]:
+    """Rewrite, in place, every lookup table's Gathers to read int8 rows and per-row scales; the names of
+    the tables rewritten (the deploy report's `int8_embeddings`)."""
+    graph = model.graph
+    initializers = {t.name: t for t in graph.initializer}
+    readers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
+    for node in graph.node:
+        for name in set(node.input):
+            readers[name].append(node)
+    produced_by_constant = {out for n in graph.node if n.op_type == "Constant" for out in n.output}
+    rewritten = []
+    for name, tensor in initializers.items():
+        gathers = readers.get(name, [])
+        if not _is_lookup_table(tensor, gathers, initializers.keys() | produced_by_constant):
+            continue
+        codes, scales = per_row_int8(numpy_helper.to_array(tensor))
+        graph.initializer.remove(tensor)
+        graph.initializer.extend(
+            [numpy_helper.from_array(codes, name + CODES_SUFFIX), numpy_helper.from_array(scales, name + SCALES_SUFFIX)]
+        )
+        for gather in gathers:
+            _read_int8_rows(graph, gather, name)
+        rewritten.append(name)
+    return rewritten
+
+
+def per_row_int8(table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(int8 codes, float32 scales [rows, 1]): symmetric, one scale per row, max|row| / 127 (1 for a zero row)."""
+    scales = np.abs(table).max(axis=1, keepdims=True) / 127
+    scales = np.where(scales > 0, scales, 1).astype(np.float32)
+    codes = np.clip(np.round(table / scales), -127, 127).astype(np.int8)
+    return codes, scales
+
+
+def _is_lookup_table(tensor: onnx.TensorProto, readers: list[onnx.NodeProto], constants: set[str]) -> bool:
+    """A float matrix of ≥ MIN_TABLE_BYTES read only as the data of axis-0 Gathers with graph-computed ids."""
+    if tensor.data_type != TensorProto.FLOAT or len(tensor.dims) != 2 or not readers:
+        return False
+    if int(np.prod(tensor.dims)) * 4 < MIN_TABLE_BYTES:
+        return False
+    for node in readers:  # any other reader (a tied MatMul/Gemm head, a Transpose) keeps the table float
+        axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+        if node.op_type != "Gather" or node.input[0] != tensor.name or axis != 0 or node.input[1] in constants:
+            return False
+    return True
+
+
+def _read_int8_rows(graph: onnx.GraphProto, gather: onnx.NodeProto, table: str) -> None:
+    """Replace `gather` by Gather(codes) -> Cast -> Mul(Gather(scales)), same output name, same place."""
+    ids, out = gather.input[1], gather.output[0]
+    base = gather.name or out
+    nodes = [
+        helper.make_node("Gather", [table + CODES_SUFFIX, ids], [out + "/codes"], name=base + "/int8_rows"),
+        helper.make_node("Gather", [table + SCALES_SUFFIX, ids], [out + "/scales"], name=base + "/row_scales"),
+        helper.make_node("Cast", [out + "/codes"], [out + "/float_codes"], name=base + "/cast", to=TensorProto.FLOAT),
+        helper.make_node("Mul", [out + "/float_codes", out + "/scales"], [out], name=base + "/dequantize"),
+    ]
+    index = list(graph.node).index(gather)
+    graph.node.remove(gather)
+    for offset, node in enumerate(nodes):
+        graph.node.insert(index + offset, node)
