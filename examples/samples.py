@@ -40,7 +40,9 @@ ATTENTION_CFG = (
     "retrain_data_quant_config { ulq_quantize { dst_type: INT8 } }\n"
     "retrain_weight_quant_config { arq_retrain { channel_wise: true dst_type: INT8 } }\n"
     + "".join(
-        f'quant_skip_layers: "bert.encoder.layer.{i}.{part}.dense"\n' for i in range(6) for part in ("intermediate", "output")
+        f'quant_skip_layers: "bert.encoder.layer.{i}.{part}.dense"\n'
+        for i in range(6)
+        for part in ("intermediate", "output")
     )
 )
 TOKENS = 32  # the sample rows' length; the model's `seq` axis is dynamic

