@@ -49,7 +49,3 @@ INT4_GPTQ_GROUP32_WEIGHT_QUANT_CFG: dict[str, Any] = {
     "algorithm": {"gptq"},
     "skip_layers": {"lm_head"},
 }
-
-BUILTIN_CONFIGS = {
-    name: value for name, value in globals().items() if name.endswith("_CFG") and isinstance(value, dict)
-}
