@@ -16,7 +16,7 @@ from torch import nn
 
 import amct_engine as amct
 from amct_engine.export.qdq.fusion_report import deploy_report, optimized_ops
-from bench.mobile_nets import C2f, ConvBnAct, InvertedResidual, SqueezeExcite
+from bench.mobile_nets import C2f, ConvBnAct, InvertedResidual, Sppf, SqueezeExcite
 from tests.deploy_targets import record_exact_target
 
 
@@ -56,12 +56,14 @@ class TinyONet(nn.Module):
 
 
 class TinyDetector(nn.Module):
-    """A YOLO neck in small: C2f (split, concat), a strided conv, nearest upsampling, two output heads."""
+    """A YOLO neck in small: C2f (split, concat), a strided conv, SPPF (chained max-pools), nearest upsampling,
+    two output heads."""
 
     def __init__(self) -> None:
         super().__init__()
         self.stem = ConvBnAct(3, 16, 3, 2, act=nn.SiLU)
-        self.c3, self.down, self.c4 = C2f(16, 16, 1), ConvBnAct(16, 32, 3, 2, act=nn.SiLU), C2f(32, 32, 1)
+        self.c3, self.down = C2f(16, 16, 1), ConvBnAct(16, 32, 3, 2, act=nn.SiLU)
+        self.c4 = nn.Sequential(C2f(32, 32, 1), Sppf(32))
         self.neck = C2f(48, 16, 1)
         self.heads = nn.ModuleList(nn.Conv2d(c, 8, 1) for c in (16, 32))
 
@@ -145,6 +147,69 @@ def test_every_conv_runs_as_an_int8_kernel_whatever_the_activation(name, tmp_pat
     # At the example's batch and at another one (the files declare it dynamic).
     for batch in (x, torch.randn(3, *shape, generator=torch.Generator().manual_seed(2))):
         _check_outputs(qmodel, paths, batch)
+
+
+def test_a_detectors_split_max_pools_and_upsampling_run_on_the_codes(tmp_path):
+    """C2f's Split, SPPF's max-pools and the nearest Resize move uint8 codes, not floats between a DequantizeLinear
+    and a QuantizeLinear (docs/spec/engine.md §5, "Int8 around activations"): an output no layer quantises takes
+    its input's parameters, and a half read by a conv with its own quantiser is requantised as a table."""
+    x = torch.randn(16, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    _, paths = _save(TinyDetector(), x, tmp_path)
+    model = onnx.load(paths["deploy"])
+    producer = {out: n for n in model.graph.node for out in n.output}
+    readers = {name: [n for n in model.graph.node if name in n.input] for n in model.graph.node for name in n.output}
+    moved = [n for n in model.graph.node if n.op_type in ("Split", "MaxPool", "Resize")]
+    assert sorted(n.op_type for n in moved) == ["MaxPool"] * 3 + ["Resize"] + ["Split"] * 3
+    for node in moved:
+        source = producer[node.input[0]]
+        if source.op_type == "QuantizeLinear":  # on the codes already
+            continue
+        # else ORT drops the pair: DequantizeLinear -> op -> QuantizeLinear with the same parameters
+        (quantizer,) = readers[node.output[0]]
+        assert source.op_type == "DequantizeLinear" and quantizer.op_type == "QuantizeLinear"
+        assert source.input[1:] == quantizer.input[1:]
+    optimized = optimized_ops(model)
+    ops = [n.op_type for n in optimized.graph.node]
+    assert "QLinearLeakyRelu" in ops  # the requantisations of the halves the blocks' convs read
+    assert ops.count("QuantizeLinear") == 1 and ops.count("Split") == 3  # the image's quantiser only
+    initializers = {t.name for t in optimized.graph.initializer}
+    dequantized = [
+        n for n in optimized.graph.node if n.op_type == "DequantizeLinear" and n.input[0] not in initializers
+    ]
+    assert len(dequantized) == 2  # the heads' float inputs (their outputs are the model's), nothing else
+
+
+def test_a_requantisation_as_a_table_gives_the_codes_of_dequantize_then_quantize():
+    """QLinearLeakyRelu with alpha 1 (what `DQ -> LeakyRelu(1) -> Q` fuses into) against the two nodes, every
+    code, parameters that shrink, grow and shift the range."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    codes = np.arange(256, dtype=np.uint8).reshape(1, 256)
+    for (s1, z1), (s2, z2) in [((0.02, 120), (0.015, 100)), ((0.001, 3), (0.0037, 250)), ((0.5, 0), (0.5, 1))]:
+        params = [
+            numpy_helper.from_array(np.array(v, dtype=t), n)
+            for v, t, n in ((s1, np.float32, "s1"), (z1, np.uint8, "z1"), (s2, np.float32, "s2"), (z2, np.uint8, "z2"))
+        ]
+        results = []
+        for middle in ([], [helper.make_node("LeakyRelu", ["f"], ["f2"], alpha=1.0)]):
+            nodes = [
+                helper.make_node("DequantizeLinear", ["x", "s1", "z1"], ["f"]),
+                *middle,
+                helper.make_node("QuantizeLinear", ["f2" if middle else "f", "s2", "z2"], ["y"]),
+            ]
+            graph = helper.make_graph(
+                nodes,
+                "requantize",
+                [helper.make_tensor_value_info("x", TensorProto.UINT8, [1, 256])],
+                [helper.make_tensor_value_info("y", TensorProto.UINT8, [1, 256])],
+                params,
+            )
+            model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+            if middle:
+                assert [n.op_type for n in optimized_ops(model).graph.node] == ["QLinearLeakyRelu"]
+            session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+            results.append(session.run(None, {"x": codes})[0])
+        np.testing.assert_array_equal(results[0], results[1])
 
 
 def _check_outputs(qmodel: nn.Module, paths: dict, x: torch.Tensor) -> None:

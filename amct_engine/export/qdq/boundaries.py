@@ -29,7 +29,7 @@ from amct_engine.export.layer_graph import LAYER_ATTR
 from amct_engine.export.onnx_graph import constants_to_initializers
 from amct_engine.export.qdq.activations_on_codes import snap_to_gate_grid
 from amct_engine.export.qdq.calibration import calibrate
-from amct_engine.export.qdq.codes import shape_ops_on_codes
+from amct_engine.export.qdq.codes import passes_codes, shape_ops_on_codes
 from amct_engine.export.qdq.graph_index import LAYER_OPS, GraphIndex, layer_tag
 from amct_engine.export.qdq.op_roles import (
     FLOAT_BETWEEN_OPS,
@@ -120,6 +120,20 @@ def _plan(g: GraphIndex) -> tuple[dict[str, tuple[str, str] | None], list[str]]:
     return plan, [n for n, p in plan.items() if p is None]
 
 
+def _ties(g: GraphIndex, plan: dict[str, tuple[str, str] | None]) -> dict[str, str]:
+    """Tensor -> the tensor whose parameters it takes: the output of a max-pool, a split, a nearest resize or a
+    shape op that no quantiser of a layer reads takes its input's, so the op runs on the codes (ORT drops
+    the equal pair; qdq/codes.py) instead of in float between two quantisers; calibrating it on its own
+    bought no accuracy (its range lies within its input's)."""
+    ties: dict[str, str] = {}
+    for name in _topological_tensors(g.model):
+        producer = g.producer[name]
+        source = producer.input[0] if producer.input else ""
+        if plan.get(name, ...) is None and source in plan and passes_codes(producer):
+            ties[name] = ties.get(source, source)
+    return ties
+
+
 def _snap_hardswish_inputs(g: GraphIndex, calibrated: dict[str, tuple]) -> None:
     """A tensor read only by HardSwish gets a grid whose scale divides 3, so its gate runs on the codes
     (export/qdq/activations_on_codes.py)."""
@@ -189,6 +203,8 @@ def quantize_boundaries(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) ->
     _merge_equal_quantizers(model)
     g = GraphIndex(model)
     plan, to_calibrate = _plan(g)
+    ties = _ties(g, plan)
+    to_calibrate = [name for name in to_calibrate if name not in ties]
     fixed = {name: fixed_parameters(g.producer[name].op_type) for name in to_calibrate}
     bounds = {name: lower_bound(g, g.producer[name]) for name in to_calibrate}
     known_bounds = {name: bound for name, bound in bounds.items() if bound is not None}
@@ -196,17 +212,22 @@ def quantize_boundaries(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) ->
     calibrated.update((name, p) for name, p in fixed.items() if p is not None)
     _snap_hardswish_inputs(g, calibrated)
     edit = _Insertions(g)
-    bases: set[str] = set()
-    for name, params in plan.items():
+    bases: dict[str, str] = {}
+    for name in plan:
         base, k = _base_name(g, name), 1
-        while base in bases:  # a layer with two planned outputs (MatMul, then its bias Add)
+        while base in bases.values():  # a layer with two planned outputs (MatMul, then its bias Add)
             base, k = f"{_base_name(g, name)}_{k}", k + 1
-        bases.add(base)
-        if params is None and name not in calibrated:
-            continue
-        if params is None:
-            params = edit.add_parameters(base, *calibrated[name])
-        edit.quantize(name, base, params)
+        bases[name] = base
+    chosen: dict[str, tuple[str, str]] = {}
+    for name, params in plan.items():
+        if params is None and name in calibrated:
+            params = edit.add_parameters(bases[name], *calibrated[name])
+        if params is not None:
+            chosen[name] = params
+    chosen.update((name, chosen[source]) for name, source in ties.items() if source in chosen)
+    for name in plan:
+        if name in chosen:
+            edit.quantize(name, bases[name], chosen[name])
     edit.apply()
     shape_ops_on_codes(model)
     return model

@@ -37,7 +37,7 @@ INT8_OPS = COMMUTING_OPS | {  # and Clip with constant bounds, and gated product
     "BatchNormalization",
     "Sigmoid",
     "LeakyRelu",
-    "Split",  # a C2f block's halves: each output quantised on its own (DequantizeLinear -> Split -> Q)
+    "Split",  # a C2f block's halves, split on the codes (export/qdq/codes.py)
 }
 
 GATES = {"Sigmoid", "HardSigmoid"}
