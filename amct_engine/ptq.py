@@ -34,6 +34,7 @@ from amct_engine.layer_table import retrain_type_names
 from amct_engine.quant.calibration_act import CalibrationActQuantizer
 from amct_engine.quant.calibrators import CALIBRATORS
 from amct_engine.quant.deployed import fold_batch_norm
+from amct_engine.quant.lookup_tables import round_lookup_tables
 from amct_engine.quant.registry import WEIGHT_QUANTIZERS
 from amct_engine.quant.retrain_layer import out_channels, qat_layer_class
 from amct_engine.record import RecordFile
@@ -125,6 +126,7 @@ def quantize_model(
     config = read_ptq_config(config_file, _layer_types(cm))
     if config.do_fusion:
         _fold_bn(cm, set(config.skip_fusion_layers))
+    round_lookup_tables(cm)  # the deploy file's int8 rows (quant/lookup_tables.py)
     qmodel = cm.module.eval()
     layer_graph = _write_float_model(
         qmodel, config.enabled_layers(), str(modfied_onnx_file), inputs, input_names, output_names, dynamic_axes

@@ -7,6 +7,7 @@ from torch import fx, nn
 from amct_engine.config.quant_json import QuantJsonConfig
 from amct_engine.graph.analysis import conv_bn_act_chains, input_bounded_below, input_non_negative
 from amct_engine.graph.capture import CapturedModel
+from amct_engine.quant.lookup_tables import round_lookup_tables
 from amct_engine.quant.retrain_layer import make_act_quantizer, make_weight_quantizer, qat_layer_class
 from amct_engine.record import RecordFile
 
@@ -36,6 +37,7 @@ def insert_quant_layers(
     cannot recover that in one epoch), so distillation starts from the asymmetric IFMR search instead.
     """
     model = cm.module
+    round_lookup_tables(cm)  # the deploy file's int8 rows, trained with (quant/lookup_tables.py)
     following_bn = {chain.layer: chain.bn for chain in conv_bn_act_chains(cm) if chain.bn is not None}
     inputs = _input_nodes(cm)
     shared_act: dict[tuple, nn.Module] = {}

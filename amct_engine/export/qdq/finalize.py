@@ -18,6 +18,7 @@ from amct_engine.export.onnx_graph import drop_default_attributes
 from amct_engine.export.qdq.activations_on_codes import hardswish_on_codes, prelu_without_float_kernel
 from amct_engine.export.qdq.batch_norm import batch_norms_as_depthwise_convs
 from amct_engine.export.qdq.boundaries import quantize_boundaries
+from amct_engine.export.qdq.embeddings import int8_embeddings
 from amct_engine.export.qdq.fusion_report import REPORT_KEY
 from amct_engine.export.qdq.names import name_after_layers, short_activation_names
 
@@ -43,6 +44,7 @@ def finalize_qdq_deploy(model: onnx.ModelProto, feeds: dict[str, np.ndarray], de
     for name in TARGETS[deploy_target].rewrites:
         decisions[name] = TARGET_REWRITES[name](model)
     decisions["matmul_integer_to_float"] = matmuls_to_integer_to_float(model)
+    decisions["int8_embeddings"] = int8_embeddings(model)  # lookup tables as int8 rows + row scales
     model = pack_int4_weights(model)
     model = drop_default_attributes(short_activation_names(model))  # after the packing: it writes value_info
     model.producer_name = PRODUCER

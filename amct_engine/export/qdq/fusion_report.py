@@ -135,4 +135,5 @@ def deploy_report(model: str | onnx.ModelProto) -> dict:
     report["matmul_integer_to_float"] = stored.get("matmul_integer_to_float", [])
     # HardSwish nodes whose gate runs on codes, PRelu nodes rewritten (export/qdq/activations_on_codes.py)
     report["activations"] = stored.get("activations", {})
+    report["int8_embeddings"] = stored.get("int8_embeddings", [])  # tables as int8 rows (qdq/embeddings.py)
     return report
