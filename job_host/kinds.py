@@ -27,9 +27,10 @@ from typing import Literal
 
 from amct_engine.registry import Registry, load_object
 
-# The AMCT cfg grammars a job can take (docs/spec/engine.md §2.1, §2.2, §2.5).
-CFG_KINDS = ("retrain", "distill", "calibration")
-CfgKind = Literal["retrain", "distill", "calibration"]
+# The AMCT cfg grammars a job can take (docs/spec/engine.md §2.1, §2.2, §2.5; "llm": the JSON config dict of
+# amct.quantize, docs/spec/llm.md §2).
+CFG_KINDS = ("retrain", "distill", "calibration", "llm")
+CfgKind = Literal["retrain", "distill", "calibration", "llm"]
 # The engine API families a retrain cfg is checked against at upload (amct_engine.config.cfg_checks).
 ENGINE_APIS = ("quant", "prune", "compressed")
 MODULES_ENV = "AMCT_JOB_KIND_MODULES"
@@ -49,6 +50,10 @@ class JobKind:
     # Cannot run without the dataset's `labels` (refused at submit without them); none of ours: each
     # training kind distils the FP32 model's outputs when a dataset has no labels
     needs_labels: bool = False
+    # A large-language-model kind: it takes a Hugging Face folder (zip) or a TorchScript trace of a causal LM and
+    # a text dataset; its runner is called as `runner(workdir, spec, phase)` and returns the job's result itself
+    # (job_process/llm_runner.py), as it measures perplexity rather than the array kinds' accuracy and agreement
+    llm: bool = False
 
     def __post_init__(self) -> None:
         if self.cfg_kind not in CFG_KINDS:
@@ -169,6 +174,20 @@ register_job_kind(
         "per-group BCP prune ratios that reach search_config.target_macs_ratio of the MACs (least summed damage), "
         "then prune retraining; writes the chosen .cfg",
         "job_process.search_runners:prune_search",
+    )
+)
+
+
+register_job_kind(
+    JobKind(
+        "llm_quant",
+        "llm",
+        None,
+        False,
+        "LLM weight quantisation (amct.quantize, a calibration forward on the text, amct.convert, amct.export_onnx "
+        "to MatMulNBits / W8A8): perplexity, bytes and prefill speed against FP32",
+        "job_process.llm_runner:llm_quant",
+        llm=True,
     )
 )
 

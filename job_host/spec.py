@@ -79,6 +79,7 @@ _STORED_WHEN_SET = {
     "bn_recalibration_batches": ("bn_recalibration_batches", 0),
     "world_size": ("world_size", 1),
     "nodes": ("world_size", 1),
+    "seq_len": ("seq_len", 256),
 }
 # Settings of the objective, stored only for the kinds that train (objective not None).
 _OBJECTIVE_SETTINGS = ("objective", "distill_loss", "temperature")
@@ -153,6 +154,13 @@ class JobParams(BaseModel):
         "kinds only. 1: one process",
     )
     nodes: int = Field(1, ge=1, le=16, description="machines the ranks run on; world_size must be a multiple of it")
+    seq_len: int = Field(
+        256,
+        ge=8,
+        le=8192,
+        description="the LLM kinds (llm_quant): tokens per row of text; calibration forwards take batch_size rows "
+        "each, perplexity and prefill speed are measured on rows of this length",
+    )
 
     def stored(self) -> dict[str, Any]:
         """What the `jobs.params` column and `GET /v1/jobs/{id}` hold: the settings that apply, as asked for."""

@@ -92,12 +92,16 @@ def run(workdir: Path, spec: JobSpec, rank: Rank = SINGLE) -> dict:
     from job_process.checkpoints import Checkpoints
     from job_process.objectives import build_loss
 
-    run_kind = JOB_KINDS[spec.kind].load_runner()
+    entry = JOB_KINDS[spec.kind]
+    run_kind = entry.load_runner()
     checkpoints = Checkpoints(workdir, spec.kind, spec.checkpoint_every_steps, rank)
 
     def phase(name: str, **extra) -> None:
         checkpoints.check_cancel()  # every stage boundary is a cheap place to stop
         emit("phase", phase=name, **extra)
+
+    if entry.llm:  # text in, perplexity out: the runner measures and reports itself (job_process/llm_runner.py)
+        return run_kind(workdir, spec, phase)
 
     phase("preparing", progress=0.02)
     device = _device(spec.device)

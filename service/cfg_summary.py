@@ -19,6 +19,8 @@ def summarise_cfg(text: str | bytes, kind: str, filename: str) -> dict:
     Each job kind that takes a cfg of this `kind` gets a verdict: its engine API family's check
     (docs/spec/engine.md §1.2-§1.4), or just the parse when it names none (job_host/kinds.py).
     """
+    if kind == "llm":
+        return _summarise_llm(text)
     # Imported on first use: the engine pulls in torch, which the API needs for nothing else.
     from amct_engine.config.cfg_checks import check_cfg_for_api
     from amct_engine.config.cfg_loader import parse_cfg_document
@@ -34,6 +36,15 @@ def summarise_cfg(text: str | bytes, kind: str, filename: str) -> dict:
         except ConfigError as e:
             job_kinds[job_kind.name] = {"ok": False, "detail": str(e), "line": e.line, "column": e.column}
     return {"job_kinds": job_kinds}
+
+
+def _summarise_llm(text: str | bytes) -> dict:
+    """An amct.quantize config dict as JSON (docs/spec/llm.md §2): LlmConfigError (a ConfigError whose `field` is
+    the dotted path, e.g. quant_cfg.weights.group_size) unless it parses; every llm kind takes what parses."""
+    from amct_engine.llm.config import describe_config, load_config_json, parse_config  # torch-free
+
+    cfg = parse_config(load_config_json(text))
+    return {"job_kinds": {k.name: {"ok": True} for k in kinds_for_cfg("llm")}, "llm": describe_config(cfg)}
 
 
 def check_cfg_suits(summary: dict, cfg_kind: str, kind_name: str, what: str, field: str) -> None:

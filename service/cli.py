@@ -19,6 +19,7 @@ import typer
 from rich.table import Table
 
 from core.settings import DEVICES, Settings
+from job_host.kinds import JOB_KINDS
 from job_host.spec import JobParams
 from service import local_servers
 from service.cli_common import (
@@ -232,9 +233,15 @@ def compress(
     from service.local_compress import LocalJobError, check_inputs
     from service.local_compress import compress as run_local
 
-    signature, shape = model_signature(inputs, input_shape, data)
+    llm = JOB_KINDS[kind.value].llm  # text data; a causal LM's signature unless --inputs says otherwise
+    if llm and not inputs and not input_shape:
+        from service.model_folder import LLM_EXAMPLE_SHAPE, LLM_INPUTS
+
+        signature, shape = LLM_INPUTS, LLM_EXAMPLE_SHAPE
+    else:
+        signature, shape = model_signature(inputs, input_shape, data)
     check_job_settings(kind.value, params)
-    if not inputs:  # a signature names its arrays and their dtypes; `inputs` of the shorthand may be raw pixels
+    if not inputs and not llm:  # a signature names its arrays and their dtypes; the shorthand's may be raw pixels
         check_not_raw_images(data, accept_uint8)
     try:  # what the API would refuse at upload and submit (model, cfg, dataset), refused before the engine starts
         params.objective = check_inputs(model, cfg, data, kind.value, signature, params)

@@ -42,6 +42,7 @@ from service.cli_common import (
 )
 from service.cli_job_options import job_options
 from service.client import ApiError
+from service.model_folder import LLM_INPUTS
 from service.report_view import summary_table
 
 jobs_app = typer.Typer(help="Submit, follow and fetch jobs on a running service.", no_args_is_help=True)
@@ -97,9 +98,13 @@ def resolve_job(client, text: str) -> dict:
 @jobs_app.command()
 @job_options()
 def submit(
-    model: Annotated[Path, typer.Option(exists=True, dir_okay=False, help="TorchScript file")],
-    cfg: Annotated[Path, typer.Option(exists=True, dir_okay=False, help="AMCT .cfg")],
-    data: Annotated[Path, typer.Option(exists=True, dir_okay=False, help=".npz or .safetensors")],
+    model: Annotated[
+        Path, typer.Option(exists=True, dir_okay=False, help="TorchScript file (llm_quant: or a zipped HF folder)")
+    ],
+    cfg: Annotated[Path, typer.Option(exists=True, dir_okay=False, help="AMCT .cfg (llm_quant: its JSON config)")],
+    data: Annotated[
+        Path, typer.Option(exists=True, dir_okay=False, help=".npz or .safetensors (llm_quant: .txt or .jsonl)")
+    ],
     params: JobParams,
     kind: Annotated[Kind, typer.Option()] = DEFAULT_KIND,
     input_shape: Annotated[str | None, typer.Option(help="e.g. 1,1,28,28; default: from the dataset")] = None,
@@ -119,9 +124,12 @@ def submit(
     if inputs and input_shape:
         raise fail("give --inputs or --input-shape, not both")
     signature = parse_inputs_option(inputs) if inputs else None  # checked as the API checks it, before any upload
+    llm = JOB_KINDS[kind.value].llm  # text data; a causal LM's signature unless --inputs says otherwise
+    if llm and not signature and not input_shape:
+        signature = LLM_INPUTS
     shape = None if signature else parse_shape(input_shape, data)
     check_job_settings(kind.value, params)
-    if not inputs:
+    if not inputs and not llm:
         check_not_raw_images(data, accept_uint8)
     with service_client(server, api_key, data_dir) as client:
         with err_console.status("uploading the model (the server loads and checks it)…"):

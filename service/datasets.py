@@ -19,6 +19,7 @@ from core.settings import Settings
 from job_host.arrays import array_headers, sniff_format
 from job_host.objective_names import TARGET_OBJECTIVES
 from job_host.signature import FLOAT_DTYPES, SignatureError, class_width, input_arrays, output_leaves, target_arrays
+from job_host.text_data import TextDataError, describe_text, text_format
 from service.zipcheck import check_zip
 
 FLOAT_KINDS = "fc"
@@ -50,10 +51,20 @@ def _stats(header) -> dict:
     return {}
 
 
-def describe_dataset(path: str, settings: Settings) -> tuple[str, dict]:
+def describe_dataset(path: str, settings: Settings, filename: str | None = None) -> tuple[str, dict]:
     """An upload's format and description (or a local file's: `amct compress`); the archive is checked against
-    the settings' zip limits first."""
-    fmt = sniff_format(path)
+    the settings' zip limits first. A file named `.txt` or `.jsonl` (`filename`, else the path's name) that is
+    neither array format is read as text (job_host/text_data.py: the LLM kinds' datasets)."""
+    try:
+        fmt = sniff_format(path)
+    except ValueError as e:
+        text = text_format(filename or path)
+        if text is None:
+            raise DatasetError(f"{e} (a text dataset for llm_quant: a .txt or .jsonl file)") from None
+        try:
+            return text, describe_text(path, text)
+        except TextDataError as e:
+            raise DatasetError(f"the {text} file does not read: {e}") from None
     if fmt == "npz":
         check_zip(path, settings.max_zip_entries, settings.max_unpacked_bytes, "the .npz file")
     return fmt, describe_arrays(path, fmt)

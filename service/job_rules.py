@@ -41,6 +41,14 @@ def check_settings(kind: str, params: JobParams, multinode: bool) -> None:
         raise JobRuleError(f"{kind} jobs run in one process; world_size > 1 suits {able}", "world_size")
     if params.world_size % params.nodes:
         raise JobRuleError(f"world_size {params.world_size} is not a multiple of nodes {params.nodes}", "nodes")
+    if entry.llm:
+        gates = [name for name in ("max_accuracy_drop", "min_output_cosine") if getattr(params, name) is not None]
+        if gates:
+            raise JobRuleError(
+                f"{kind} jobs report perplexity, not accuracy or output cosine: {gates[0]} does not apply", gates[0]
+            )
+    elif params.seq_len != JobParams.model_fields["seq_len"].default:
+        raise JobRuleError(f"seq_len sets the rows of text of the LLM kinds; a {kind} job takes arrays", "seq_len")
     if params.nodes > 1 and not multinode:
         raise JobRuleError(
             "this server runs every job on one node (jobs across several nodes share the host network in their "
@@ -56,6 +64,9 @@ def check_data(
     messages call them. Returns the objective a training kind trains with (the asked one, or the default its
     labels give), None for the others."""
     objective = None
+    if JOB_KINDS[kind].llm or "text" in description:
+        _check_text_data(kind, description, inputs, names)
+        return None
     if JOB_KINDS[kind].needs_labels and not description["has_labels"]:
         raise JobRuleError(f"{kind} jobs train on the dataset's labels, which {names[0]} lacks", "dataset_id")
     if JOB_KINDS[kind].trains:
@@ -70,6 +81,35 @@ def check_data(
             "max_accuracy_drop",
         )
     return objective
+
+
+def check_model_format(kind: str, fmt: str, what: str) -> None:
+    """A Hugging Face folder (service/model_folder.py) goes to the LLM kinds only: the others trace a TorchScript
+    model's graph."""
+    if fmt == "hf_folder" and not JOB_KINDS[kind].llm:
+        able = ", ".join(k.name for k in JOB_KINDS.values() if k.llm)
+        raise JobRuleError(f"{what} is a Hugging Face folder, which {kind} jobs cannot take ({able} can)", "model_id")
+
+
+def _check_text_data(kind: str, description: dict, inputs: list[dict], names: tuple[str, str]) -> None:
+    """An LLM kind takes text (job_host/text_data.py) and a model whose one input is token ids; the others
+    take arrays."""
+    if not JOB_KINDS[kind].llm:
+        raise JobRuleError(
+            f"{names[0]} is text; {kind} jobs take arrays (.npz, .safetensors); text suits llm_quant", "dataset_id"
+        )
+    if "text" not in description:
+        raise JobRuleError(
+            f'{names[0]} holds arrays; {kind} jobs take text (.txt, or .jsonl with a "text" field per line), '
+            "tokenised in the job with the model's tokenizer",
+            "dataset_id",
+        )
+    if len(inputs) != 1 or inputs[0]["dtype"] != "int64":
+        raise JobRuleError(
+            f"{names[1]} takes {len(inputs)} input(s) of {', '.join(i['dtype'] for i in inputs)}; a {kind} job "
+            "needs a causal LM whose one input is int64 token ids (input_ids)",
+            "model_id",
+        )
 
 
 def array_of(error: DatasetError) -> dict[str, Any]:

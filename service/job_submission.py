@@ -17,7 +17,7 @@ from core.db.models import Config, Dataset, Job, Model, Project
 from core.settings import Settings
 from job_host.spec import JobParams
 from service.cfg_summary import check_cfg_suits
-from service.job_rules import JobRuleError, check_data, check_settings
+from service.job_rules import JobRuleError, check_data, check_model_format, check_settings
 from service.problems import Problem
 from service.routes.common import get_or_404
 from service.schemas import JobCreate
@@ -38,6 +38,7 @@ def check_inputs(session: Session, body: JobCreate, project: str, settings: Sett
             )
         if model.status != "ready":
             raise JobRuleError(f"model {model.id} is {model.status}: {model.status_detail or 'not usable'}", "model_id")
+        check_model_format(body.kind, model.format, f"model {model.id}")
         check_cfg_suits(config.summary, config.kind, body.kind, f"config {config.id}", "config_id")
         names = (f"dataset {dataset.id}", f"model {model.id}")
         return check_data(body.kind, params, dataset.description, model.signature, model.outputs, names)
@@ -51,8 +52,8 @@ def job_params(body: JobCreate) -> JobParams:
 
 def request_hash(body: JobCreate) -> str:
     data = body.model_dump(mode="json")
-    for name in ("world_size", "nodes"):  # fields added later: at their default, the hash a replay had before
-        if data[name] == 1:
+    for name, default in (("world_size", 1), ("nodes", 1), ("seq_len", 256)):
+        if data[name] == default:  # fields added later: at their default, the hash a replay had before
             del data[name]
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 

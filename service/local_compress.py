@@ -22,6 +22,7 @@ from job_host.launcher import ChildProcess
 from job_host.protocol import LOG_FILE
 from job_host.signature import example_inputs
 from job_host.spec import JobParams, JobSpec
+from job_host.text_data import text_format
 from service.cfg_summary import check_cfg_suits, summarise_cfg
 from service.datasets import describe_dataset
 from service.job_rules import JobRuleError, check_data
@@ -47,6 +48,14 @@ def check_inputs(model: Path, cfg: Path, data: Path, kind: str, inputs: list[dic
 def check_model(model: Path, settings: Settings) -> None:
     """The file is a TorchScript archive (service/zipcheck.py, what the upload checks before its sandboxed
     load). Whether it loads and runs on the signature the job process finds out, as it always did."""
+    from service.model_folder import inspect_upload
+    from service.problems import Problem
+
+    try:  # a zipped Hugging Face folder (llm_quant), checked as its upload is
+        if inspect_upload(str(model), settings) is not None:
+            return
+    except Problem as e:
+        raise LocalJobError("bad_model", e.detail) from None
     try:
         check_torchscript(str(model), settings.max_zip_entries, settings.max_unpacked_bytes, str(model))
     except ValueError as e:
@@ -109,7 +118,10 @@ def compress(
     example shape, as the API records them for an upload; `params` hold the objective check_inputs
     resolved. Raises LocalJobError with the engine's error type and detail when the job fails.
     """
-    fmt = sniff_format(str(data))
+    try:
+        fmt = sniff_format(str(data))
+    except ValueError:  # not arrays: text for the LLM kinds, by its name (check_dataset read it as such)
+        fmt = text_format(data.name) or "text"
     out.mkdir(parents=True, exist_ok=True)
     # Absolute: the child starts in the work folder, where a path relative to ours would point elsewhere.
     workdir = Path(tempfile.mkdtemp(prefix=".amct-work-", dir=out.resolve()))

@@ -29,8 +29,40 @@ def _ratio(before: float, after: float) -> str:
 WARNING_LABEL = "warning"  # a row per report.json `warnings` line (job_process/quality_gate.py `warnings`)
 
 
+def llm_rows(llm: dict) -> list[tuple[str, str, str, str]]:
+    """An llm_quant report (job_process/llm_runner.py): perplexity in PyTorch and onnxruntime, bytes, prefill."""
+    ppl, tokens, prefill = llm["perplexity"], llm["tokens"], llm["prefill"]
+    held_out = f"{tokens['evaluation_tokens']:,} held-out tokens"
+    size = llm["onnx_size_bytes"]
+    rows = [("ONNX size", _bytes(size["fp32"]), _bytes(size["deploy"]), _ratio(size["fp32"], size["deploy"]))]
+    for runtime, label in (("pytorch", "PyTorch"), ("onnxruntime", "onnxruntime")):
+        before, after = ppl["fp32"][runtime], ppl["deploy"][runtime]
+        rows.append(
+            (f"perplexity, {label} ({held_out})", f"{before:.3f}", f"{after:.3f}", f"{after / before - 1:+.2%}")
+        )
+    rows.append(
+        (
+            f"prefill, median ({prefill['tokens']} tokens, {prefill['threads']} thread)",
+            f"{prefill['fp32']['median_ms']:.2f} ms",
+            f"{prefill['deploy']['median_ms']:.2f} ms",
+            f"speed-up {prefill['speedup']:.2f}×",
+        )
+    )
+    rows.append(
+        (
+            "prefill tokens per second",
+            f"{prefill['fp32']['tokens_per_s']:,.0f}",
+            f"{prefill['deploy']['tokens_per_s']:,.0f}",
+            "",
+        )
+    )
+    return rows
+
+
 def report_rows(report: dict) -> list[tuple[str, str, str, str]]:
     """(what, before, after, change) for the FP32 model against the deploy model."""
+    if "llm" in report:
+        return llm_rows(report["llm"])
     rows = []
     size = report["onnx_size_bytes"]
     rows.append(("ONNX size", _bytes(size["fp32"]), _bytes(size["deploy"]), _ratio(size["fp32"], size["deploy"])))

@@ -94,7 +94,10 @@ class ConfigOut(_Out):
 class DatasetOut(_Out):
     id: str
     name: str
-    format: Literal["npz", "safetensors"]
+    format: Literal["npz", "safetensors", "text", "jsonl"] = Field(
+        description='arrays (npz, safetensors) for the model kinds; text (.txt) or jsonl (a "text" field per '
+        "line) for llm_quant"
+    )
     sha256: str
     size_bytes: int
     description: dict[str, Any]

@@ -38,6 +38,7 @@ ENTRY_POINTS = (
     "service.cli",
     "job_process.main",
     "job_process.validate_model",
+    "job_process.validate_llm",
 )  # (service.__main__ runs the CLI)
 
 

@@ -11,7 +11,7 @@ Linear at a time and frees its statistics as it goes, with a tqdm progress bar.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -82,15 +82,18 @@ def quantized_module(calib: CalibrationLinear) -> nn.Module:
     return WeightOnlyLinear(rtn(weight, cfg.weights), bias, None)
 
 
-def convert(model: nn.Module, progress: bool = True) -> nn.Module:
+def convert(model: nn.Module, progress: bool = True, on_layer: Callable[[int, int], None] | None = None) -> nn.Module:
     """Replace every calibration module by its quantised module, in place; returns ``model``.
 
-    GPTQ, AWQ and SmoothQuant need the calibration forward first (``RuntimeError`` otherwise)."""
+    GPTQ, AWQ and SmoothQuant need the calibration forward first (``RuntimeError`` otherwise). ``on_layer(done,
+    total)`` is called after each Linear (a service job reports its progress with it)."""
     modules = list(calibration_modules(model))
     if not modules:
         raise ValueError("amct.convert: the model has no calibration modules; call amct.quantize first")
-    for name, calib in tqdm(modules, desc="amct.convert", unit="linear", disable=not progress):
+    for i, (name, calib) in enumerate(tqdm(modules, desc="amct.convert", unit="linear", disable=not progress), 1):
         quantized = quantized_module(calib)
         calib.release()
         _set_module(model, name, quantized.to(calib.weight.device))
+        if on_layer is not None:
+            on_layer(i, len(modules))
     return model

@@ -9,6 +9,7 @@ Torch-free.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -200,3 +201,34 @@ def parse_config(cfg: Any) -> LlmQuantConfig:
     algorithm, params = _algorithm(cfg.get("algorithm"))
     _check_combination(weights, inputs, algorithm)
     return LlmQuantConfig(batch_num, weights, inputs, algorithm, params, _skip_layers(cfg.get("skip_layers")))
+
+
+def load_config_json(text: str | bytes) -> dict[str, Any]:
+    """A config dict from JSON (the service's upload, docs/spec/llm.md §2.3), checked by ``parse_config``.
+
+    JSON has no sets: AMCT's ``{'gptq'}`` and ``{'lm_head'}`` are written as lists (``["gptq"]``), a string, or a
+    dict of parameters. ``LlmConfigError`` with ``line``/``column`` for JSON that does not parse."""
+    try:
+        cfg = json.loads(text)
+    except UnicodeDecodeError as e:
+        raise LlmConfigError(f"the config is not UTF-8 text ({e.reason})") from None
+    except json.JSONDecodeError as e:
+        raise LlmConfigError(f"not valid JSON: {e.msg}", line=e.lineno, column=e.colno) from None
+    parse_config(cfg)
+    return cfg
+
+
+def describe_config(cfg: LlmQuantConfig) -> dict[str, Any]:
+    """The parsed config in a few words (what the service shows for an uploaded config)."""
+    w = cfg.weights
+    weights = f"int{w.bits} {'symmetric' if w.symmetric else 'asymmetric'} {w.strategy}"
+    if w.group_size:
+        weights += f" {w.group_size}"
+    summary: dict[str, Any] = {"algorithm": cfg.algorithm, "weights": weights, "batch_num": cfg.batch_num}
+    if cfg.inputs is not None:
+        summary["inputs"] = f"int8 per {cfg.inputs.strategy}"
+    if cfg.params:
+        summary["params"] = dict(cfg.params)
+    if cfg.skip_layers:
+        summary["skip_layers"] = sorted(cfg.skip_layers)
+    return summary

@@ -94,8 +94,11 @@ def _scope_of(node: onnx.NodeProto) -> list[str]:
     return []
 
 
-def _find_matmuls(model: onnx.ModelProto, names: list[str], prefix: str) -> dict[str, onnx.NodeProto]:
-    """Module path -> the MatMul the exporter wrote for it (the last scope entry that is the module)."""
+def _find_matmuls(
+    model: onnx.ModelProto, names: list[str], prefix: str, stand_ins: dict[str, _FloatStandIn]
+) -> dict[str, onnx.NodeProto]:
+    """Module path -> the MatMul the exporter wrote for it (the last scope entry that is the module; else the one
+    MatMul whose constant weight is the module's, see _match_by_weight)."""
     found: dict[str, onnx.NodeProto] = {}
     wanted = {prefix + n: n for n in names}
     for node in model.graph.node:
@@ -106,7 +109,32 @@ def _find_matmuls(model: onnx.ModelProto, names: list[str], prefix: str) -> dict
                 found[wanted[scope]] = node
     missing = sorted(set(names) - set(found))
     if missing:
+        found.update(_match_by_weight(model, missing, stand_ins, {id(n) for n in found.values()}))
+        missing = sorted(set(names) - set(found))
+    if missing:
         raise RuntimeError(f"export_onnx: no MatMul found for the quantised modules {missing[:5]}")
+    return found
+
+
+def _match_by_weight(
+    model: onnx.ModelProto, names: list[str], stand_ins: dict[str, _FloatStandIn], taken: set[int]
+) -> dict[str, onnx.NodeProto]:
+    """Module path -> the one MatMul whose constant weight equals the module's stand-in weight, for modules the
+    exporter recorded no scope for: a model captured from TorchScript is an fx GraphModule, whose calls of its
+    Linears the exporter inlines without their module path. A weight that two MatMuls carry stays unmatched."""
+    candidates = []
+    for node in model.graph.node:
+        if node.op_type == "MatMul" and id(node) not in taken:
+            try:
+                candidates.append((node, _weight_of(model, node)))
+            except RuntimeError:  # an activation x activation MatMul (attention)
+                continue
+    found: dict[str, onnx.NodeProto] = {}
+    for name in names:
+        expected = stand_ins[name].weight.detach().numpy().T
+        hits = [n for n, w in candidates if w.shape == expected.shape and np.array_equal(w, expected)]
+        if len(hits) == 1:
+            found[name] = hits[0]
     return found
 
 
@@ -144,7 +172,7 @@ def _replacement(name: str, node: onnx.NodeProto, module: nn.Module, accuracy_le
 
 
 def _rewrite(model: onnx.ModelProto, modules: dict[str, nn.Module], stand_ins, prefix: str, accuracy_level: int):
-    matmuls = _find_matmuls(model, list(modules), prefix)
+    matmuls = _find_matmuls(model, list(modules), prefix, stand_ins)
     position = {id(n): i for i, n in enumerate(model.graph.node)}
     new_nodes: dict[int, list] = {}
     for name, node in matmuls.items():
@@ -228,7 +256,7 @@ def export_onnx(
         args = _trace_batch(args, dynamic_axes, input_names)
     modules = quantized_modules(model)
     was_training = model.training
-    model.eval()
+    module.eval()  # the model, and a causal LM's wrapper (torch.onnx warns of a module in training mode)
     try:
         with _float_stand_ins(model, modules) as stand_ins, torch.no_grad():
             program = torch.onnx.export(

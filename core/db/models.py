@@ -80,7 +80,7 @@ class Model(BlobMixin, Base):
     id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
     project_id: Mapped[str] = mapped_column(ForeignKey("projects.id"), index=True)
     name: Mapped[str] = mapped_column(String(200))
-    format: Mapped[str] = mapped_column(String(32), default="torchscript")
+    format: Mapped[str] = mapped_column(String(32), default="torchscript")  # torchscript | hf_folder
     input_shape: Mapped[list[int]] = mapped_column(JSON)  # [1, 1, 28, 28]
     input_dtype: Mapped[str] = mapped_column(String(16), default="float32")
     # The signature (job_host/signature.py): [{name, shape, dtype}] and the output structure the
@@ -104,7 +104,7 @@ class Config(BlobMixin, Base):
     id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
     project_id: Mapped[str] = mapped_column(ForeignKey("projects.id"), index=True)
     name: Mapped[str] = mapped_column(String(200))
-    kind: Mapped[str] = mapped_column(String(16))  # retrain | distill
+    kind: Mapped[str] = mapped_column(String(16))  # retrain | distill | calibration | llm (job_host/kinds.py)
     # Which engine APIs accept the cfg (`quant`, `prune`, `compressed`), with the reason when not.
     summary: Mapped[dict[str, Any]] = mapped_column()
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
@@ -115,7 +115,7 @@ class Dataset(BlobMixin, Base):
     id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
     project_id: Mapped[str] = mapped_column(ForeignKey("projects.id"), index=True)
     name: Mapped[str] = mapped_column(String(200))
-    format: Mapped[str] = mapped_column(String(16))  # npz | safetensors
+    format: Mapped[str] = mapped_column(String(16))  # npz | safetensors | text | jsonl
     description: Mapped[dict[str, Any]] = mapped_column()  # arrays: shape, dtype; samples; has_labels
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 

@@ -36,13 +36,16 @@ async def upload_dataset(
     request: Request, session: SessionDep, store: StoreDep, settings: SettingsDep, caller: WriteCaller
 ) -> Dataset:
     """Multipart: `file` (`.npz` or `.safetensors` of named arrays: one per model input, named after it
-    (`inputs` for a one-input model), optional `labels`, optional targets), optional `name`."""
+    (`inputs` for a one-input model), optional `labels`, optional targets; or, for llm_quant, text: a `.txt` file
+    or `.jsonl` with a "text" field per line, told apart by the file's name), optional `name`."""
     with checks_slot(settings, "dataset"):
         upload = await receive_upload(request, "file", settings.max_dataset_bytes, settings.tmp_dir)
         try:
             name = require_name(upload.fields, upload.filename)
             try:
-                fmt, description = await run_in_threadpool(describe_dataset, str(upload.file), settings)
+                fmt, description = await run_in_threadpool(
+                    describe_dataset, str(upload.file), settings, upload.filename
+                )
             except DatasetError as e:
                 raise Problem(422, str(e), field="file", **array_of(e)) from None
             except ValueError as e:

@@ -1,4 +1,5 @@
-"""POST/GET /v1/models: TorchScript uploads, streamed to the store and validated in a child process."""
+"""POST/GET /v1/models: TorchScript uploads, or zipped Hugging Face folders of causal LMs (service/model_folder.py),
+streamed to the store and validated in a sandboxed child process."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ from job_host.signature import (
     from_input_shape,
     parse_inputs,
 )
-from service import model_checks
+from service import model_checks, model_folder
 from service.auth import ReadCaller, WriteCaller
 from service.checks import BUSY_RESPONSE, checks_slot
 from service.deps import SessionDep, SettingsDep, StoreDep
@@ -97,11 +98,21 @@ def validate_in_child(upload: Upload, inputs: list[dict], batch: int, settings: 
     The child sees the upload (read-only) and a fresh folder of its own, nothing else of the data dir;
     what it reports is scrubbed (job_host/errors.py) and its stderr never reaches the answer.
     """
+    return _check_in_child(upload, "job_process.validate_model", [json.dumps(inputs), str(batch)], settings)
+
+
+def validate_folder_in_child(upload: Upload, settings: Settings) -> dict:
+    """A Hugging Face folder (zip) built with transformers' own architecture and run on a few tokens, in a
+    sandboxed child (job_process/validate_llm.py), as validate_in_child checks a TorchScript file."""
+    return _check_in_child(upload, "job_process.validate_llm", [], settings)
+
+
+def _check_in_child(upload: Upload, module: str, args: list[str], settings: Settings) -> dict:
     folder = Path(tempfile.mkdtemp(prefix="check-", dir=settings.tmp_dir))
     try:
         result = sandbox.run(
-            "job_process.validate_model",
-            [str(upload.file), json.dumps(inputs), str(batch)],
+            module,
+            [str(upload.file), *args],
             cwd=folder,
             timeout_s=settings.validate_timeout_s,
             memory_bytes=settings.validate_memory_bytes,
@@ -126,7 +137,10 @@ def validate_in_child(upload: Upload, inputs: list[dict], batch: int, settings: 
         stage = str(report.get("stage"))
         # The engine's words may name the file by its path in the data folder: not the user's business.
         error = str(report.get("error", "")).replace(str(upload.path), "the model file")
-        return {"ok": False, "stage": stage if stage in _STAGE_VERB else "crash", "error": scrub(error)}
+        refusal = {"ok": False, "stage": stage if stage in _STAGE_VERB else "crash", "error": scrub(error)}
+        if isinstance(report.get("file"), str):  # the folder's file at fault (job_process/validate_llm.py)
+            refusal["file"] = scrub(report["file"], 255)
+        return refusal
     return report
 
 
@@ -180,7 +194,7 @@ def _exit_reason(returncode: int) -> str:
                 "description": "the dtype of the input_shape shorthand",
             },
         },
-        "TorchScript (torch.jit.save)",
+        "TorchScript (torch.jit.save), or a zipped Hugging Face folder of a causal LM (llm_quant)",
     ),
 )
 async def upload_model(
@@ -205,33 +219,47 @@ async def upload_model(
     try:
         upload = await receive_upload(request, "file", settings.max_model_bytes, settings.tmp_dir)
         name = require_name(upload.fields, upload.filename)
-        inputs, shape, batch = parse_signature(upload.fields)
-        try:
-            check_torchscript(str(upload.path), settings.max_zip_entries, settings.max_unpacked_bytes, "the model file")
-        except ValueError as e:
-            raise Problem(422, f"{e}; upload a TorchScript file (torch.jit.save)", field="file") from None
+        folder = await run_in_threadpool(model_folder.inspect_upload, str(upload.file), settings)
+        if folder is not None:  # a Hugging Face folder: its signature is a causal LM's, whatever the form says
+            inputs, shape, fmt = model_folder.LLM_INPUTS, model_folder.LLM_EXAMPLE_SHAPE, model_folder.FORMAT
+            check = functools.partial(validate_folder_in_child, upload, settings)
+        else:
+            inputs, shape, batch = parse_signature(upload.fields)
+            fmt = "torchscript"
+            try:
+                check_torchscript(
+                    str(upload.path), settings.max_zip_entries, settings.max_unpacked_bytes, "the model file"
+                )
+            except ValueError as e:
+                raise Problem(
+                    422,
+                    f"{e}; upload a TorchScript file (torch.jit.save), or a zipped Hugging Face folder "
+                    "(config.json + safetensors, or a GGUF file)",
+                    field="file",
+                ) from None
+            check = functools.partial(validate_in_child, upload, inputs, batch, settings)
         if model_checks.wants_async(request):
             _require_sandbox()  # none: the 503 now, not a model that can never be checked
             blob = await run_in_threadpool(store.put_file, upload.file, upload.sha256)
-            model = _model_row(caller.project, name, shape, inputs, blob, status="validating")
+            model = _model_row(caller.project, name, shape, inputs, blob, status="validating", format=fmt)
             session.add(model)
             session.commit()
             slot.callback(upload.discard)  # the file goes with the slot, when the check has ended
-            check = functools.partial(validate_in_child, upload, inputs, batch, settings)
             model_checks.start(request.app, model.id, check, _columns, slot.pop_all())
             upload = None
             response.status_code = 202
             response.headers["Location"] = f"/v1/models/{model.id}"
             return model
-        report = await run_in_threadpool(validate_in_child, upload, inputs, batch, settings)
+        report = await run_in_threadpool(check)
         if not report["ok"]:
-            raise Problem(422, _refusal(report), field="file", stage=report["stage"])
+            named = {"file": report["file"]} if report.get("file") else {}
+            raise Problem(422, _refusal(report), field="file", stage=report["stage"], **named)
         blob = await run_in_threadpool(store.put_file, upload.file, upload.sha256)
     finally:
         if upload is not None:
             upload.discard()
         slot.close()
-    model = _model_row(caller.project, name, shape, inputs, blob, status="ready", **_checked(report))
+    model = _model_row(caller.project, name, shape, inputs, blob, status="ready", format=fmt, **_checked(report))
     session.add(model)
     session.commit()
     return model
@@ -279,6 +307,7 @@ def _refusal(report: dict) -> str:
 
 
 _STAGE_VERB = {
+    "folder": "load as a Hugging Face model folder",
     "load": "load as TorchScript",
     "forward": "run on example inputs of its signature",
     "outputs": "return tensors",

@@ -17,8 +17,28 @@ const GATE_LABEL = "quality gate"; // its row is red: the figures the job missed
 const WARNING_LABEL = "warning"; // a yellow row per report.json `warnings` line
 const ROW_CLASSES = { [GATE_LABEL]: "gate-failed", [WARNING_LABEL]: "warning" };
 
+// An llm_quant report (job_process/llm_runner.py), as service/report_view.py llm_rows: perplexity in PyTorch
+// and onnxruntime on held-out text, file bytes, prefill latency and tokens per second.
+function llmRows(l) {
+  const held = `${number(l.tokens.evaluation_tokens)} held-out tokens`;
+  const change = (before, after) => `${after >= before ? "+" : ""}${((after / before - 1) * 100).toFixed(2)}%`;
+  const rows = [["ONNX size", bytes(l.onnx_size_bytes.fp32), bytes(l.onnx_size_bytes.deploy),
+                 ratio(l.onnx_size_bytes.fp32, l.onnx_size_bytes.deploy)]];
+  for (const [runtime, label] of [["pytorch", "PyTorch"], ["onnxruntime", "onnxruntime"]]) {
+    const [before, after] = [l.perplexity.fp32[runtime], l.perplexity.deploy[runtime]];
+    rows.push([`perplexity, ${label} (${held})`, before.toFixed(3), after.toFixed(3), change(before, after)]);
+  }
+  const p = l.prefill;
+  rows.push([`prefill, median (${p.tokens} tokens, ${p.threads} thread)`, `${p.fp32.median_ms.toFixed(2)} ms`,
+             `${p.deploy.median_ms.toFixed(2)} ms`, `speed-up ${p.speedup.toFixed(2)}×`]);
+  rows.push(["prefill tokens per second", number(Math.round(p.fp32.tokens_per_s)),
+             number(Math.round(p.deploy.tokens_per_s)), ""]);
+  return rows;
+}
+
 // The rows service/report_view.py prints in the CLI: FP32 model against the deploy model.
 export function reportRows(r) {
+  if (r.llm) return llmRows(r.llm);
   const rows = [
     ["ONNX size", bytes(r.onnx_size_bytes.fp32), bytes(r.onnx_size_bytes.deploy),
      ratio(r.onnx_size_bytes.fp32, r.onnx_size_bytes.deploy)],
@@ -271,6 +291,13 @@ export function jobView(id) {
 
   function showReport(r) {
     el.report.replaceChildren(...reportTable(r));
+    if (r.llm) {
+      const c = r.llm.config;
+      el.report.append(h("p", { id: "llm-config", class: "muted" },
+        `${r.llm.architecture} · ${c.algorithm}, weights ${c.weights}${c.inputs ? `, activations ${c.inputs}` : ""}`
+        + ` · calibrated on ${r.llm.tokens.calibration_batches} × ${r.llm.tokens.calibration_rows_per_batch} rows`
+        + ` of ${r.llm.tokens.seq_len} tokens`));
+    }
     if (r.sensitivity) el.report.append(h("h3", {}, "Per-layer sensitivity"), sensitivityTable(r.sensitivity));
     if (r.mixed_precision) el.report.append(h("h3", {}, "Mixed precision"), mixedPrecisionTable(r.mixed_precision));
   }

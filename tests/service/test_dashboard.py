@@ -499,3 +499,66 @@ def test_a_deploy_model_slower_than_fp32_gets_a_yellow_row_with_its_figure(app_s
     assert len(rows) == 1 and "0.80x its speed at batch 8" in rows[0]["text"], rows
     assert rows[0]["background"] not in ("rgba(0, 0, 0, 0)", "transparent"), rows  # the stylesheet colours it
     assert page.errors == []
+
+
+# -- the dashboard -------------------------------------------------------------------------------------------------
+LLM_REPORT_TABLE = """async (report) => {
+  const { reportTable } = await import("/ui/job.js");
+  document.body.append(...reportTable(report));
+  return [...document.querySelectorAll("#report-table tbody tr")]
+    .map((tr) => [...tr.children].map((c) => c.textContent));
+}"""
+# report.json of an llm_quant job (job_process/llm_runner.py), as test_llm_quant_jobs.py's int4 job wrote it.
+LLM_REPORT = {
+    "kind": "llm_quant",
+    "llm": {
+        "source": "hf_folder",
+        "architecture": "LlamaForCausalLM",
+        "config": {"algorithm": "awq", "weights": "int4 asymmetric group 32", "batch_num": 2},
+        "tokens": {
+            "text_tokens": 31470,
+            "seq_len": 64,
+            "calibration_rows": 393,
+            "evaluation_rows": 98,
+            "evaluation_tokens": 6272,
+            "calibration_batches": 2,
+            "calibration_rows_per_batch": 8,
+        },
+        "perplexity": {
+            "fp32": {"pytorch": 508.765, "onnxruntime": 508.7652},
+            "deploy": {"pytorch": 508.974, "onnxruntime": 508.963},
+            "increase": 0.00041,
+            "ort_vs_pytorch": -0.00002,
+        },
+        "onnx_size_bytes": {"fp32": 873329, "deploy": 593015},
+        "size_ratio": 0.679,
+        "prefill": {
+            "tokens": 64,
+            "threads": 1,
+            "fp32": {"median_ms": 0.54, "min_ms": 0.5, "tokens_per_s": 118518.5},
+            "deploy": {"median_ms": 0.86, "min_ms": 0.8, "tokens_per_s": 74418.6},
+            "speedup": 0.628,
+        },
+    },
+}
+
+
+def test_the_job_page_shows_an_llm_report_as_the_cli_does(app_server, page):
+    """The dashboard's before/after table of an llm_quant report: perplexity in PyTorch and onnxruntime, bytes,
+    prefill latency and tokens per second; the same rows `amct jobs watch` prints (service/report_view.py)."""
+    from service.report_view import report_rows
+
+    page.goto(f"{app_server.base_url}/ui/")
+    rows = page.evaluate(LLM_REPORT_TABLE, LLM_REPORT)
+    assert [row[0] for row in rows] == [row[0] for row in report_rows(LLM_REPORT)]
+    by_label = {row[0]: row[1:] for row in rows}
+    assert by_label["ONNX size"] == ["852.9 KiB", "579.1 KiB", "0.68×"]
+    assert by_label["perplexity, onnxruntime (6,272 held-out tokens)"] == ["508.765", "508.963", "+0.04%"]
+    assert by_label["prefill, median (64 tokens, 1 thread)"] == ["0.54 ms", "0.86 ms", "speed-up 0.63×"]
+    assert by_label["prefill tokens per second"][:2] == ["118,519", "74,419"]
+    python = {row[0]: list(row[1:]) for row in report_rows(LLM_REPORT)}
+    assert (
+        by_label["perplexity, PyTorch (6,272 held-out tokens)"] == python["perplexity, PyTorch (6,272 held-out tokens)"]
+    )
+    assert by_label["ONNX size"] == python["ONNX size"]
+    assert page.errors == []
