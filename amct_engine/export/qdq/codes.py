@@ -77,11 +77,11 @@ def shape_ops_on_codes(model: onnx.ModelProto) -> None:
             continue  # a shape op read by a float op keeps its float input (a transformer's Reshape before MatMul)
         node.input[0] = dequant.input[0]
         for k, out in enumerate(node.output):
-            codes = f"{out}_codes"
+            others = [r for r in readers[out] if all(r is not q for q in requants[k])]
+            codes = f"{out}_codes" if others else out  # `out` stays the float tensor's name where one is left
             for requant in requants[k]:
                 renamed[requant.output[0]] = codes
                 dropped.add(id(requant))
-            others = [r for r in readers[out] if id(r) not in dropped]
             for j, requant in enumerate(r for r in others if same_type(dequant, r)):
                 added[id(node)].extend(_requantize(codes, dequant, f"{out}_requantized_{j}"))
                 requant.input[0] = f"{out}_requantized_{j}"
