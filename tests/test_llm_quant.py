@@ -23,6 +23,7 @@ from amct_engine.llm.awq import output_error
 from amct_engine.llm.config import WeightSpec, parse_config
 from amct_engine.llm.group_quant import rtn
 from amct_engine.llm.quant_linear import W8A8Linear, WeightOnlyLinear
+from tests.llm_folder import tiny_llama
 
 transformers = pytest.importorskip("transformers")
 
@@ -50,23 +51,7 @@ def texts():
 
 @pytest.fixture(scope="module")
 def _tiny_llama():
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        hidden_size=64,
-        intermediate_size=160,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=256,
-        max_position_embeddings=256,
-        tie_word_embeddings=True,
-    )
-    model = transformers.LlamaForCausalLM(config).eval()
-    with torch.no_grad():
-        for layer in model.model.layers:  # outlier input channels, as trained LLMs have
-            layer.input_layernorm.weight[:3] = 8.0
-            layer.post_attention_layernorm.weight[5:7] = 6.0
-    return model
+    return tiny_llama(256)  # the service tests' model (tests/llm_folder.py), over a 256-token vocabulary
 
 
 @pytest.fixture
