@@ -180,8 +180,8 @@ def save_compressed_retrain_model(
     deploy_format: a name in amct_engine.export.formats.DEPLOY_FORMATS: "onnx" (integer model for
     onnxruntime) or "ascend" (AMCT layout, docs/spec/engine.md §5).
     deploy_target: the CPU the "onnx" deploy model is for ("auto": this machine; "x86_amx", "x86_vnni", "x86_avx2",
-    "x86_avx2_u8u8", "arm"), which picks how its weight codes are stored: int8, 7-bit int8 on AVX2 or uint8 + 128
-    (amct_engine.export.deploy_target).
+    "x86_avx2_reduce_range", "x86_avx2_u8u8", "arm"), which picks how its weight codes are stored: int8, 7-bit
+    int8 on AVX2 or uint8 + 128 (amct_engine.export.deploy_target).
     """
     _check_path(record_file, "record_file")
     _check_save_args(save_path, dynamic_axes, deploy_format)

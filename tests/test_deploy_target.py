@@ -71,6 +71,7 @@ def qat(tmp_path_factory):
         ("x86_vnni", np.int8, 0),
         ("arm", np.int8, 0),
         ("x86_avx2", np.int8, 0),
+        ("x86_avx2_reduce_range", np.int8, 0),
         ("x86_avx2_u8u8", np.uint8, 128),
     ],
 )
@@ -84,33 +85,35 @@ def test_weight_codes_follow_the_target_and_the_report_says_which(qat, target, d
         codes["fc"] = (np.dtype(np.uint8), {128})
     assert _weight_codes(paths["deploy"]) == codes
     # One input channel under a 3x3 kernel: on the x86 int8 targets conv1 runs float on its codes (conv_float_stems.py).
-    x86_signed = target in ("x86_vnni", "x86_amx", "x86_avx2")
+    x86_signed = target in ("x86_vnni", "x86_amx", "x86_avx2", "x86_avx2_reduce_range")
     assert deploy_report(paths["deploy"])["conv_layout"]["float_stems"] == (["conv1/Conv"] if x86_signed else [])
     assert deploy_report(paths["deploy"])["deploy_target"] == target
-    if target == "x86_avx2_u8u8" or (target != "x86_avx2" and full_int8_exact_here()):
+    if target == "x86_avx2_u8u8" or (not target.startswith("x86_avx2") and full_int8_exact_here()):
         # Exact kernels for this target on this CPU: the deploy model computes the eval model bit for bit
         # (this chain requantises only through ReLU/flatten, with the next layer's own quantiser).
         session = ort.InferenceSession(paths["deploy"], providers=["CPUExecutionProvider"])
         np.testing.assert_array_equal(session.run(None, {session.get_inputs()[0].name: INPUT.numpy()})[0], expected)
 
 
-def test_avx2_stores_7_bit_codes_that_its_u8s8_kernels_sum_exactly(qat):
+@pytest.mark.parametrize("target, fc_bits", [("x86_avx2", 8), ("x86_avx2_reduce_range", 7)])
+def test_avx2_stores_7_bit_codes_that_its_u8s8_kernels_sum_exactly(qat, target, fc_bits):
     """x86_avx2: the convs' record clip range on 7-bit codes (2 x 255 x 64 < 2^15: no pair of u8s8 products
     saturates), so the deploy model computes the export model at those codes bit for bit on any x86 CPU, and
-    stays within a few 8-bit steps of the eval model's 8-bit codes; the Linear keeps 8 bits (u8u8)."""
+    stays within a few 8-bit steps of the eval model's 8-bit codes; the Linear keeps 8 bits (u8u8) there, and
+    takes 7-bit signed codes too on x86_avx2_reduce_range."""
     tmp_path, config, qmodel, record, expected = qat
     paths = amct.save_quant_retrain_model(
-        str(config), qmodel, str(record), str(tmp_path / "avx2"), INPUT, deploy_target="x86_avx2"
+        str(config), qmodel, str(record), str(tmp_path / f"{target}_7bit"), INPUT, deploy_target=target
     )
     inits = {t.name: numpy_helper.to_array(t) for t in onnx.load(paths["deploy"]).graph.initializer}
-    for layer in ("conv1", "conv2"):
+    for layer in ("conv1", "conv2", "fc") if fc_bits == 7 else ("conv1", "conv2"):
         codes = inits[f"{layer}.weight"].astype(int)
         assert codes.min() >= -64 and codes.max() <= 63 and np.abs(codes).max() >= 62  # the range is used
     records = records_for_save(qmodel, str(record))
-    narrowed = export_layers(qmodel, records, "x86_avx2")
-    assert {path: layer.factors.wts_bits for path, layer in narrowed.items()} == {"conv1": 7, "conv2": 7, "fc": 8}
+    narrowed = export_layers(qmodel, records, target)
+    assert {path: layer.factors.wts_bits for path, layer in narrowed.items()} == {"conv1": 7, "conv2": 7, "fc": fc_bits}
     for path, layer in narrowed.items():
-        if path == "fc":
+        if layer.factors.wts_bits == 8:
             continue
         qmodel_layer = qmodel.get_submodule(path)
         scale = np.asarray(records[qmodel_layer.layer_name].scale_w) * 127 / 63

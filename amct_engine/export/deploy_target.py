@@ -10,6 +10,13 @@ dot-product kernels are exact. So:
   quantiser calls `reduce_range`. MobileNetV2 at batch 1 / 8 ran 0.43x / 0.66x FP32's time so, 0.77x / 0.96x
   on the u8u8 kernels. Depthwise convs keep 8 bits (exact kernel), Linear / MatMul layers the record's 8 bits
   as uint8 + 128 (export/save.py `weight_codes`);
+- "x86_avx2_reduce_range": as "x86_avx2", and the Linear / MatMul layers' weights as 7-bit signed codes too, on
+  the fast u8s8 kernels instead of the exact u8u8 ones (what onnxruntime's `quantize_dynamic` runs, with its
+  `reduce_range` for exactness). On the BBC task model (all-MiniLM-L6-v2 + a head, PTQ, AVX2 without VNNI):
+  one-thread CPU time 0.60x / 0.59x FP32's at batch 1 / 32 against 0.73x / 0.70x with "x86_avx2"
+  (quantize_dynamic: 0.65x / 0.60x), held-out accuracy 0.9640 against 0.9685 (FP32 0.9662;
+  docs/benchmarks.md, "Transformers on AVX2"). Opt-in: the deploy model then no longer computes the PyTorch
+  model's 8-bit Linear weights;
 - "x86_avx2_u8u8": the record's 8-bit integers as uint8 codes + 128 (zero point 128), ORT's exact but
   slower u8u8 kernels: the deploy model computes the fake-quant model's weights bit for bit;
 - "x86_amx" (AMX-INT8, e.g. Xeon Sapphire Rapids): as "x86_vnni", and each conv's weight zero point written
@@ -36,6 +43,9 @@ class DeployTarget:
     signed_weights: bool  # int8 codes with zero point 0 (exact here); else uint8 codes + 128
     rewrites: tuple[str, ...] = ()
     weight_bits: int = 8  # the widest conv weight code the target's kernels sum exactly (export/save.py weight_codes)
+    # Linear / MatMul weight codes where `weight_bits` < 8: 8 (uint8 + 128, the exact u8u8 kernels) or the
+    # signed `weight_bits` codes of the convs (the fast u8s8 kernels; export/save.py weight_codes)
+    reduce_linear: bool = False
 
 
 TARGETS: Registry[DeployTarget] = Registry("deploy target")
@@ -64,6 +74,9 @@ def deploy_target_names() -> tuple[str, ...]:
 register_deploy_target(DeployTarget("x86_amx", True, ("float_stems", "gemm_path_convs")))
 register_deploy_target(DeployTarget("x86_vnni", True, ("float_stems", "padded_input_channels")))
 register_deploy_target(DeployTarget("x86_avx2", True, ("float_stems", "padded_input_channels"), weight_bits=7))
+register_deploy_target(
+    DeployTarget("x86_avx2_reduce_range", True, ("float_stems", "padded_input_channels"), 7, reduce_linear=True)
+)
 register_deploy_target(DeployTarget("x86_avx2_u8u8", False))
 register_deploy_target(DeployTarget("arm", True))
 

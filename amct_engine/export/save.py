@@ -49,8 +49,10 @@ def weight_codes(layer: nn.Module, record: LayerQuantRecord, deploy_target: str 
     bits (`weight_bits` 7: x86_avx2) gets 7-bit codes on the convs that run on those kernels, which sum them
     exactly and measured as accurate as 8 bits on the mobile nets of docs/benchmarks.md; there a depthwise
     conv keeps 8 signed bits (its int8 kernel sums in 32 bits: ±127 weights on 255 codes came out exact), a
-    Linear / MatMul keeps the record's 8 bits as uint8 + 128 on the exact u8u8 kernels (7 bits unmeasured on
-    transformers: issue 38), and a layer without an int8 kernel (INT16 inputs, transposed convs) runs float."""
+    Linear / MatMul keeps the record's 8 bits as uint8 + 128 on the exact u8u8 kernels unless the target
+    reduces them too (x86_avx2_reduce_range: faster, 0.45 pt of a transformer task's accuracy in
+    export/deploy_target.py's measurement), and a layer without an int8 kernel (INT16 inputs, transposed
+    convs) runs float."""
     if deploy_target is None:
         return 8, True
     target = TARGETS[resolve_deploy_target(deploy_target)]
@@ -58,7 +60,7 @@ def weight_codes(layer: nn.Module, record: LayerQuantRecord, deploy_target: str 
     if target.weight_bits == 8 or record.act_bits != 8 or not behaviour.int8_kernel:
         return 8, target.signed_weights
     if behaviour.matmul_like:
-        return 8, False
+        return (target.weight_bits, True) if target.reduce_linear else (8, False)
     groups = getattr(layer, "groups", 1)
     depthwise = groups > 1 and layer.in_channels == groups == layer.out_channels
     return (8 if depthwise else target.weight_bits), target.signed_weights
@@ -179,9 +181,9 @@ def save_quantized_onnx(
     `deploy_format` names the deploy model's format in `amct_engine.export.formats.DEPLOY_FORMATS`:
     "onnx", the portable integer model onnxruntime runs; "ascend", AMCT's layout with
     AscendQuant/AscendDequant for the ATC converter (docs/spec/engine.md §5). `deploy_target`
-    ("auto", "x86_amx", "x86_vnni", "x86_avx2", "x86_avx2_u8u8", "arm"; export.deploy_target) is the CPU the
-    "onnx" deploy model is written for; "auto" is the exporting machine's kind, and the deploy file's report
-    says which. Its weights are the record's codes, except on "x86_avx2" (7-bit codes: export.deploy_target).
+    (a name of export.deploy_target, "auto" the exporting machine's kind) is the CPU the "onnx" deploy model
+    is written for, and the deploy file's report says which. Its weights are the record's codes, except on
+    "x86_avx2" and "x86_avx2_reduce_range" (7-bit codes: export.deploy_target).
     `layer_graph`: the model traced with its quantised layers as placeholders (export.layer_graph), when
     the caller has it (PTQ's quantize_model); by default traced here.
     """
