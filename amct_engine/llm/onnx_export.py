@@ -25,15 +25,32 @@ import torch
 from onnx import helper, numpy_helper
 from torch import nn
 
-from amct_engine.llm.onnx_nodes import MS_DOMAIN, matmulnbits_node, w8a8_static_nodes, w8a8_token_nodes
+from amct_engine.export.deploy_target import detect_deploy_target
+from amct_engine.llm.onnx_nodes import (
+    MS_DOMAIN,
+    matmulnbits_node,
+    w8a8_qdq_nodes,
+    w8a8_static_nodes,
+    w8a8_token_nodes,
+)
 from amct_engine.llm.quant_linear import W8A8Linear, WeightOnlyLinear
 
 OPSET = 18
-# MatMulNBits' accuracy_level: 4 = activations quantised to int8 per block for the int8 dot-product kernels,
-# 0 = float32 activations with the weight dequantised (exactly convert's maths). Measured (bench/llm_quant.py,
-# SmolLM2-135M, RTN int4 g32, AVX-512 VNNI, 2 shared cores; docs/spec/llm.md §7): 512-token prefill 0.97x FP32
-# at level 4 vs 1.02x at level 0, perplexity +0.11 % over level 0. Level 4 is the default.
-DEFAULT_ACCURACY_LEVEL = 4
+# MatMulNBits' accuracy_level, chosen by measurement for the CPU that exports (the service measures the file on the
+# machine that wrote it): 0 = float32 activations, each weight tile dequantised into MLAS's SGEMM (exactly convert's
+# maths); 4 = activations quantised to int8 per block for MLAS's int8 dot-product kernels. Prefill CPU time on one
+# thread, ratio to the FP32 file, SmolLM2-135M RTN int4 g32, ORT 1.32 (bench/llm_quant.py; docs/spec/llm.md §7):
+# - AMD EPYC, AVX2 without VNNI: 512 tokens 0.98x at level 0 vs 1.04x at level 4 (int8 weight-only: 1.11x vs 1.35x);
+#   128 tokens 1.03x at both. One MatMulNBits (K 576, N 1536, block 32/128) at 512 rows: level 0 1.00-1.02x SGEMM,
+#   level 4 1.08-1.13x: without VNNI the int8 products (vpmaddubsw) and a float rescale every block do not beat the
+#   FMA SGEMM; at 1 row (a decode step) level 4 is 3.4x faster than level 0, but this file is prefill-only.
+# - AMD EPYC, AVX-512 VNNI: 512 tokens 0.97x at level 4 vs 1.02x at level 0.
+# So: level 0 on x86 without VNNI, else 4 (also on AMX and on ARM, unmeasured here; ORT's own quantiser's choice).
+ACCURACY_LEVEL_NO_VNNI = 0
+ACCURACY_LEVEL_INT8_DOT = 4
+# Static W8A8 as QDQ (ORT fuses it into its uint8 x int8 MatMul: 0.70x FP32 prefill with AVX-512 VNNI) except on x86
+# without VNNI, where that kernel (vpmaddubsw) saturates at int16 (a tiny Llama's logits off by 0.2): there it is
+# QuantizeLinear + MatMulInteger (int8 x int8, exact; 3x SGEMM's time on one MatMul at 512 rows on AVX2).
 EXTERNAL_DATA_BYTES = 1 << 30  # files with more initialiser bytes keep them in `<file>.data` (protobuf's 2 GiB cap)
 
 
@@ -150,7 +167,9 @@ def _weight_of(model: onnx.ModelProto, node: onnx.NodeProto) -> np.ndarray:
     raise RuntimeError(f"export_onnx: the weight of {node.name} is not a constant")
 
 
-def _replacement(name: str, node: onnx.NodeProto, module: nn.Module, accuracy_level: int) -> tuple[list, list]:
+def _replacement(
+    name: str, node: onnx.NodeProto, module: nn.Module, accuracy_level: int, w8a8_qdq: bool
+) -> tuple[list, list]:
     a, out = node.input[0], node.output[0]
     if isinstance(module, WeightOnlyLinear):
         return matmulnbits_node(
@@ -168,10 +187,13 @@ def _replacement(name: str, node: onnx.NodeProto, module: nn.Module, accuracy_le
     codes, scale = module.weight_codes.numpy(), module.weight_scale.numpy()
     if module.input_scale is None:
         return w8a8_token_nodes(name, a, out, codes, scale)
-    return w8a8_static_nodes(name, a, out, codes, scale, module.input_scale)
+    static = w8a8_qdq_nodes if w8a8_qdq else w8a8_static_nodes
+    return static(name, a, out, codes, scale, module.input_scale)
 
 
-def _rewrite(model: onnx.ModelProto, modules: dict[str, nn.Module], stand_ins, prefix: str, accuracy_level: int):
+def _rewrite(
+    model: onnx.ModelProto, modules: dict[str, nn.Module], stand_ins, prefix: str, accuracy_level: int, w8a8_qdq: bool
+):
     matmuls = _find_matmuls(model, list(modules), prefix, stand_ins)
     position = {id(n): i for i, n in enumerate(model.graph.node)}
     new_nodes: dict[int, list] = {}
@@ -180,7 +202,7 @@ def _rewrite(model: onnx.ModelProto, modules: dict[str, nn.Module], stand_ins, p
         written = _weight_of(model, node)
         if written.shape != expected.shape or not np.allclose(written, expected, rtol=1e-5, atol=1e-6):
             raise RuntimeError(f"export_onnx: the MatMul found for {name} does not carry its weight")
-        nodes, inits = _replacement(name, node, modules[name], accuracy_level)
+        nodes, inits = _replacement(name, node, modules[name], accuracy_level, w8a8_qdq)
         new_nodes[position[id(node)]] = nodes
         model.graph.initializer.extend(inits)
     rebuilt = []
@@ -206,6 +228,12 @@ def _drop_unused(model: onnx.ModelProto) -> None:
     keep = [t for t in model.graph.initializer if t.name in used]
     del model.graph.initializer[:]
     model.graph.initializer.extend(keep)
+
+
+def accuracy_level_for_cpu(machine: str | None = None, flags: set[str] | None = None) -> int:
+    """MatMulNBits' accuracy_level that prefills faster on this CPU (or the one ``machine``/``flags`` describe)."""
+    target = detect_deploy_target(machine, flags)
+    return ACCURACY_LEVEL_NO_VNNI if target == "x86_avx2" else ACCURACY_LEVEL_INT8_DOT
 
 
 def _is_causal_lm(model: nn.Module) -> bool:
@@ -234,7 +262,8 @@ def export_onnx(
     save_path: str | os.PathLike,
     input_data: Any,
     dynamic_axes: dict[str, dict[int, str]] | None = None,
-    accuracy_level: int = DEFAULT_ACCURACY_LEVEL,
+    accuracy_level: int | None = None,
+    w8a8_qdq: bool | None = None,
     input_names: list[str] | None = None,
     output_names: list[str] | None = None,
 ) -> Path:
@@ -242,7 +271,15 @@ def export_onnx(
 
     ``input_data``: a tensor or tuple of example inputs (``input_ids`` for a causal LM). ``dynamic_axes``
     as in ``torch.onnx.export``; for a causal LM the batch and sequence axes are dynamic by default.
-    ``accuracy_level``: MatMulNBits' attribute (0: float32 activations, as convert computes; 4: int8)."""
+    ``accuracy_level``: MatMulNBits' attribute (0: float32 activations, as convert computes; 4: int8 activations);
+    None: the faster one on this CPU (``accuracy_level_for_cpu``: 0 on x86 without VNNI, else 4). ``w8a8_qdq``:
+    static W8A8 as QDQ (True) or QuantizeLinear + MatMulInteger (False); None: QDQ unless on x86 without VNNI."""
+    if accuracy_level is None:
+        accuracy_level = accuracy_level_for_cpu()
+    if w8a8_qdq is None:
+        w8a8_qdq = detect_deploy_target() != "x86_avx2"
+    if accuracy_level not in (0, 1, 2, 3, 4):
+        raise ValueError(f"export_onnx: accuracy_level must be 0-4 (MatMulNBits), got {accuracy_level!r}")
     path = Path(save_path)
     path.parent.mkdir(parents=True, exist_ok=True)
     args = input_data if isinstance(input_data, tuple) else (input_data,)
@@ -271,7 +308,7 @@ def export_onnx(
             )
             onnx_model = program.model_proto
             if modules:
-                _rewrite(onnx_model, modules, stand_ins, prefix, accuracy_level)
+                _rewrite(onnx_model, modules, stand_ins, prefix, accuracy_level, w8a8_qdq)
     finally:
         model.train(was_training)
     _save(onnx_model, path)

@@ -94,8 +94,32 @@ def matmulnbits_node(
 
 
 def w8a8_static_nodes(name: str, a: str, out: str, weight_codes, weight_scale, input_scale: float) -> tuple[list, list]:
-    """QDQ: Q/DQ on the input with the static scale, DQ on the int8 weight (K, N) per column, a MatMul.
-    ORT fuses the pattern into its int8 MatMul (MatMulIntegerToFloat) when the session loads."""
+    """Static int8: QuantizeLinear with the calibrated scale, MatMulInteger with the int8 weight (K, N), then
+    both scales (the steps of W8A8Linear.forward). Not QDQ: on x86 ORT turns an int8 QDQ MatMul into a uint8 x int8
+    one, whose AVX2 kernel without VNNI (vpmaddubsw) saturates pairs of products at int16 (SmolLM2's logits off
+    by 0.2 on a tiny Llama; exact with the session option ``session.x64quantprecision``, which a file cannot set).
+    MatMulInteger on int8 x int8 keeps every product exact."""
+    inits = [
+        numpy_helper.from_array(np.asarray(weight_codes, np.int8).T.copy(), f"{name}.qweight"),
+        numpy_helper.from_array(np.asarray(weight_scale, np.float32), f"{name}.weight_scale"),
+        numpy_helper.from_array(np.asarray(input_scale, np.float32), f"{name}.input_scale"),
+        numpy_helper.from_array(np.asarray(0, np.int8), f"{name}.input_zero"),
+    ]
+    t = {s: f"{name}.{s}" for s in ("q", "acc", "accf", "y1")}
+    nodes = [
+        helper.make_node("QuantizeLinear", [a, inits[2].name, inits[3].name], [t["q"]], name=f"{name}/QuantizeInput"),
+        helper.make_node("MatMulInteger", [t["q"], inits[0].name], [t["acc"]], name=f"{name}/MatMulInteger"),
+        helper.make_node("Cast", [t["acc"]], [t["accf"]], name=f"{name}/Cast", to=TensorProto.FLOAT),
+        helper.make_node("Mul", [t["accf"], inits[2].name], [t["y1"]], name=f"{name}/InputScale"),
+        helper.make_node("Mul", [t["y1"], inits[1].name], [out], name=f"{name}/WeightScale"),
+    ]
+    return nodes, inits
+
+
+def w8a8_qdq_nodes(name: str, a: str, out: str, weight_codes, weight_scale, input_scale: float) -> tuple[list, list]:
+    """Static int8 as QDQ: Q/DQ on the input with the static scale, DQ on the int8 weight (K, N) per column, a
+    MatMul; ORT fuses the pattern into its uint8 x int8 MatMul when the session loads: exact and fast with VNNI,
+    wrong without it (see w8a8_static_nodes)."""
     inits = [
         numpy_helper.from_array(np.asarray(weight_codes, np.int8).T.copy(), f"{name}.qweight"),
         numpy_helper.from_array(np.asarray(weight_scale, np.float32), f"{name}.weight_scale"),
