@@ -988,6 +988,7 @@ def service_md(results: Mapping[str, Any]) -> list[str]:
 DEPLOY_TITLES = {
     "deploy": "## Deploy speed: our INT8 ONNX vs FP32 and onnxruntime's own PTQ",
     "mobile": "## Mobile CNNs",
+    "transformers": "## Transformer encoders: our PTQ vs onnxruntime's quantize_dynamic",
 }
 
 
@@ -1905,6 +1906,7 @@ def render(results: Mapping[str, Any], md_path: Path, images: Path) -> None:
     lines += (
         deploy_md(results)
         + deploy_md(results, "mobile")
+        + deploy_md(results, "transformers")
         + mobile_accuracy_md(results)
         + capture_md(results)
         + service_md(results)

@@ -17,6 +17,8 @@ the report, and the others still run):
   FP32, int8 weight-only, RTN int4 g32/g128, W8A8, two ORT peers);
 - ``deploy``: deploy speed of our INT8 ONNX vs FP32 and ORT's static PTQ (bench/deploy_speed.py);
 - ``mobile``: the same for bench/mobile_nets.py's mobile CNNs and detector (SiLU, hardswish, gates, ReLU6, PReLU);
+- ``transformers``: the same for a Llama-style encoder (RMSNorm, RoPE, SwiGLU) and a BERT-base-sized one, against
+  quantize_dynamic with and without ORT's transformer optimiser (bench/deploy_speed.py ``encoder_section``);
 - ``mobile_accuracy``: top-1 of a trained mobile net per activation family, FP32 vs our PTQ / QAT deploy models vs
   ORT's PTQ (bench/mobile_accuracy.py);
 - ``capture``: capture + config vs ONNX export + load on ResNet-50 (bench/capture.py);
@@ -68,6 +70,7 @@ SECTIONS = (
     "llm_quant",
     "deploy",
     "mobile",
+    "transformers",
     "mobile_accuracy",
     "capture",
     "service",
@@ -87,6 +90,7 @@ TIMEOUTS = {
     "llm_quant": 75 * 60,
     "deploy": 30 * 60,
     "mobile": 30 * 60,
+    "transformers": 40 * 60,
     "mobile_accuracy": 25 * 60,
     "capture": 10 * 60,
     "service": 30 * 60,
@@ -95,7 +99,7 @@ TIMEOUTS = {
 }
 # --quick limits other than 15 min: llm_quant's quick run exports 5 ONNX files of SmolLM2-135M (1-4 min each on 2
 # shared cores); it took 38 min at load average 8-9 on 2 cores (2026-12-07).
-QUICK_TIMEOUTS = {"llm_quant": 45 * 60}
+QUICK_TIMEOUTS = {"llm_quant": 45 * 60, "transformers": 30 * 60}  # BERT-base: 18 min quick at load 7
 # Environment of a section's child process: the sections measured on one thread, as their figures were first
 # taken (docs/benchmarks.md, "PTQ: ours against onnxruntime's static PTQ and NNCF": torch's spinning OpenMP
 # threads on a busy machine made PTQ's wall time 15-40x ORT's).
@@ -229,6 +233,12 @@ def _mobile(quick: bool) -> Result:
     return deploy_speed.run(quick=quick, only=",".join(MOBILE_NETS))
 
 
+def _transformers(quick: bool) -> Result:
+    from bench import deploy_speed
+
+    return deploy_speed.run(quick=quick, only="llama_encoder,bert_base_encoder")
+
+
 def _mobile_accuracy(quick: bool) -> Result:
     from bench import mobile_accuracy
 
@@ -275,6 +285,7 @@ RUNNERS = {
     "llm_quant": _llm_quant,
     "deploy": _deploy,
     "mobile": _mobile,
+    "transformers": _transformers,
     "mobile_accuracy": _mobile_accuracy,
     "capture": _capture,
     "service": _service,

@@ -627,6 +627,7 @@ FIXTURES = {
     "llm_quant": llm_quant_result,
     "deploy": deploy_result,
     "mobile": deploy_result,  # the same renderer, bench/mobile_nets.py's models
+    "transformers": deploy_result,  # the same renderer, the encoder sections of bench/deploy_speed.py
     "mobile_accuracy": mobile_accuracy_result,
     "capture": capture_result,
     "service": service_result,
@@ -645,6 +646,7 @@ TITLES = {
     "llm_quant": report.LLM_TITLE,
     "deploy": "## Deploy speed",
     "mobile": "## Mobile CNNs",
+    "transformers": "## Transformer encoders",
     "mobile_accuracy": "### Mobile CNN accuracy",
     "capture": "## Graph capture",
     "service": "## Service under load",
