@@ -333,9 +333,10 @@ def export_fp32(model: nn.Module, example: tuple[torch.Tensor, torch.Tensor], pa
     return str(path)
 
 
-def ptq_deploy(model: nn.Module, train: Split, folder: str | Path) -> dict[str, Any]:
+def ptq_deploy(model: nn.Module, train: Split, folder: str | Path, deploy_target: str = "auto") -> dict[str, Any]:
     """The engine's PTQ (create_quant_config -> quantize_model -> CALIBRATION_BATCHES training batches ->
-    save_model) of the classifier: defaults, every Linear INT8. Returns save_model's paths and the seconds."""
+    save_model) of the classifier: defaults, every Linear INT8, the deploy file for `deploy_target`
+    (amct_engine.export.deploy_target). Returns save_model's paths and the seconds."""
     import amct_engine as amct
 
     folder = Path(folder)
@@ -349,7 +350,7 @@ def ptq_deploy(model: nn.Module, train: Split, folder: str | Path) -> dict[str, 
         for i in range(CALIBRATION_BATCHES):
             rows = slice(i * CALIBRATION_BATCH, (i + 1) * CALIBRATION_BATCH)
             calibration(train.ids[rows], train.mask[rows])
-    paths = amct.save_model(fused, record, str(folder / "ptq"))
+    paths = amct.save_model(fused, record, str(folder / "ptq"), deploy_target=deploy_target)
     return {**paths, "seconds": time.perf_counter() - start}
 
 

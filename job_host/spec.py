@@ -80,9 +80,10 @@ _STORED_WHEN_SET = {
     "world_size": ("world_size", 1),
     "nodes": ("world_size", 1),
     "seq_len": ("seq_len", 256),
+    "distill_alpha": ("distill_alpha", 1.0),
 }
 # Settings of the objective, stored only for the kinds that train (objective not None).
-_OBJECTIVE_SETTINGS = ("objective", "distill_loss", "temperature")
+_OBJECTIVE_SETTINGS = ("objective", "distill_loss", "temperature", "distill_alpha")
 
 
 class JobParams(BaseModel):
@@ -103,7 +104,9 @@ class JobParams(BaseModel):
         DEFAULT_DEPLOY_TARGET,
         description="CPU the onnx deploy model is written for: int8 weights for VNNI x86 and ARM (x86_amx: "
         "big convs on onnxruntime's AMX kernels), 7-bit int8 conv codes for x86 without VNNI (x86_avx2: its fast "
-        "kernels sum them exactly), the record's codes as uint8 + 128 on its slower exact kernels (x86_avx2_u8u8); "
+        "kernels sum them exactly), 7-bit Linear weights as well (x86_avx2_reduce_range: faster transformers, "
+        "not exact to the PyTorch model), the record's codes as uint8 + 128 on its slower exact kernels "
+        "(x86_avx2_u8u8); "
         "auto: the worker's CPU (report.json's `deploy.deploy_target` says which)",
     )
     objective: Objective | None = Field(
@@ -119,6 +122,15 @@ class JobParams(BaseModel):
         "cosine; auto: kl for a classifier's logits (a dataset with labels), mse otherwise",
     )
     temperature: float = Field(4.0, gt=0, le=100, description="the kl temperature of distill_outputs")
+    distill_alpha: float = Field(
+        1.0,
+        ge=0,
+        le=1,
+        description="distill_outputs with labels: the weight of the distillation loss, 1 - distill_alpha that of "
+        "cross_entropy on `labels`; knowledge distillation's KD + CE mix, on the first output (0.5 with "
+        "temperature 2: docs/service.md's transformer walkthrough). Needs a dataset with labels when below 1. "
+        "Default 1: distillation alone",
+    )
     bn_recalibration_batches: int = Field(
         0,
         ge=0,

@@ -7,7 +7,9 @@
   `kl` is the temperature-softened class-distribution loss of knowledge distillation
   (amct_engine.teacher_guided.distillation_loss, T² · KL), `mse` the mean squared difference,
   `cosine` 1 − cosine similarity per sample. `auto`: kl for a classifier's logits (the dataset has
-  labels and the first output is [batch, classes]), mse otherwise. No labels are needed.
+  labels and the first output is [batch, classes]), mse otherwise. No labels are needed; with them,
+  `distill_alpha` < 1 mixes in cross-entropy: distill_alpha · distillation + (1 − distill_alpha) · CE of
+  the first output against the labels (amct_engine.teacher_guided.TeacherGuidedLoss's mix).
 
 Each loss is a `loss_fn(model, inputs, targets)` for job_process.training.train_epochs.
 """
@@ -65,18 +67,25 @@ def leaf_choices(distill_loss: str, outputs: dict | None, has_labels: bool) -> d
 class OutputDistillLoss:
     """distill_outputs: the student's outputs against the frozen FP32 teacher's on the same batch."""
 
-    def __init__(self, teacher: torch.nn.Module, choices: dict[str, str], temperature: float, device) -> None:
+    def __init__(
+        self, teacher: torch.nn.Module, choices: dict[str, str], temperature: float, device, alpha: float = 1.0
+    ) -> None:
         self.teacher = teacher.eval().to(device)  # the job's FP32 model, loaded once by the job process
         for p in self.teacher.parameters():
             p.requires_grad_(False)
         self.losses = [_leaf_loss(choices[name], temperature) for name in choices]
+        self.alpha = alpha  # the distillation's weight; 1 - alpha goes to cross-entropy on the labels
 
-    def __call__(self, model, x, _targets=None) -> torch.Tensor:
+    def __call__(self, model, x, labels=None) -> torch.Tensor:
         with torch.no_grad():
             teacher = flatten_outputs(forward(self.teacher, x))
         student = flatten_outputs(forward(model, x))
         terms = [fn(s.float(), t.float()) for fn, s, t in zip(self.losses, student, teacher, strict=True)]
-        return torch.stack(terms).sum()
+        loss = torch.stack(terms).sum()
+        if self.alpha < 1.0 and isinstance(labels, torch.Tensor):
+            ce = F.cross_entropy(student[0].float(), labels.to(student[0].device))
+            loss = self.alpha * loss + (1.0 - self.alpha) * ce
+        return loss
 
 
 def build_loss(params: JobParams, original: torch.nn.Module, outputs: dict | None, has_labels: bool, device):
@@ -86,5 +95,6 @@ def build_loss(params: JobParams, original: torch.nn.Module, outputs: dict | Non
         return target_loss(objective, outputs)
     if objective == "distill_outputs":
         choices = leaf_choices(params.distill_loss, outputs, has_labels)
-        return OutputDistillLoss(original, choices, params.temperature, device)
+        alpha = params.distill_alpha if has_labels else 1.0  # the API refuses distill_alpha < 1 without labels
+        return OutputDistillLoss(original, choices, params.temperature, device, alpha)
     return None

@@ -87,6 +87,8 @@ def _report(spec: JobSpec, ctx, data: JobData, baseline: Baseline, pytorch_accur
         result_report["training"] = {"objective": params.objective, "loss": loss_trend(ctx.losses)}
         if params.objective == DISTILL_OUTPUTS:
             result_report["training"]["distill_loss"] = leaf_choices(params.distill_loss, spec.outputs, data.has_labels)
+            if data.has_labels and params.distill_alpha < 1:  # the KD + CE mix (job_process/objectives.py)
+                result_report["training"]["distill_alpha"] = params.distill_alpha
     return result_report
 
 

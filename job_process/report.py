@@ -325,11 +325,15 @@ def _per_output(predictions: dict, names: list[str], has_labels: bool) -> dict:
 
 
 OTHER_LATENCY_BATCH = 8  # timed too, where the files take it: int8 kernels that lose at batch 1 may win there
+# A token sequence (an integer input's dynamic axis) is timed at this length too where the dataset's differs:
+# attention's cost grows with the square of the length, so a speed-up at 32 tokens says little about 128.
+SEQUENCE_LENGTH = 128
 
 
 def _latency(onnx_files: dict, x: tuple, batch: int, formats: dict, input_names) -> dict:
     """The FP32 and deploy files' onnxruntime latency on one batch of the held-out rows, timed side by side
-    (latency_ms), and the speed-up: the ratio of medians; `other_batches` the same at OTHER_LATENCY_BATCH."""
+    (latency_ms), and the speed-up: the ratio of medians; `other_batches` the same at OTHER_LATENCY_BATCH; for a
+    model that takes token sequences, `lengths` (the dataset's) and `other_lengths` (the same at SEQUENCE_LENGTH)."""
     timed = {name: onnx_files[name] for name in ("fp32", "deploy")}
     timed_formats = {name: formats[name] for name in timed}
     load_before = os.getloadavg()
@@ -344,8 +348,40 @@ def _latency(onnx_files: dict, x: tuple, batch: int, formats: dict, input_names)
         if other is not None:
             speedup = other["fp32"]["median"] / other["deploy"]["median"]
             latency["other_batches"].append({"batch": OTHER_LATENCY_BATCH, **other, "speedup": speedup})
+    tokens = size_report.token_axes(onnx_files["fp32"], x, input_names)
+    if tokens:  # the dataset's length of each token axis: the length the figures above are at
+        latency["lengths"] = {group.name: group.size for group in tokens}
+    latency["other_lengths"] = _other_lengths(timed, tokens, x, batch, timed_formats, input_names)
     latency["timing"] = "interleaved: FP32 and deploy runs alternate, one thread"
     latency["threads"] = 1
     # The machine's 1/5/15-minute load averages before and after: a loaded machine moves medians, not ratios.
     latency["load_avg"] = {"before": list(load_before), "after": list(os.getloadavg())}
     return latency
+
+
+def _other_lengths(timed: dict, tokens: list, x: tuple, batch: int, formats: dict, input_names) -> list[dict]:
+    """The FP32 and deploy files timed at SEQUENCE_LENGTH tokens (the held-out rows cut or cycled along the
+    sequence axis), at the report's batch and at OTHER_LATENCY_BATCH, for each token axis whose dataset length
+    differs; a file that does not take that length (a model's position table is shorter) has no row."""
+    rows = []
+    for group in tokens:
+        if group.size == SEQUENCE_LENGTH:
+            continue
+        for rows_per_batch in dict.fromkeys((batch, OTHER_LATENCY_BATCH)):
+            inputs = size_report.at_size(_rows(x, rows_per_batch), group, SEQUENCE_LENGTH)
+            try:
+                figures = latency_ms(timed, inputs, formats, input_names)
+            except Exception:  # the model does not run at this length (its upload check found the sizes it takes)
+                break
+            speedup = figures["fp32"]["median"] / figures["deploy"]["median"]
+            rows.append(
+                {
+                    "axis": group.name,
+                    "size": SEQUENCE_LENGTH,
+                    "dataset_size": group.size,
+                    "batch": rows_per_batch,
+                    **figures,
+                    "speedup": speedup,
+                }
+            )
+    return rows

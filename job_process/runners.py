@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 import amct_engine as amct
+from amct_engine.prune.report import NOT_CONFIGURED, PRUNED, REPLAYED
 from job_host.spec import JobParams
 from job_process import distributed
 from job_process.checkpoints import Checkpoints
@@ -96,13 +97,40 @@ def create_pruned(ctx: JobContext, create: Callable, record: str) -> nn.Module:
     batches = ctx.params.bn_recalibration_batches
     extra = {"calibration_data": _loader(ctx), "calibration_batches": batches} if batches else {}
     model = create(ctx.model_path, ctx.example, ctx.cfg_path, record, **extra)
+    prune_report = getattr(model, "amct_prune_report", None)
+    if prune_report is not None:
+        ctx.report["pruning"] = pruning_section(prune_report)
     if batches:
-        prune_report = getattr(model, "amct_prune_report", None)
         ctx.report["bn_recalibration"] = {
             "batches": batches,
             "batch_norms": prune_report.bn_recalibrated if prune_report else 0,
         }
     return model
+
+
+def pruning_section(prune_report) -> dict:
+    """report.json's `pruning`: what the engine removed (amct_engine/prune/report.py's PruneReport), the
+    attention heads and the channels (a transformer's FFN neurons, a CNN's filters) counted apart, and every
+    pruned group with its layers."""
+    pruned = prune_report.pruned_groups
+    totals = {}
+    for unit in ("heads", "channels"):
+        groups = [g for g in pruned if g.unit == unit]
+        totals[unit] = {
+            "groups": len(groups),
+            "before": sum(g.channels for g in groups),
+            "after": sum(g.kept for g in groups),
+        }
+    return {
+        "parameters": {"before": prune_report.params_before, "after": prune_report.params_after},
+        **totals,
+        "groups": [
+            {"layers": g.producers, "unit": g.unit, "before": g.channels, "after": g.kept, "importance": g.importance}
+            for g in pruned
+        ],
+        # the groups the cfg reaches that kept every channel (disabled by the graph, or a ratio that rounds to 0)
+        "not_pruned": sum(1 for g in prune_report.groups if g.status not in (PRUNED, REPLAYED, NOT_CONFIGURED)),
+    }
 
 
 def train(ctx: JobContext, model: nn.Module) -> nn.Module:

@@ -34,6 +34,22 @@ def _groups(fp32_path: str, x: tuple[np.ndarray, ...], input_names: list[str] | 
     return axis_groups(tuple(torch.from_numpy(a) for a in x), named)
 
 
+def token_axes(fp32_path: str, x: tuple[np.ndarray, ...], input_names: list[str] | None) -> list[AxisGroup]:
+    """The dynamic axes other than the batch whose inputs are all `[batch, length]` integers: a sequence of
+    token ids (and its mask), which the report times at a second length too (report.py `SEQUENCE_LENGTH`)."""
+    return [
+        group
+        for group in _groups(fp32_path, x, input_names)
+        if not group.is_batch
+        and all(x[index].ndim == 2 and np.issubdtype(x[index].dtype, np.integer) for index, _ in group.members)
+    ]
+
+
+def at_size(x: tuple[np.ndarray, ...], group: AxisGroup, size: int) -> tuple[np.ndarray, ...]:
+    """The rows with `group`'s axes cut or cycled to `size` (graph/size_probe.py `resized`)."""
+    return tuple(np.ascontiguousarray(t.numpy()) for t in resized(tuple(torch.from_numpy(a) for a in x), group, size))
+
+
 def other_sizes(
     onnx_files: dict[str, str],
     x: tuple[np.ndarray, ...],

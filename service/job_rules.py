@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from job_host.kinds import JOB_KINDS
-from job_host.objective_names import default_objective
+from job_host.objective_names import DISTILL_OUTPUTS, default_objective
 from job_host.spec import JobParams
 from service.datasets import DatasetError, check_against_model
 
@@ -75,6 +75,19 @@ def check_data(
         check_against_model(description, inputs, outputs, objective or "")
     except DatasetError as e:
         raise JobRuleError(f"{names[0]} does not suit {names[1]}: {e}", "dataset_id", **array_of(e)) from None
+    if params.distill_alpha < 1 and objective is not None:
+        if objective != DISTILL_OUTPUTS:
+            raise JobRuleError(
+                f"distill_alpha weighs the distillation loss of objective distill_outputs against cross_entropy; "
+                f"this job trains with {objective}",
+                "distill_alpha",
+            )
+        if not description["has_labels"]:
+            raise JobRuleError(
+                f"distill_alpha {params.distill_alpha:g} gives {1 - params.distill_alpha:g} of the loss to "
+                "cross_entropy on the dataset's labels, which it lacks; leave distill_alpha at 1",
+                "distill_alpha",
+            )
     if params.max_accuracy_drop is not None and not description["has_labels"]:
         raise JobRuleError(
             "max_accuracy_drop compares top-1 on the dataset's labels, which it lacks; use min_output_cosine",

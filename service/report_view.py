@@ -90,12 +90,21 @@ def report_rows(report: dict) -> list[tuple[str, str, str, str]]:
                 f"{(acc['deploy'] - acc['fp32']) * 100:+.2f} pts",
             )
         )
+    pruning = report.get("pruning", {})  # the kinds that prune (job_process/runners.py `pruning_section`)
+    for unit, label in (("heads", "attention heads"), ("channels", "channels (filters, FFN neurons)")):
+        if pruning.get(unit, {}).get("groups"):
+            before, after = pruning[unit]["before"], pruning[unit]["after"]
+            rows.append((label, f"{before:,}", f"{after:,}", _ratio(before, after)))
     rows += output_rows(report)
     latency = report["latency_ms"]
-    for timed in [latency, *latency.get("other_batches", [])]:  # the declared batch, then batch 8
+    lengths = latency.get("lengths") or {}
+    at = f", {next(iter(lengths.values()))} tokens" if len(lengths) == 1 else ""
+    # the declared batch, then batch 8; at the dataset's length, then at 128 tokens (a model of token sequences)
+    for timed in [latency, *latency.get("other_batches", []), *latency.get("other_lengths", [])]:
+        tokens = f", {timed['size']} tokens" if "size" in timed else at
         rows.append(
             (
-                f"latency, median (batch {timed['fp32']['batch']})",
+                f"latency, median (batch {timed['fp32']['batch']}{tokens})",
                 f"{timed['fp32']['median']:.3f} ms",
                 f"{timed['deploy']['median']:.3f} ms",
                 f"speed-up {timed['speedup']:.2f}×",

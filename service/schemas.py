@@ -238,7 +238,8 @@ class Meta(BaseModel):
     distill_losses: list[DistillLoss] = Field(description="the `distill_loss` values of distill_outputs, `auto` first")
     job_states: list[JobStatus]
     terminal_states: list[JobStatus]
-    defaults: dict[str, str] = Field(
-        description="what a form offers first: `kind`, `device`, `deploy_format`, `deploy_target`, `distill_loss`"
+    defaults: dict[str, str | float] = Field(
+        description="what a form offers first: `kind`, `device`, `deploy_format`, `deploy_target`, `distill_loss`, "
+        "`temperature` and `distill_alpha` (distill_outputs' KD + CE mix: 1, distillation alone)"
     )
     sandbox: SandboxInfo = Field(description="the isolation user models run in (docs/security.md)")

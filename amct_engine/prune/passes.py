@@ -91,6 +91,8 @@ def _decide(
     decision = GroupDecision(
         group.id, producers, consumers, group.size, group.size, NOT_CONFIGURED, divisions=group.divisions
     )
+    if isinstance(group, HeadGroup):
+        decision.unit = "heads"
     specs = settings.filter()
     missing = [p for p in producers if p not in specs]
     if missing:

@@ -34,6 +34,7 @@ class GroupDecision:
     divisions: int = 1
     importance: str | None = None  # the criterion that ranked its channels (importance.py)
     schedule: str | None = None  # progressive pruning (progressive.py): how the mask grows; None: one shot
+    unit: str = "channels"  # what its channels are: "heads" for an attention-head group (attention_heads.py)
 
     def describe(self) -> str:
         who = ", ".join(self.producers)
@@ -41,7 +42,7 @@ class GroupDecision:
             how = f", ranked by {self.importance}" if self.importance else ""
             how += f"; {self.schedule}" if self.schedule else ""
             return (
-                f"channel group {self.group} [{who}]: {self.channels} → {self.kept} channels "
+                f"channel group {self.group} [{who}]: {self.channels} → {self.kept} {self.unit} "
                 f"({self.channels - self.kept} pruned{how})"
             )
         return f"channel group {self.group} [{who}] not pruned ({self.status}): {self.reason}"

@@ -46,7 +46,7 @@ def get_meta(caller: ReadCaller) -> Meta:
             "kind": DEFAULT_JOB_KIND,
             **{
                 name: JobCreate.model_fields[name].default
-                for name in ("device", "deploy_format", "deploy_target", "distill_loss")
+                for name in ("device", "deploy_format", "deploy_target", "distill_loss", "temperature", "distill_alpha")
             },
         },
         sandbox=SandboxInfo(**bubblewrap.state().as_dict()),
