@@ -56,10 +56,20 @@ export function reportRows(r) {
     rows.push([`accuracy (${r.eval.split}, ${r.eval.samples} samples)`, r.accuracy.fp32.toFixed(4),
                r.accuracy.deploy.toFixed(4), `${drop >= 0 ? "+" : ""}${drop} pts`]);
   }
+  const pruning = r.pruning || {}; // the kinds that prune: units before and after
+  for (const [unit, label] of [["heads", "attention heads"], ["channels", "channels (filters, FFN neurons)"]]) {
+    const p = pruning[unit];
+    if (p && p.groups) rows.push([label, number(p.before), number(p.after), ratio(p.before, p.after)]);
+  }
   rows.push(...outputRows(r));
-  for (const lat of [r.latency_ms, ...(r.latency_ms.other_batches || [])]) { // the declared batch, then 8
-    rows.push([`latency, median (batch ${lat.fp32.batch})`, `${lat.fp32.median.toFixed(3)} ms`,
-               `${lat.deploy.median.toFixed(3)} ms`, `speed-up ${lat.speedup.toFixed(2)}×`]);
+  const lat = r.latency_ms;
+  const lengths = Object.values(lat.lengths || {});
+  const at = lengths.length === 1 ? `, ${lengths[0]} tokens` : "";
+  // the declared batch, then batch 8; at the dataset's length, then at 128 tokens (a model of token sequences)
+  for (const t of [lat, ...(lat.other_batches || []), ...(lat.other_lengths || [])]) {
+    const tokens = t.size !== undefined ? `, ${t.size} tokens` : at;
+    rows.push([`latency, median (batch ${t.fp32.batch}${tokens})`, `${t.fp32.median.toFixed(3)} ms`,
+               `${t.deploy.median.toFixed(3)} ms`, `speed-up ${t.speedup.toFixed(2)}×`]);
   }
   if (r.formats) rows.push(["format", r.formats.fp32 || "onnx", r.formats.deploy || "onnx", ""]);
   // The CPU kind the deploy model was written for ("auto" resolved on the worker) and its weight codes' width.

@@ -202,7 +202,9 @@ function submitForm(onSubmitted) {
     h("div", { class: "row" },
       field("Objective", h("select", { name: "objective" })),
       field("Distill loss", select("distill_loss")),
-      field("Temperature", num("temperature", 4, { min: 0, max: 100, step: "any" }))),
+      field("Temperature", num("temperature", 4, { min: 0, max: 100, step: "any" })),
+      field("KD share", num("distill_alpha", 1, { min: 0, max: 1, step: "any" }),
+            "distill_outputs with labels: alpha·KD + (1 − alpha)·cross-entropy")),
     h("div", { class: "row" },
       field("Max top-1 drop", h("input", { name: "max_accuracy_drop", type: "number", min: 0, max: 1, step: "any",
                                            placeholder: "off" }), "quality gate, e.g. 0.02"),
@@ -264,6 +266,7 @@ function submitForm(onSubmitted) {
         eval_fraction: Number(values.get("eval_fraction")), deploy_format: values.get("deploy_format"),
         deploy_target: values.get("deploy_target"), objective: values.get("objective") || undefined,
         distill_loss: values.get("distill_loss"), temperature: Number(values.get("temperature")),
+        distill_alpha: Number(values.get("distill_alpha")),
         max_accuracy_drop: optionalNumber(values, "max_accuracy_drop"),
         min_output_cosine: optionalNumber(values, "min_output_cosine"),
       }, { headers: { "Idempotency-Key": randomKey() } });

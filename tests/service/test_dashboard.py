@@ -212,6 +212,13 @@ def test_the_form_sends_a_signature_an_objective_and_gate_limits_and_a_missed_ga
     assert form.locator("[name=max_accuracy_drop]").get_attribute("aria-invalid") == "true"
 
     form.locator("[name=max_accuracy_drop]").fill("")
+    # So does a KD + cross-entropy mix: the labels it would weigh are missing.
+    form.locator("[name=distill_alpha]").fill("0.5")
+    form.locator("button[type=submit]").click()
+    page.locator("#submit-status.error", has_text="distill_alpha").wait_for(timeout=90_000)
+    assert form.locator("[name=distill_alpha]").get_attribute("aria-invalid") == "true"
+
+    form.locator("[name=distill_alpha]").fill("1")
     form.locator("button[type=submit]").click()
     page.locator("#submit-status.ok", has_text="Submitted job").wait_for(timeout=90_000)
     job_id = page.locator("#jobs tbody tr").first.get_attribute("data-job-id")
@@ -502,7 +509,7 @@ def test_a_deploy_model_slower_than_fp32_gets_a_yellow_row_with_its_figure(app_s
 
 
 # -- the dashboard -------------------------------------------------------------------------------------------------
-LLM_REPORT_TABLE = """async (report) => {
+REPORT_TABLE_ROWS = """async (report) => {
   const { reportTable } = await import("/ui/job.js");
   document.body.append(...reportTable(report));
   return [...document.querySelectorAll("#report-table tbody tr")]
@@ -549,7 +556,7 @@ def test_the_job_page_shows_an_llm_report_as_the_cli_does(app_server, page):
     from service.report_view import report_rows
 
     page.goto(f"{app_server.base_url}/ui/")
-    rows = page.evaluate(LLM_REPORT_TABLE, LLM_REPORT)
+    rows = page.evaluate(REPORT_TABLE_ROWS, LLM_REPORT)
     assert [row[0] for row in rows] == [row[0] for row in report_rows(LLM_REPORT)]
     by_label = {row[0]: row[1:] for row in rows}
     assert by_label["ONNX size"] == ["852.9 KiB", "579.1 KiB", "0.68×"]
@@ -561,4 +568,41 @@ def test_the_job_page_shows_an_llm_report_as_the_cli_does(app_server, page):
         by_label["perplexity, PyTorch (6,272 held-out tokens)"] == python["perplexity, PyTorch (6,272 held-out tokens)"]
     )
     assert by_label["ONNX size"] == python["ONNX size"]
+    assert page.errors == []
+
+
+def test_the_job_page_shows_a_pruned_transformers_heads_and_both_lengths_as_the_cli_does(app_server, page):
+    """A compressed_retrain report of a token model (job_process/runners.py's `pruning` section; latency at the
+    dataset's length and at 128 tokens): the dashboard draws the rows `amct jobs watch` prints, figure for figure."""
+    from service.report_view import report_rows
+
+    def timed(batch, fp32, deploy, size=None):
+        row = {"fp32": {"median": fp32, "batch": batch}, "deploy": {"median": deploy, "batch": batch}}
+        return {**row, "speedup": fp32 / deploy, **({"size": size} if size else {})}
+
+    report = {
+        "onnx_size_bytes": {"fp32": 90_400_000, "deploy": 18_100_000},
+        "parameters": {"original": 22_700_000, "fp32": {}, "deploy": {"total": 17_300_000}},
+        "eval": {"split": "held_out", "samples": 178},
+        "accuracy": {"fp32": 0.9775, "deploy": 0.9663},
+        "pruning": {
+            "heads": {"groups": 6, "before": 72, "after": 36},
+            "channels": {"groups": 6, "before": 9216, "after": 4608},
+        },
+        "outputs": {"output": {"deploy": {"top1_agreement": 0.989, "mean_cosine": 0.99}}},
+        "latency_ms": {
+            **timed(2, 30.0, 11.0),
+            "lengths": {"input_ids": 64},
+            "other_batches": [{"batch": 8, **timed(8, 120.0, 42.5)}],
+            "other_lengths": [timed(2, 61.0, 15.0, size=128)],
+        },
+    }
+    page.goto(f"{app_server.base_url}/ui/")
+    rows = page.evaluate(REPORT_TABLE_ROWS, report)
+    assert rows == [list(row) for row in report_rows(report)]
+    by_label = {row[0]: row[1:] for row in rows}
+    assert by_label["attention heads"] == ["72", "36", "0.50×"]
+    assert by_label["channels (filters, FFN neurons)"] == ["9,216", "4,608", "0.50×"]
+    assert by_label["latency, median (batch 2, 64 tokens)"][2] == "speed-up 2.73×"
+    assert by_label["latency, median (batch 2, 128 tokens)"] == ["61.000 ms", "15.000 ms", "speed-up 4.07×"]
     assert page.errors == []
