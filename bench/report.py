@@ -849,6 +849,15 @@ def crepe_md(results: Mapping[str, Any]) -> list[str]:
 
 
 LLM_TITLE = "### SmolLM2-135M: LLM weight quantisation"
+BBC_TITLE = "### BBC News topics: a fine-tuned MiniLM, PTQ, QAT and one compressed_retrain job (issue 38)"
+
+
+def bbc_task_md(results: Mapping[str, Any]) -> list[str]:
+    """bench/bbc_task.py's tables as it prints them (ratios to FP32 in the same run; CPU: one-thread CPU time)."""
+    from bench.bbc_task import report_lines
+
+    lines, r = _section_head(results, "bbc_task", BBC_TITLE)
+    return lines if r is None else lines + report_lines(dict(r))
 
 
 def llm_quant_md(results: Mapping[str, Any]) -> list[str]:
@@ -1907,6 +1916,7 @@ def render(results: Mapping[str, Any], md_path: Path, images: Path) -> None:
         deploy_md(results)
         + deploy_md(results, "mobile")
         + deploy_md(results, "transformers")
+        + bbc_task_md(results)
         + mobile_accuracy_md(results)
         + capture_md(results)
         + service_md(results)

@@ -17,6 +17,9 @@ the report, and the others still run):
   FP32, int8 weight-only, RTN int4 g32/g128, W8A8, two ORT peers);
 - ``deploy``: deploy speed of our INT8 ONNX vs FP32 and ORT's static PTQ (bench/deploy_speed.py);
 - ``mobile``: the same for bench/mobile_nets.py's mobile CNNs and detector (SiLU, hardswish, gates, ReLU6, PReLU);
+- ``bbc_task``: the BBC News task model (all-MiniLM-L6-v2 + a head): held-out accuracy, bytes and speed of FP32,
+  our PTQ and QAT, one compressed_retrain job (heads + FFN halved, INT8, distillation) and ORT's quantize_dynamic
+  with and without its transformer optimiser (bench/bbc_task.py; ``--quick``: 1 training epoch, fewer rounds);
 - ``transformers``: the same for a Llama-style encoder (RMSNorm, RoPE, SwiGLU) and a BERT-base-sized one, against
   quantize_dynamic with and without ORT's transformer optimiser (bench/deploy_speed.py ``encoder_section``);
 - ``mobile_accuracy``: top-1 of a trained mobile net per activation family, FP32 vs our PTQ / QAT deploy models vs
@@ -71,6 +74,7 @@ SECTIONS = (
     "deploy",
     "mobile",
     "transformers",
+    "bbc_task",
     "mobile_accuracy",
     "capture",
     "service",
@@ -91,6 +95,7 @@ TIMEOUTS = {
     "deploy": 30 * 60,
     "mobile": 30 * 60,
     "transformers": 40 * 60,
+    "bbc_task": 45 * 60,
     "mobile_accuracy": 25 * 60,
     "capture": 10 * 60,
     "service": 30 * 60,
@@ -99,7 +104,8 @@ TIMEOUTS = {
 }
 # --quick limits other than 15 min: llm_quant's quick run exports 5 ONNX files of SmolLM2-135M (1-4 min each on 2
 # shared cores); it took 38 min at load average 8-9 on 2 cores (2026-12-07).
-QUICK_TIMEOUTS = {"llm_quant": 45 * 60, "transformers": 30 * 60}  # BERT-base: 18 min quick at load 7
+# BERT-base: 18 min quick at load 7; the BBC job alone took 21 min at load 6-10 (AVX2, 3 epochs).
+QUICK_TIMEOUTS = {"llm_quant": 45 * 60, "transformers": 30 * 60, "bbc_task": 30 * 60}
 # Environment of a section's child process: the sections measured on one thread, as their figures were first
 # taken (docs/benchmarks.md, "PTQ: ours against onnxruntime's static PTQ and NNCF": torch's spinning OpenMP
 # threads on a busy machine made PTQ's wall time 15-40x ORT's).
@@ -239,6 +245,12 @@ def _transformers(quick: bool) -> Result:
     return deploy_speed.run(quick=quick, only="llama_encoder,bert_base_encoder")
 
 
+def _bbc_task(quick: bool) -> Result:
+    from bench import bbc_task
+
+    return bbc_task.run(quick=quick, qat=True, service=True)  # skipped without the corpus (its status says so)
+
+
 def _mobile_accuracy(quick: bool) -> Result:
     from bench import mobile_accuracy
 
@@ -286,6 +298,7 @@ RUNNERS = {
     "deploy": _deploy,
     "mobile": _mobile,
     "transformers": _transformers,
+    "bbc_task": _bbc_task,
     "mobile_accuracy": _mobile_accuracy,
     "capture": _capture,
     "service": _service,

@@ -616,6 +616,29 @@ def llm_quant_result() -> dict:
     }
 
 
+def bbc_task_result() -> dict:
+    def row(model: str, acc: float, size: int, cpu: float, **notes) -> dict:
+        timed = {"seq128_b1_min_ms": 10.0 * cpu, "seq128_b1_med_ms": 12.0 * cpu, "seq128_b1_vs_fp32_min": cpu}
+        return {"model": model, "bytes": size, "acc_seq128": acc, **timed, "seq128_b1_cpu_vs_fp32": cpu, **notes}
+
+    return {
+        "status": "ok",
+        "task": {
+            "train": 1781,
+            "held_out": 444,
+            "seq": 128,
+            "train_s": 138.0,
+            "weights_cached": True,
+            "pytorch_fp32_acc": {"seq128": 0.9662},
+        },
+        "rows": [
+            row("FP32", 0.9662, 90_400_000, 1.0),
+            row("ours service job", 0.9640, 18_100_000, 0.21, job_report={"speedup": {"b2": 4.86}}),
+        ],
+        "load_avg": [[1.0, 1.0, 1.0], [2.0, 1.0, 1.0]],
+    }
+
+
 FIXTURES = {
     "engine": lambda: results()["sections"]["engine"]["result"],
     "ptq": ptq_result,
@@ -628,6 +651,7 @@ FIXTURES = {
     "deploy": deploy_result,
     "mobile": deploy_result,  # the same renderer, bench/mobile_nets.py's models
     "transformers": deploy_result,  # the same renderer, the encoder sections of bench/deploy_speed.py
+    "bbc_task": bbc_task_result,
     "mobile_accuracy": mobile_accuracy_result,
     "capture": capture_result,
     "service": service_result,
@@ -647,6 +671,7 @@ TITLES = {
     "deploy": "## Deploy speed",
     "mobile": "## Mobile CNNs",
     "transformers": "## Transformer encoders",
+    "bbc_task": report.BBC_TITLE,
     "mobile_accuracy": "### Mobile CNN accuracy",
     "capture": "## Graph capture",
     "service": "## Service under load",
@@ -689,6 +714,13 @@ def _body(page: str, title: str) -> str:
 
 def test_every_section_of_make_bench_has_a_fixture_and_a_heading():
     assert set(FIXTURES) == set(run_all.SECTIONS) == set(TITLES) == set(run_all.TIMEOUTS)
+
+
+def test_the_bbc_section_gives_accuracy_and_speed_against_fp32(page):
+    body = _body(page, report.BBC_TITLE)
+    assert "| ours service job | 0.9640 (-0.2 pt) | 18.1 | 0.200 |" in body
+    assert "| ours service job | 2.1 / 2.5 (0.21x, 0.21x) |" in body
+    assert '"speedup": {"b2": 4.86}' in body
 
 
 @pytest.mark.parametrize("name", run_all.SECTIONS)
