@@ -48,6 +48,7 @@ if __package__ in (None, ""):  # run as a script: make `bench`, `examples` and `
 from amct_engine.export.deploy_target import detect_deploy_target  # noqa: E402
 from bench.common import file_size, interleaved_cpu_time, interleaved_latency, isa_flags  # noqa: E402
 from bench.deploy_speed import ort_optimised_dynamic  # noqa: E402
+from bench.report import bbc_task_lines  # noqa: E402
 from examples.bbc_news import (  # noqa: E402
     SEQ,
     FineTune,
@@ -374,49 +375,6 @@ def service_row(model: torch.nn.Module, train: Any, folder: Path, quick: bool) -
     }
 
 
-def report_lines(result: dict[str, Any]) -> list[str]:
-    """The result as markdown: accuracy and bytes, then latency, then each row's notes (make bench's report too)."""
-    if result.get("status") != "ok":
-        return [f"BBC task skipped: {result.get('reason')}"]
-    task = result["task"]
-    lines = [
-        f"BBC News, all-MiniLM-L6-v2 + linear head: {task['train']} training / {task['held_out']} held-out "
-        f"articles, seq {task['seq']}; fine-tuned in {task['train_s']:.0f} s "
-        f"({'cached' if task['weights_cached'] else 'trained now'}); PyTorch FP32 accuracy "
-        + ", ".join(f"{k} {v:.4f}" for k, v in task["pytorch_fp32_acc"].items()),
-        "",
-    ]
-    accs = [f"acc_seq{length}" for length in LENGTHS]
-    lines += ["| model | " + " | ".join(accs) + " | MB | bytes vs FP32 |", "|---|" + "---|" * (len(accs) + 2)]
-    fp32 = next(r for r in result["rows"] if r["model"] == "FP32")
-    for row in result["rows"]:
-        cells = [f"{row[a]:.4f} ({100 * (row[a] - fp32[a]):+.1f} pt)" for a in accs]
-        ratio = row["bytes"] / fp32["bytes"]
-        lines.append(f"| {row['model']} | " + " | ".join(cells) + f" | {row['bytes'] / 1e6:.1f} | {ratio:.3f} |")
-    keys = [k[: -len("_min_ms")] for k in result["rows"][0] if k.endswith("_min_ms")]
-    lines += [
-        "",
-        "| model | " + " | ".join(f"{k} min / med ms (min vs FP32, CPU vs FP32)" for k in keys) + " |",
-        "|---|" + "---|" * len(keys),
-    ]
-    for row in result["rows"]:
-        cells = [
-            f"{row[f'{k}_min_ms']:.1f} / {row[f'{k}_med_ms']:.1f} "
-            f"({row[f'{k}_vs_fp32_min']:.2f}x, {row[f'{k}_cpu_vs_fp32']:.2f}x)"
-            for k in keys
-        ]
-        lines.append(f"| {row['model']} | " + " | ".join(cells) + " |")
-    lines.append("")
-    for row in result["rows"]:
-        keys = ("make_s", "train_s", "epochs", "params", "params_fp32", "cfg", "job_report")
-        notes = {k: v for k, v in row.items() if k in keys}
-        notes.update({k: v for k, v in row.items() if k.startswith(("pytorch_", "loss_"))})
-        if notes:
-            lines.append(f"- {row['model']}: " + json.dumps(notes, default=lambda v: round(v, 4)))
-    lines += ["- load average (1/5/15 min) before / after timing: " + json.dumps(result["load_avg"]), ""]
-    return lines
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer timing rounds")
@@ -430,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
     print("# BBC News task\n\n" + json.dumps(head), flush=True)
     result = run(args.quick, args.cache_dir, args.compressed, args.service, args.qat)
     result["header"] = head
-    print("\n## " + "\n".join(report_lines(result)))
+    print("\n## " + "\n".join(bbc_task_lines(result)))
     if args.json is not None:
         args.json.write_text(json.dumps(result, indent=1, default=str))
     return 0

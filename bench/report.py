@@ -852,12 +852,53 @@ LLM_TITLE = "### SmolLM2-135M: LLM weight quantisation"
 BBC_TITLE = "### BBC News topics: a fine-tuned MiniLM, PTQ, QAT and one compressed_retrain job (issue 38)"
 
 
+def bbc_task_lines(result: Mapping[str, Any]) -> list[str]:
+    """bench/bbc_task.py's result as markdown: accuracy and bytes, then latency, then each row's notes."""
+    if result.get("status") != "ok":
+        return [f"BBC task skipped: {result.get('reason')}"]
+    task = result["task"]
+    lines = [
+        f"BBC News, all-MiniLM-L6-v2 + linear head: {task['train']} training / {task['held_out']} held-out "
+        f"articles, seq {task['seq']}; fine-tuned in {task['train_s']:.0f} s "
+        f"({'cached' if task['weights_cached'] else 'trained now'}); PyTorch FP32 accuracy "
+        + ", ".join(f"{k} {v:.4f}" for k, v in task["pytorch_fp32_acc"].items()),
+        "",
+    ]
+    accs = [key for key in result["rows"][0] if key.startswith("acc_seq")]
+    lines += ["| model | " + " | ".join(accs) + " | MB | bytes vs FP32 |", "|---|" + "---|" * (len(accs) + 2)]
+    fp32 = next(r for r in result["rows"] if r["model"] == "FP32")
+    for row in result["rows"]:
+        cells = [f"{row[a]:.4f} ({100 * (row[a] - fp32[a]):+.1f} pt)" for a in accs]
+        ratio = row["bytes"] / fp32["bytes"]
+        lines.append(f"| {row['model']} | " + " | ".join(cells) + f" | {row['bytes'] / 1e6:.1f} | {ratio:.3f} |")
+    keys = [k[: -len("_min_ms")] for k in result["rows"][0] if k.endswith("_min_ms")]
+    lines += [
+        "",
+        "| model | " + " | ".join(f"{k} min / med ms (min vs FP32, CPU vs FP32)" for k in keys) + " |",
+        "|---|" + "---|" * len(keys),
+    ]
+    for row in result["rows"]:
+        cells = [
+            f"{row[f'{k}_min_ms']:.1f} / {row[f'{k}_med_ms']:.1f} "
+            f"({row[f'{k}_vs_fp32_min']:.2f}x, {row[f'{k}_cpu_vs_fp32']:.2f}x)"
+            for k in keys
+        ]
+        lines.append(f"| {row['model']} | " + " | ".join(cells) + " |")
+    lines.append("")
+    for row in result["rows"]:
+        keys = ("make_s", "train_s", "epochs", "params", "params_fp32", "cfg", "job_report")
+        notes = {k: v for k, v in row.items() if k in keys}
+        notes.update({k: v for k, v in row.items() if k.startswith(("pytorch_", "loss_"))})
+        if notes:
+            lines.append(f"- {row['model']}: " + json.dumps(notes, default=lambda v: round(v, 4)))
+    lines += ["- load average (1/5/15 min) before / after timing: " + json.dumps(result["load_avg"]), ""]
+    return lines
+
+
 def bbc_task_md(results: Mapping[str, Any]) -> list[str]:
     """bench/bbc_task.py's tables as it prints them (ratios to FP32 in the same run; CPU: one-thread CPU time)."""
-    from bench.bbc_task import report_lines
-
     lines, r = _section_head(results, "bbc_task", BBC_TITLE)
-    return lines if r is None else lines + report_lines(dict(r))
+    return lines if r is None else lines + bbc_task_lines(r)
 
 
 def llm_quant_md(results: Mapping[str, Any]) -> list[str]:
