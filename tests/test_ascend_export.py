@@ -132,6 +132,37 @@ def test_identical_quant_nodes_on_one_tensor_are_merged(tmp_path):
     assert len(quants) == 2  # stem, and one shared by both branches
 
 
+class LastTokenHead(nn.Module):
+    """A Linear, then a gather at an int32 position from an int32 arange, as transformers' sequence classifiers
+    pick their last token: integer constants of the model's own beside the quantised layer's int32 bias."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(x.shape[1], dtype=torch.int32)
+        last = (positions * (x[0, :, 0] > -100).int()).argmax(-1)
+        return self.fc(x)[:, last]
+
+
+def test_the_models_own_integer_constants_keep_their_type(tmp_path):
+    """Only the quantised layers' INT8 weights and INT32 biases turn float in the reference rewrite (a Range over
+    int32 bounds once became a Range over float ones, and onnxruntime refused the Llama classifier's file)."""
+    x = torch.randn(2, 5, 8)
+    config, record = tmp_path / "c.json", tmp_path / "r.txt"
+    amct.create_quant_config(str(config), LastTokenHead(), x)
+    calibration = amct.quantize_model(str(config), str(tmp_path / "f.onnx"), str(record), LastTokenHead(), x)
+    with torch.no_grad():
+        calibration(x)
+    paths = amct.save_model(str(tmp_path / "f.onnx"), str(record), str(tmp_path / "h"), deploy_format="ascend")
+    reference = ascend_to_standard_onnx(onnx.load(paths["deploy"]))
+    session = ort.InferenceSession(reference.SerializeToString(), providers=["CPUExecutionProvider"])
+    out = session.run(None, {session.get_inputs()[0].name: x.numpy()})[0]
+    fake = ort.InferenceSession(paths["fake_quant"], providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(out, fake.run(None, {fake.get_inputs()[0].name: x.numpy()})[0], rtol=0, atol=1e-6)
+
+
 def test_bias_overflow_names_the_layer():
     layer = nn.Conv2d(1, 2, 1)
     with torch.no_grad():

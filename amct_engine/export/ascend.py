@@ -149,23 +149,34 @@ def _qrange(dst_type: str) -> tuple[float, float]:
 
 
 def ascend_to_standard_onnx(model: onnx.ModelProto) -> onnx.ModelProto:
-    """docs/spec/engine.md §5 fake-quant rewrite: AscendQuant -> Div/Round/Add/Clip/Sub, integer weights through a
-    unit-scale DequantizeLinear, INT32 bias -> float tensor of the same integers, AscendDequant ->
-    Mul(deq_scale).
+    """docs/spec/engine.md §5 fake-quant rewrite: AscendQuant -> Div/Round/Add/Clip/Sub, integer weights as
+    float tensors of the same integers (a Conv's through a unit-scale DequantizeLinear), INT32 bias -> float tensor
+    of the same integers, AscendDequant -> Mul(deq_scale).
 
-    Weights stay INT8 behind a DequantizeLinear, as in our fake-quant model: as float initialisers
-    onnxruntime would fold the rescale Mul into them and leave the integer domain.
+    A Conv's weights stay INT8 behind a DequantizeLinear, as in our fake-quant model: as float initialisers
+    onnxruntime would fold the rescale Mul into them and leave the integer domain. A MatMul's become float
+    initialisers holding the integers: behind a DequantizeLinear, onnxruntime's extended optimisations turn
+    DequantizeLinear -> MatMul into a kernel that quantises the float input again (off by codes), and no Mul
+    follows a MatMul directly here (the bias Add sits between) to be folded.
     """
     model = onnx.ModelProto.FromString(model.SerializeToString())
     graph = model.graph
     producers = {out: node for node in graph.node for out in node.output}
+    # Only the quantised layers' tensors: the model's own integer constants (a Range's bounds, an index) stay.
+    layers = {n.input[1].removesuffix(".dequant.param") for n in graph.node if n.op_type == "AscendDequant"}
+    conv_weights = {n.input[1] for n in graph.node if n.op_type == "Conv"}
     new_inits, weight_names = [], set()
     for init in graph.initializer:
         values = numpy_helper.to_array(init)
-        if init.data_type in (onnx.TensorProto.INT8, onnx.TensorProto.INT4):
+        layer_tensor = init.name.rsplit(".", 1)[0] in layers
+        if (
+            layer_tensor
+            and init.data_type in (onnx.TensorProto.INT8, onnx.TensorProto.INT4)
+            and init.name in conv_weights
+        ):
             new_inits.append(numpy_helper.from_array(values.astype(np.int8), init.name))
             weight_names.add(init.name)
-        elif init.data_type == onnx.TensorProto.INT32:
+        elif layer_tensor and init.data_type in (onnx.TensorProto.INT8, onnx.TensorProto.INT4, onnx.TensorProto.INT32):
             new_inits.append(numpy_helper.from_array(values.astype(np.float32), init.name))
         else:
             new_inits.append(init)
