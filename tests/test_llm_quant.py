@@ -106,6 +106,8 @@ def _logits(model, ids):
             "quant_cfg.inputs.strategy",
         ),
         ({"quant_cfg": {"weights": {"type": "int8"}}, "skip_layers": "lm_head"}, "skip_layers"),
+        ({"quant_cfg": {"weights": {"type": "int4", "zero_point": "float"}}}, "quant_cfg.weights.zero_point"),
+        ({"quant_cfg": {"weights": dict(G32_ASYM, zero_point="half")}}, "quant_cfg.weights.zero_point"),
     ],
 )
 def test_config_errors_name_the_field(cfg, field):
@@ -158,6 +160,44 @@ def test_asymmetric_zero_point_keeps_zero_exact():
     deq = codes.dequantize()
     assert torch.all(deq[weight == 0] == 0)
     assert codes.zero_points[0, 0] == 0 and codes.zero_points[1, 0] == round(1.0 / (1.5 / 15))
+
+
+def q4_1_weight(rows: int = 16, cols: int = 96) -> tuple[torch.Tensor, torch.Tensor]:
+    """A weight already on GGUF Q4_1's grid, as SmolLM2's file holds them: per 32 weights ``d * q + m``, q in
+    0..15 (both ends used), ``m`` a float minimum that is not a multiple of ``d``; and its steps ``d``."""
+    torch.manual_seed(3)
+    q = torch.randint(0, 16, (rows, cols // 32, 32))
+    q[..., 0], q[..., 1] = 0, 15
+    d = torch.rand(rows, cols // 32, 1) * 0.02 + 0.005
+    m = -d * (torch.rand(rows, cols // 32, 1) * 12 + 1.5)  # the grid's 0 falls between two codes
+    return (d * q + m).reshape(rows, cols), d.reshape(rows, -1)
+
+
+@pytest.mark.parametrize("algorithm", ["minmax", "gptq", "awq"])
+def test_float_zero_points_find_a_q4_1_grid_again(algorithm):
+    """Integer zero points cannot represent a grid whose 0 lies between codes (errors up to half a step); float
+    zero points (ORT HQQ's form) give the weights back, through each algorithm (AWQ keeps alpha 0 and ratio 1,
+    GPTQ has no error to spread)."""
+    from amct_engine.llm.awq import awq_quantize
+    from amct_engine.llm.gptq import gptq_quantize
+
+    weight, step = q4_1_weight()
+    x = torch.randn(256, weight.shape[1]) * torch.linspace(0.2, 3, weight.shape[1])
+    h = x.T @ x / len(x)
+
+    def restored(spec):
+        if algorithm == "gptq":
+            return gptq_quantize(weight, h, spec).dequantize()
+        if algorithm == "awq":
+            codes, multiplier = awq_quantize(weight, h, x.abs().mean(0), spec)
+            return codes.dequantize() * multiplier
+        return rtn(weight, spec).dequantize()
+
+    floats = restored(WeightSpec(4, False, "group", 32, float_zero_point=True))
+    integers = restored(WeightSpec(4, False, "group", 32))
+    step = step.repeat_interleave(32, dim=1)
+    assert torch.all((floats - weight).abs() <= 1e-4 * step)
+    assert (integers - weight).abs().div(step).max() > 0.2
 
 
 # ------------------------------------------------------------------ algorithms
@@ -283,10 +323,11 @@ def _ort_logits(path, ids):
     [
         (_cfg(G32_ASYM, {"awq"}), "MatMulNBits", 1e-4),
         (_cfg({"type": "int4", "symmetric": True, "strategy": "channel"}, {"gptq"}), "MatMulNBits", 1e-4),
+        (_cfg(dict(G32_ASYM, zero_point="float"), {"gptq"}), "MatMulNBits", 1e-4),
         # MatMulInteger, the route export_onnx takes on x86 without VNNI (onnx_nodes.w8a8_static_nodes)
         (copy.deepcopy(amct.INT8_SMOOTHQUANT_CFG), "MatMulInteger", 1e-4),
     ],
-    ids=["awq-int4-g32-asym", "gptq-int4-channel-sym", "smoothquant-w8a8"],
+    ids=["awq-int4-g32-asym", "gptq-int4-channel-sym", "gptq-int4-g32-float-zero-points", "smoothquant-w8a8"],
 )
 def test_export_onnx_runs_in_ort_as_convert_computes(llama, texts, tmp_path, cfg, op, atol):
     calib, held_out = texts
@@ -306,6 +347,7 @@ def test_export_onnx_runs_in_ort_as_convert_computes(llama, texts, tmp_path, cfg
     [
         ("x86_64", {"avx2", "fma"}, 0),  # no VNNI: float activations prefill faster (onnx_export.py)
         ("x86_64", {"avx2", "avx512f", "avx512_vnni"}, 4),
+        ("x86_64", {"avx2", "avx512f", "avx512_vnni", "amx_int8"}, 0),  # Xeon with AMX: its SGEMM is faster
         ("x86_64", {"avx2", "avx_vnni"}, 4),
         ("aarch64", {"asimddp"}, 4),
     ],

@@ -19,6 +19,7 @@ from amct_engine.config.errors import ConfigError
 WEIGHT_TYPES = {"int4": 4, "int8": 8}
 WEIGHT_STRATEGIES = ("tensor", "channel", "group")
 GROUP_SIZES = (32, 64, 128)
+ZERO_POINTS = ("integer", "float")  # "float": our extension, the form of ORT's HQQ files (docs/spec/llm.md §3.1)
 # 'tensor': one static scale calibrated on the calibration forward; 'token': one scale per token, at run time.
 INPUT_STRATEGIES = ("tensor", "token")
 ALGORITHMS = ("minmax", "gptq", "awq", "smoothquant")
@@ -51,6 +52,7 @@ class WeightSpec:
     symmetric: bool
     strategy: str  # tensor | channel | group
     group_size: int | None  # only for strategy 'group'
+    float_zero_point: bool = False  # unrounded zero points, ranges not widened to 0 (docs/spec/llm.md §3.1)
 
 
 @dataclass(frozen=True)
@@ -99,7 +101,7 @@ def _choice(value: Any, choices: tuple[str, ...] | Mapping[str, Any], path: str)
 
 def _weights(raw: Any) -> WeightSpec:
     path = "quant_cfg.weights"
-    _check_keys(raw, ("type", "symmetric", "strategy", "group_size"), path)
+    _check_keys(raw, ("type", "symmetric", "strategy", "group_size", "zero_point"), path)
     bits = WEIGHT_TYPES[_choice(_need(raw, "type", path), WEIGHT_TYPES, f"{path}.type")]
     symmetric = _bool(raw.get("symmetric", True), f"{path}.symmetric")
     strategy = _choice(raw.get("strategy", "channel"), WEIGHT_STRATEGIES, f"{path}.strategy")
@@ -112,7 +114,10 @@ def _weights(raw: Any) -> WeightSpec:
             )
     elif group_size is not None:
         raise LlmConfigError(f"is only allowed with strategy 'group' (strategy is {strategy!r})", f"{path}.group_size")
-    return WeightSpec(bits, symmetric, strategy, group_size)
+    zero_point = _choice(raw.get("zero_point", "integer"), ZERO_POINTS, f"{path}.zero_point")
+    if zero_point == "float" and symmetric:
+        raise LlmConfigError("float zero points need asymmetric weights (symmetric: false)", f"{path}.zero_point")
+    return WeightSpec(bits, symmetric, strategy, group_size, zero_point == "float")
 
 
 def _inputs(raw: Any) -> InputSpec:
@@ -224,6 +229,8 @@ def describe_config(cfg: LlmQuantConfig) -> dict[str, Any]:
     weights = f"int{w.bits} {'symmetric' if w.symmetric else 'asymmetric'} {w.strategy}"
     if w.group_size:
         weights += f" {w.group_size}"
+    if w.float_zero_point:
+        weights += ", float zero points"
     summary: dict[str, Any] = {"algorithm": cfg.algorithm, "weights": weights, "batch_num": cfg.batch_num}
     if cfg.inputs is not None:
         summary["inputs"] = f"int8 per {cfg.inputs.strategy}"

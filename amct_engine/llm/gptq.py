@@ -14,7 +14,7 @@ import contextlib
 import torch
 
 from amct_engine.llm.config import WeightSpec
-from amct_engine.llm.group_quant import GroupCodes, effective_group_size, qparams, quantize_codes
+from amct_engine.llm.group_quant import GroupCodes, effective_group_size, qparams, quantize_codes, zero_point_storage
 
 
 def _inverse_hessian_factor(hessian: torch.Tensor, weight: torch.Tensor, percdamp: float) -> torch.Tensor:
@@ -41,8 +41,10 @@ def _column_params(
     """Scale and zero point (out,) from the columns ``w`` (out, cols) of one group."""
     if tensor_range is not None:
         wmin, wmax = tensor_range
-        return qparams(wmin.expand(w.shape[0]), wmax.expand(w.shape[0]), spec.bits, spec.symmetric)
-    return qparams(w.amin(dim=1), w.amax(dim=1), spec.bits, spec.symmetric)
+        return qparams(
+            wmin.expand(w.shape[0]), wmax.expand(w.shape[0]), spec.bits, spec.symmetric, spec.float_zero_point
+        )
+    return qparams(w.amin(dim=1), w.amax(dim=1), spec.bits, spec.symmetric, spec.float_zero_point)
 
 
 @torch.no_grad()
@@ -63,7 +65,7 @@ def gptq_quantize(
     scale = zero = torch.zeros(rows)
     with _one_thread():
         _walk(w, hinv, spec, group, block_size, tensor_range, codes, scales, zeros, scale, zero)
-    return GroupCodes(codes.to(torch.uint8), scales, zeros.to(torch.uint8), group, spec.bits, spec.symmetric)
+    return GroupCodes(codes.to(torch.uint8), scales, zero_point_storage(zeros, spec), group, spec.bits, spec.symmetric)
 
 
 @contextlib.contextmanager

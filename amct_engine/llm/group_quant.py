@@ -7,7 +7,9 @@ zero point ``2**(bits-1)`` (MatMulNBits' default when the file stores none), so 
 ``(code - zero_point) * scale`` serves both kinds and the export copies the codes as they are.
 
 Ranges always include 0 (``min <= 0 <= max``): an exact zero survives, and the zero padding of a partial
-last group (``in % group_size != 0``) changes no group's scale.
+last group (``in % group_size != 0``) changes no group's scale. With float zero points (asymmetric only, the
+form of ORT's HQQ files) a group's codes span exactly ``[min, max]`` and its zero point ``-min / scale`` is not
+rounded: weights that already lie on such a grid (a Q4_1 GGUF model's) come back exactly.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ EPS = 1e-10
 @dataclass
 class GroupCodes:
     """A quantised weight: ``codes`` (out, in) uint8, ``scales`` (out, groups) float32, ``zero_points``
-    (out, groups) uint8, groups of ``group_size`` input columns (the last one may be partial)."""
+    (out, groups) uint8 (float32 for float zero points), groups of ``group_size`` input columns (the last one
+    may be partial)."""
 
     codes: torch.Tensor
     scales: torch.Tensor
@@ -56,12 +59,18 @@ def expand(per_group: torch.Tensor, group_size: int, cols: int) -> torch.Tensor:
     return per_group.repeat_interleave(group_size, dim=1)[:, :cols]
 
 
-def qparams(wmin: torch.Tensor, wmax: torch.Tensor, bits: int, symmetric: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def qparams(
+    wmin: torch.Tensor, wmax: torch.Tensor, bits: int, symmetric: bool, float_zero: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Scale and unsigned zero point for ranges ``[wmin, wmax]`` (any shape, zero included).
 
     Symmetric: ``scale = absmax / (2**(bits-1) - 1)``, codes ``zero_point ± (2**(bits-1) - 1)`` (the
     lowest code stays unused, so the grid is symmetric). Asymmetric: the ``2**bits`` codes span
-    ``[wmin, wmax]`` and the zero point is the code of 0."""
+    ``[wmin, wmax]`` and the zero point is the code of 0; ``float_zero``: the range as given (0 need not be
+    in it) and the zero point ``-wmin / scale`` unrounded."""
+    if float_zero:
+        scale = (wmax - wmin).clamp(min=EPS) / (2**bits - 1)
+        return scale, -wmin / scale
     wmin = torch.clamp(wmin, max=0.0)
     wmax = torch.clamp(wmax, min=0.0)
     half = 2 ** (bits - 1)
@@ -75,6 +84,8 @@ def qparams(wmin: torch.Tensor, wmax: torch.Tensor, bits: int, symmetric: bool) 
 
 def quantize_codes(weight: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, bits: int) -> torch.Tensor:
     """Unsigned codes of ``weight`` on the grid ``(code - zero) * scale`` (broadcast shapes), as float."""
+    if torch.is_floating_point(zero) and not torch.equal(zero, torch.round(zero)):  # float zero points
+        return torch.clamp(torch.round(weight / scale + zero), 0, 2**bits - 1)
     return torch.clamp(torch.round(weight / scale) + zero, 0, 2**bits - 1)
 
 
@@ -98,10 +109,17 @@ def quantize_with_ranges(
     weight: torch.Tensor, wmin: torch.Tensor, wmax: torch.Tensor, spec: WeightSpec, group_size: int
 ) -> GroupCodes:
     """Codes of ``weight`` with the given per-group ranges (clipping: ranges narrower than the weight's)."""
-    scale, zero = qparams(wmin, wmax, spec.bits, spec.symmetric)
+    scale, zero = qparams(wmin, wmax, spec.bits, spec.symmetric, spec.float_zero_point)
     cols = weight.shape[1]
     codes = quantize_codes(weight, expand(scale, group_size, cols), expand(zero, group_size, cols), spec.bits)
-    return GroupCodes(codes.to(torch.uint8), scale.float(), zero.to(torch.uint8), group_size, spec.bits, spec.symmetric)
+    return GroupCodes(
+        codes.to(torch.uint8), scale.float(), zero_point_storage(zero, spec), group_size, spec.bits, spec.symmetric
+    )
+
+
+def zero_point_storage(zero: torch.Tensor, spec: WeightSpec) -> torch.Tensor:
+    """Zero points as stored: uint8 codes, or float32 with ``float_zero_point``."""
+    return zero.float() if spec.float_zero_point else zero.to(torch.uint8)
 
 
 def rtn(weight: torch.Tensor, spec: WeightSpec) -> GroupCodes:

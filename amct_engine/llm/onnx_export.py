@@ -45,8 +45,11 @@ OPSET = 18
 #   level 4 1.08-1.13x: without VNNI the int8 products (vpmaddubsw) and a float rescale every block do not beat the
 #   FMA SGEMM; at 1 row (a decode step) level 4 is 3.4x faster than level 0, but this file is prefill-only.
 # - AMD EPYC, AVX-512 VNNI: 512 tokens 0.97x at level 4 vs 1.02x at level 0.
-# So: level 0 on x86 without VNNI, else 4 (also on AMX and on ARM, unmeasured here; ORT's own quantiser's choice).
-ACCURACY_LEVEL_NO_VNNI = 0
+# - Intel Xeon with AMX-INT8 (and AVX-512 VNNI): 512 tokens 1.30x at level 4 vs 0.99x at level 0; one MatMulNBits
+#   (K 576, N 1536, block 32) at 512 rows 1.68x vs 1.01x SGEMM (bench/matmulnbits_zero_points.py): two 512-bit FMA
+#   units make its SGEMM the faster path (ORT 1.32's int4 kernels do not use AMX).
+# So: level 0 on x86 without VNNI and on AMX CPUs, else 4 (ARM unmeasured here: ORT's own quantiser's choice).
+ACCURACY_LEVEL_FLOAT = 0
 ACCURACY_LEVEL_INT8_DOT = 4
 # Static W8A8 as QDQ (ORT fuses it into its uint8 x int8 MatMul: 0.70x FP32 prefill with AVX-512 VNNI) except on x86
 # without VNNI, where that kernel (vpmaddubsw) saturates at int16 (a tiny Llama's logits off by 0.2): there it is
@@ -233,7 +236,7 @@ def _drop_unused(model: onnx.ModelProto) -> None:
 def accuracy_level_for_cpu(machine: str | None = None, flags: set[str] | None = None) -> int:
     """MatMulNBits' accuracy_level that prefills faster on this CPU (or the one ``machine``/``flags`` describe)."""
     target = detect_deploy_target(machine, flags)
-    return ACCURACY_LEVEL_NO_VNNI if target == "x86_avx2" else ACCURACY_LEVEL_INT8_DOT
+    return ACCURACY_LEVEL_FLOAT if target in ("x86_avx2", "x86_amx") else ACCURACY_LEVEL_INT8_DOT
 
 
 def _is_causal_lm(model: nn.Module) -> bool:

@@ -4,8 +4,9 @@ MatMulNBits (com.microsoft) computes ``A @ dequant(B)`` with ``B`` (K, N) stored
 blocks of ``block_size`` along K: ``B`` packed uint8 (N, blocks, block_size * bits / 8), codes in order,
 two 4-bit codes a byte with the first in the low nibble; ``scales`` (N, blocks); ``zero_points`` uint8
 (N, ceil(blocks * bits / 8)), packed the same way, or absent for the default ``2**(bits-1)``
-(onnxruntime/quantization/matmul_nbits_quantizer.py writes the same layout). Our codes are already
-unsigned with that zero point for symmetric weights, so they are copied, never re-rounded.
+(onnxruntime/quantization/matmul_nbits_quantizer.py writes the same layout); float zero points are float32
+(N * blocks), as ORT's HQQ quantiser writes them. Our codes are already unsigned with that zero point for
+symmetric weights, so they are copied, never re-rounded.
 """
 
 from __future__ import annotations
@@ -48,11 +49,14 @@ def matmulnbits_tensors(
     n, k = codes.shape
     block = file_block_size(group_size, k)
     blocks = -(-k // block)
-    zp_block = _per_block(zero_points, group_size, block, blocks).astype(np.uint8)
-    padded = np.repeat(zp_block, block, axis=1)  # padding columns hold the zero point: they dequantise to 0
+    zp_block = _per_block(zero_points, group_size, block, blocks)
+    float_zero = np.issubdtype(zp_block.dtype, np.floating)
+    zp_codes = np.clip(np.round(zp_block), 0, 2**bits - 1).astype(np.uint8)
+    padded = np.repeat(zp_codes, block, axis=1)  # padding columns hold the zero point: they dequantise to ~0
     padded[:, :k] = codes
     packed = _pack(padded.reshape(n, blocks, block), bits)
-    return packed, _per_block(scales, group_size, block, blocks).astype(np.float32), _pack(zp_block, bits), block
+    stored_zp = zp_block.astype(np.float32).reshape(-1) if float_zero else _pack(zp_codes, bits)
+    return packed, _per_block(scales, group_size, block, blocks).astype(np.float32), stored_zp, block
 
 
 def matmulnbits_node(
