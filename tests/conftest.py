@@ -14,6 +14,23 @@ from job_process.training import make_loader, train_epochs
 FP32_LR, BATCH, SEED = 2e-3, 128, 0
 
 
+def pytest_addoption(parser):
+    parser.addoption(
+        "--long", action="store_true", help="also run the `long` tests (a full service job each: 5-20 minutes)"
+    )
+
+
+def pytest_collection_modifyitems(config, items):
+    """`long` tests run only with --long (`make test-long`): beyond CI's 30 minutes on 2 cores, not beyond a
+    release check."""
+    if config.getoption("--long"):
+        return
+    skip = pytest.mark.skip(reason="a long test: run with --long (make test-long)")
+    for item in items:
+        if "long" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="session")
 def fashion_data():
     """(x_train, y_train, x_test, y_test); skips when the Debian package is absent."""

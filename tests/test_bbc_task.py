@@ -110,3 +110,21 @@ def test_cached_weights_load_back(task):
     reference = task["model"].state_dict()
     assert all(torch.equal(t, reference[name]) for name, t in again["model"].state_dict().items())
     assert FineTune().key() != FineTune(epochs=FineTune().epochs + 1).key()
+
+
+@pytest.mark.long
+def test_one_compressed_retrain_job_keeps_the_task(task):
+    """Issue 38's headline through the service's job process (bench/bbc_task.py `service_row`, what a worker runs):
+    heads and FFN neurons halved, INT8, 3 epochs against the FP32 teacher. The deploy ONNX, run on the 444
+    held-out articles no job saw, loses under 1 pt at 0.25x the bytes or less; the heads are physically gone."""
+    from bench.bbc_task import service_row
+
+    held = task["held_out"]
+    row = service_row(task["model"], task["train"], task["work"] / "job", quick=False)
+    report = row["job_report"]
+    ours = accuracy(ort_predict(row["deploy"], held.ids, held.mask), held.labels)
+    print(f"\nBBC compressed_retrain job: {ours:.4f} (FP32 {task['fp32_acc']:.4f}), {report}")
+    assert task["fp32_acc"] - ours < MAX_DROP
+    assert report["size_ratio"] <= 0.25
+    assert (report["heads"]["before"], report["heads"]["after"]) == (72, 36)
+    assert report["channels"]["after"] == report["channels"]["before"] // 2
