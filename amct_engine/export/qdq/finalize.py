@@ -8,6 +8,7 @@ from collections.abc import Callable
 import numpy as np
 import onnx
 
+from amct_engine.export.attention_masks import finite_attention_masks
 from amct_engine.export.conv_float_stems import float_stems
 from amct_engine.export.conv_int8_paths import convs_on_the_gemm_path, pad_input_channels
 from amct_engine.export.conv_layout import tall_kernels_as_wide
@@ -44,6 +45,7 @@ def finalize_qdq_deploy(model: onnx.ModelProto, feeds: dict[str, np.ndarray], de
     for name in TARGETS[deploy_target].rewrites:
         decisions[name] = TARGET_REWRITES[name](model)
     decisions["matmul_integer_to_float"] = matmuls_to_integer_to_float(model)
+    decisions["finite_attention_masks"] = finite_attention_masks(model)  # softmaxes without a NaN guard
     decisions["int8_embeddings"] = int8_embeddings(model)  # lookup tables as int8 rows + row scales
     model = pack_int4_weights(model)
     model = drop_default_attributes(short_activation_names(model))  # after the packing: it writes value_info

@@ -136,4 +136,6 @@ def deploy_report(model: str | onnx.ModelProto) -> dict:
     # HardSwish nodes whose gate runs on codes, PRelu nodes rewritten (export/qdq/activations_on_codes.py)
     report["activations"] = stored.get("activations", {})
     report["int8_embeddings"] = stored.get("int8_embeddings", [])  # tables as int8 rows (qdq/embeddings.py)
+    # softmaxes whose NaN guard went with a finite mask fill (export/attention_masks.py)
+    report["finite_attention_masks"] = stored.get("finite_attention_masks", [])
     return report
