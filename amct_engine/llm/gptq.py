@@ -90,7 +90,7 @@ def _walk(w, hinv, spec, group, block_size, tensor_range, codes, scales, zeros, 
             if col % group == 0:  # a group starts: its range from the weights as updated so far
                 scale, zero = _column_params(w1[:, i : i + group] if group < cols else w, spec, tensor_range)
                 scales[:, col // group], zeros[:, col // group] = scale, zero
-            q = quantize_codes(w1[:, i], scale, zero, spec.bits)
+            q = quantize_codes(w1[:, i], scale, zero, spec.bits, spec.float_zero_point)
             codes[:, col] = q
             err = (w1[:, i] - (q - zero) * scale) / hinv1[i, i]
             w1[:, i:] -= err.unsqueeze(1) @ hinv1[i, i:].unsqueeze(0)

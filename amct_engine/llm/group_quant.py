@@ -82,9 +82,12 @@ def qparams(
     return scale, zero
 
 
-def quantize_codes(weight: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, bits: int) -> torch.Tensor:
-    """Unsigned codes of ``weight`` on the grid ``(code - zero) * scale`` (broadcast shapes), as float."""
-    if torch.is_floating_point(zero) and not torch.equal(zero, torch.round(zero)):  # float zero points
+def quantize_codes(
+    weight: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, bits: int, float_zero: bool = False
+) -> torch.Tensor:
+    """Unsigned codes of ``weight`` on the grid ``(code - zero) * scale`` (broadcast shapes), as float;
+    ``float_zero``: the zero points are not integers, so they are added before rounding."""
+    if float_zero:
         return torch.clamp(torch.round(weight / scale + zero), 0, 2**bits - 1)
     return torch.clamp(torch.round(weight / scale) + zero, 0, 2**bits - 1)
 
@@ -111,7 +114,8 @@ def quantize_with_ranges(
     """Codes of ``weight`` with the given per-group ranges (clipping: ranges narrower than the weight's)."""
     scale, zero = qparams(wmin, wmax, spec.bits, spec.symmetric, spec.float_zero_point)
     cols = weight.shape[1]
-    codes = quantize_codes(weight, expand(scale, group_size, cols), expand(zero, group_size, cols), spec.bits)
+    zeros = expand(zero, group_size, cols)
+    codes = quantize_codes(weight, expand(scale, group_size, cols), zeros, spec.bits, spec.float_zero_point)
     return GroupCodes(
         codes.to(torch.uint8), scale.float(), zero_point_storage(zero, spec), group_size, spec.bits, spec.symmetric
     )
