@@ -20,9 +20,11 @@ What each rank does (runners.train and Rank):
 - resume: every rank reads the same `resume.pt`; a checkpoint records its world size, and one taken with
   another is not used (the data order would differ).
 
-A rank that dies takes the job down: the launcher terminates the others (no rank waits in a collective
-past its peers' death) and exits as the rank did; a rank killed by a signal exits 128 + N, which the
-worker treats as a killed engine (another attempt, from the last checkpoint).
+A rank that dies takes the job down: its peers fail in their next collective, the launcher kills any
+that have not ended within moments (no rank waits in a collective past its peers' death) and exits as
+the rank that failed first did; when one was killed by a signal, with 128 + N whichever rank the
+launcher saw end first, which the worker treats as a killed engine (another attempt, from the last
+checkpoint).
 
 Several nodes (`nodes` > 1): each node's worker starts one job process for its `world_size / nodes` ranks
 (worker/nodes.py); node 0's holds the store, on the host's network (the sandboxes of such a job share it:
@@ -34,6 +36,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import traceback
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from pathlib import Path
@@ -124,18 +127,68 @@ def launch(workdir: Path, spec: JobSpec, run_rank) -> int:
     context = mp.start_processes(
         _rank_main, args=(str(workdir), spec, node, size, run_rank), nprocs=node.local, join=False, start_method="spawn"
     )
-    try:
-        while not context.join():
-            pass
-    except mp.ProcessExitedException as e:  # a rank died; start_processes has terminated the others
-        if e.signal_name:
-            print(f"rank {e.error_index} was killed by {e.signal_name}", file=sys.stderr, flush=True)
-            return 128 + signal.Signals[e.signal_name].value
-        return CANCELLED_EXIT if e.exit_code == CANCELLED_EXIT else (e.exit_code or 1)
-    except mp.ProcessRaisedException as e:  # an error _rank_main did not turn into an exit status
-        print(f"rank {e.error_index} failed: {e}", file=sys.stderr, flush=True)
-        return 1
-    return 0
+    return wait_for_ranks(context, workdir)
+
+
+# How long the ranks still running get, after one ended badly, to end on their own (a peer's death reaches
+# them through their next collective, which fails within moments) before they are killed.
+PEERS_GRACE_S = 10.0
+# Signals a process raises on itself (gloo aborts a rank whose peer left in the middle of a collective):
+# every other signal that ends a rank came from outside (the OOM killer, kill, the time limit).
+SELF_RAISED = {
+    signal.SIGABRT,
+    signal.SIGSEGV,
+    signal.SIGBUS,
+    signal.SIGFPE,
+    signal.SIGILL,
+    signal.SIGTRAP,
+    signal.SIGSYS,
+}
+
+
+def wait_for_ranks(context, workdir: Path) -> int:
+    """The job's exit status once its ranks (a start_processes context) have ended: 0 when all succeeded.
+
+    Not torch's `context.join()`: it reports the first failure it sees, and when a rank is killed (the OOM
+    killer, an operator's kill -9) its peers fail moments later in their next collective, on a closed
+    connection, and write error.json about it (or gloo aborts them); whichever exit is seen first, the job
+    would fail on an error that is only the consequence. Here the peers get PEERS_GRACE_S to end on their
+    own; if a rank was killed from outside before this launcher stopped anything, that death is the job's
+    (128 + N: another attempt) and the error.json of the peers it brought down is set aside (their
+    tracebacks are in the log). Else a rank's own failure (an exit status, its error.json) before a peer's
+    abort.
+    """
+    from multiprocessing.connection import wait
+
+    processes = context.processes
+    running = {p.sentinel: p for p in processes}
+    first_failed = None
+    while running and first_failed is None:
+        for sentinel in wait(list(running)):
+            process = running.pop(sentinel)
+            process.join()
+            if process.exitcode and first_failed is None:
+                first_failed = processes.index(process)
+    if first_failed is None:
+        return 0
+    wait(list(running), timeout=PEERS_GRACE_S)
+    own_ends = [p.exitcode for p in processes]  # None: still running, killed now
+    for process in processes:
+        if process.is_alive():
+            process.kill()
+        process.join()
+    ended = [(i, own_ends[i]) for i in [first_failed, *range(len(processes))] if own_ends[i]]
+    signalled = [(i, signal.Signals(-code)) for i, code in ended if code < 0]
+    if outside := [(i, sig) for i, sig in signalled if sig not in SELF_RAISED]:
+        index, sig = outside[0]
+        print(f"rank {index} was killed by {sig.name}", file=sys.stderr, flush=True)
+        (workdir / ERROR_FILE).unlink(missing_ok=True)
+        return 128 + sig.value
+    if CANCELLED_EXIT in own_ends:
+        return CANCELLED_EXIT
+    # A rank's own failure (its error.json says why) before a peer's abort on the connection it closed.
+    statuses = [code for _, code in ended if code > 0] + [128 + sig.value for _, sig in signalled]
+    return statuses[0]
 
 
 def _rank_main(local_rank: int, workdir: str, spec: JobSpec, node: Node, size: int, run_rank) -> None:
@@ -160,10 +213,13 @@ def _rank_main(local_rank: int, workdir: str, spec: JobSpec, node: Node, size: i
         torch.npu.set_device(rank % max(1, torch.npu.device_count()))
     host = LOOPBACK if node.index == 0 else node.host
     # The store's timeout bounds the wait for the other nodes' ranks (their worker may still be busy).
-    store = dist.TCPStore(host, node.port, None, is_master=False, timeout=timedelta(seconds=node.join_timeout_s))
-    dist.init_process_group(BACKENDS.get(device, "gloo"), store=store, rank=rank, world_size=size)
     try:
+        store = dist.TCPStore(host, node.port, None, is_master=False, timeout=timedelta(seconds=node.join_timeout_s))
+        dist.init_process_group(BACKENDS.get(device, "gloo"), store=store, rank=rank, world_size=size)
         code = run_rank(Path(workdir), spec, Rank(rank, size))
+    except Exception:  # not meeting the others: run_rank turns the job's own errors into an exit status
+        traceback.print_exc()  # to the log (torch's wrapper would keep it in a pickle for its join)
+        code = 1
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
