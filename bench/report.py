@@ -1096,6 +1096,8 @@ def deploy_md(results: Mapping[str, Any], key: str = "deploy") -> list[str]:
         lines += [format_markdown(rows, ["model", *columns]), ""]
         for label, note in section.get("notes", {}).items():
             lines.append(f"- {label}: {note}")
+        if "torch_task_accuracy" in section:
+            lines.append(f"- task accuracy of the PyTorch FP32 model: {section['torch_task_accuracy']:.4f}")
         for batch, best in section.get("ours_vs_best_peer", {}).items():
             others = "".join(
                 f", {best[key]:.2f}× by {what}"

@@ -158,20 +158,24 @@ class FineTune:
     seed: int = SEED
 
     def key(self) -> str:
-        """Names the cached weights: the recipe, the split, the training code's version and the libraries'."""
-        import transformers
+        return recipe_key(self, TRAINING_CODE_VERSION)
 
-        blob = json.dumps(
-            {
-                "recipe": dataclasses.asdict(self),
-                "split": [SEED, TEST_FRACTION],
-                "code": TRAINING_CODE_VERSION,
-                "torch": torch.__version__,
-                "transformers": transformers.__version__,
-            },
-            sort_keys=True,
-        )
-        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+def recipe_key(recipe: Any, code_version: int) -> str:
+    """Names cached weights: the recipe (a dataclass), the split, the training code's version and the libraries'."""
+    import transformers
+
+    blob = json.dumps(
+        {
+            "recipe": dataclasses.asdict(recipe),
+            "split": [SEED, TEST_FRACTION],
+            "code": code_version,
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+        },
+        sort_keys=True,
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 def _freeze(model: BbcClassifier, frozen_layers: int) -> list[str]:
