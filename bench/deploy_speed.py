@@ -343,11 +343,12 @@ def _bbc_llama(tokenizer) -> tuple[nn.Module, tuple, tuple, torch.Tensor]:
     """bench/llama_bbc.py's encoder trained on BBC News; its first 32 training articles (calibration), the 444
     held-out ones and their topics, at LLAMA_SEQ tokens."""
     from bench.llama_bbc import llama_task_model
-    from examples.bbc_news import load_splits
+    from examples.bbc_news import TOPICS, load_splits
 
     train, held = load_splits(tokenizer, LLAMA_SEQ)
     cache = Path(__file__).resolve().parents[1] / ".pytest_cache" / "d" / "bbc_news"  # beside the BBC task model
-    model = llama_task_model(cache, tokenizer, train)["model"]
+    build = lambda: llama_encoder(tokenizer.vocab_size, tokenizer.pad_token_id, labels=len(TOPICS))  # noqa: E731
+    model = llama_task_model(cache, build, train)["model"]
     calibration = (train.ids[:CALIBRATION_COUNT], train.mask[:CALIBRATION_COUNT])
     return model, calibration, (held.ids, held.mask), held.labels
 

@@ -19,13 +19,13 @@ import dataclasses
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from examples.bbc_news import SEED, TOPICS, Split, recipe_key
+from examples.bbc_news import SEED, Split, recipe_key
 
 TRAINING_CODE_VERSION = 1
 
@@ -69,13 +69,14 @@ def train(model: torch.nn.Module, data: Split, recipe: LlamaRecipe) -> None:
     model.eval()
 
 
-def llama_task_model(cache_dir: str | Path, tokenizer: Any, data: Split, recipe: LlamaRecipe = LlamaRecipe()) -> dict:
-    """The trained encoder (eval mode) and how it was obtained: trained on `data` (the training split) and cached
-    as ``llama_encoder_<recipe key>.pt`` + ``.json`` under `cache_dir`, or loaded from there."""
-    from bench.deploy_speed import llama_encoder
-
+def llama_task_model(
+    cache_dir: str | Path, build: Callable[[], torch.nn.Module], data: Split, recipe: LlamaRecipe = LlamaRecipe()
+) -> dict:
+    """The trained encoder (eval mode) and how it was obtained: `build()` (bench/deploy_speed.py's
+    `llama_encoder`, 5 labels) after seeding with the recipe's seed, trained on `data` (the training split) and
+    cached as ``llama_encoder_<recipe key>.pt`` + ``.json`` under `cache_dir`, or loaded from there."""
     torch.manual_seed(recipe.seed)
-    model = llama_encoder(tokenizer.vocab_size, tokenizer.pad_token_id, labels=len(TOPICS))
+    model = build()
     folder = Path(cache_dir)
     weights, info = (folder / f"llama_encoder_{recipe.key()}{suffix}" for suffix in (".pt", ".json"))
     if weights.exists() and info.exists():
