@@ -46,7 +46,7 @@ if __package__ in (None, ""):  # run as a script: make `bench`, `examples` and `
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from amct_engine.export.deploy_target import detect_deploy_target  # noqa: E402
-from bench.common import file_size, interleaved_cpu_time, interleaved_latency, isa_flags  # noqa: E402
+from bench.common import BBC_CACHE, file_size, interleaved_cpu_time, interleaved_latency, isa_flags  # noqa: E402
 from bench.deploy_speed import ort_optimised_dynamic  # noqa: E402
 from bench.report import bbc_task_lines  # noqa: E402
 from examples.bbc_news import (  # noqa: E402
@@ -64,7 +64,7 @@ from examples.bbc_news import (  # noqa: E402
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-CACHE = ROOT / ".pytest_cache" / "d" / "bbc_news"  # what tests/test_bbc_task.py's request.config.cache gives
+CACHE = BBC_CACHE
 THREADS = 2
 LENGTHS = sorted({SEQ, 128})
 BATCHES = (1, 32)

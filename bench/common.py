@@ -14,6 +14,9 @@ import numpy as np
 
 # The instruction-set flags a CPU's int8 speed depends on, as /proc/cpuinfo names them (every bench report prints
 # the ones this machine has).
+# Where the BBC News task's trained weights are cached (the MiniLM task model, bench/llama_bbc.py's encoder): what
+# tests/test_bbc_task.py's request.config.cache gives, so the tests and the benches train once.
+BBC_CACHE = Path(__file__).resolve().parents[1] / ".pytest_cache" / "d" / "bbc_news"
 ISA_FLAGS = ("avx2", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "amx_int8", "asimddp", "i8mm")
 
 

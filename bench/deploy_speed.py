@@ -61,6 +61,7 @@ from amct_engine.export.deploy_target import detect_deploy_target  # noqa: E402
 from amct_engine.export.qdq.fusion_report import deploy_report  # noqa: E402
 from amct_engine.export.save import export_onnx  # noqa: E402
 from bench.common import (  # noqa: E402
+    BBC_CACHE,
     error_summary,
     file_size,
     interleaved_cpu_time,
@@ -346,9 +347,8 @@ def _bbc_llama(tokenizer) -> tuple[nn.Module, tuple, tuple, torch.Tensor]:
     from examples.bbc_news import TOPICS, load_splits
 
     train, held = load_splits(tokenizer, LLAMA_SEQ)
-    cache = Path(__file__).resolve().parents[1] / ".pytest_cache" / "d" / "bbc_news"  # beside the BBC task model
     build = lambda: llama_encoder(tokenizer.vocab_size, tokenizer.pad_token_id, labels=len(TOPICS))  # noqa: E731
-    model = llama_task_model(cache, build, train)["model"]
+    model = llama_task_model(BBC_CACHE, build, train)["model"]
     calibration = (train.ids[:CALIBRATION_COUNT], train.mask[:CALIBRATION_COUNT])
     return model, calibration, (held.ids, held.mask), held.labels
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import stat
 import sys
@@ -34,6 +35,14 @@ RESUME_FILE = "resume.pt"
 LOG_FILE = "child.log"  # the job process's stderr (tracebacks, the user model's prints)
 CANCELLED_EXIT = 3  # the child stopped itself on a cancel request (not a crash)
 TYPES = ("progress", "phase", "metric", "log", "checkpoint", "resumed", "rendezvous")
+
+
+def signal_name(number: int) -> str:
+    """A signal's name (SIGKILL), as the worker's records and the ranks' launcher say how a process died."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:  # a real-time signal has no name of its own
+        return f"signal {number}"
 
 
 _JOB_FOLDER = "job-"

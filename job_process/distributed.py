@@ -41,7 +41,7 @@ from dataclasses import dataclass, replace
 from datetime import timedelta
 from pathlib import Path
 
-from job_host.protocol import CANCELLED_EXIT, ERROR_FILE
+from job_host.protocol import CANCELLED_EXIT, ERROR_FILE, signal_name
 from job_host.spec import JobSpec
 
 BACKENDS = {"cpu": "gloo", "cuda": "nccl", "npu": "hccl"}
@@ -177,17 +177,18 @@ def wait_for_ranks(context, workdir: Path) -> int:
         if process.is_alive():
             process.kill()
         process.join()
-    ended = [(i, own_ends[i]) for i in [first_failed, *range(len(processes))] if own_ends[i]]
-    signalled = [(i, signal.Signals(-code)) for i, code in ended if code < 0]
-    if outside := [(i, sig) for i, sig in signalled if sig not in SELF_RAISED]:
-        index, sig = outside[0]
-        print(f"rank {index} was killed by {sig.name}", file=sys.stderr, flush=True)
+    order = [first_failed] + [i for i in range(len(processes)) if i != first_failed]
+    ended = [(i, code) for i in order if (code := own_ends[i])]
+    signalled = [(i, -code) for i, code in ended if code < 0]
+    if outside := [(i, number) for i, number in signalled if number not in SELF_RAISED]:
+        index, number = outside[0]
+        print(f"rank {index} was killed by {signal_name(number)}", file=sys.stderr, flush=True)
         (workdir / ERROR_FILE).unlink(missing_ok=True)
-        return 128 + sig.value
+        return 128 + number
     if CANCELLED_EXIT in own_ends:
         return CANCELLED_EXIT
     # A rank's own failure (its error.json says why) before a peer's abort on the connection it closed.
-    statuses = [code for _, code in ended if code > 0] + [128 + sig.value for _, sig in signalled]
+    statuses = [code for _, code in ended if code > 0] + [128 + number for _, number in signalled]
     return statuses[0]
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,7 +18,7 @@ from pathlib import Path
 from core.db import jobstate
 from core.settings import Settings
 from job_host.launcher import ChildProcess
-from job_host.protocol import CANCELLED_EXIT
+from job_host.protocol import CANCELLED_EXIT, signal_name
 from worker.records import JobRecords
 
 log = logging.getLogger(__name__)
@@ -117,9 +116,4 @@ def _over_disk(used: int, limit: int) -> str:
 def killed_by(returncode: int) -> str | None:
     """The signal's name when the process died of one: Popen's -N, or a wrapper's 128 + N; else None."""
     number = -returncode if returncode < 0 else returncode - 128 if 128 < returncode < 160 else None
-    if number is None:
-        return None
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
+    return None if number is None else signal_name(number)
